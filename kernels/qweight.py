@@ -1,0 +1,56 @@
+"""The one definition of how a weight matrix is stored in memory.
+
+A `QWeight` keeps a GGUF tensor in its on-disk block format (no dequantization at load):
+
+- quantized types (Q4_0 ... Q6_K): `data` is uint8 `[rows, row_bytes]`, each row the
+  concatenation of the GGUF blocks of that row (`row_bytes = cols // block_size * type_size`).
+- F32 / F16 / BF16: `data` is a float tensor `[rows, cols]` of that dtype.
+
+`rows` is the output dimension (GGUF ne[1]), `cols` the input dimension (GGUF ne[0]), so a
+linear layer computes `y[T, rows] = x[T, cols] @ W^T`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+FLOAT_TYPES = {
+    GGMLQuantizationType.F32: torch.float32,
+    GGMLQuantizationType.F16: torch.float16,
+    GGMLQuantizationType.BF16: torch.bfloat16,
+}
+
+
+@dataclass
+class QWeight:
+    data: torch.Tensor  # uint8 [rows, row_bytes] (quantized) or float [rows, cols]
+    qtype: GGMLQuantizationType
+    rows: int  # output features
+    cols: int  # input features
+
+    @property
+    def is_float(self) -> bool:
+        return self.qtype in FLOAT_TYPES
+
+    @property
+    def block_size(self) -> int:
+        return GGML_QUANT_SIZES[self.qtype][0]
+
+    @property
+    def type_size(self) -> int:
+        return GGML_QUANT_SIZES[self.qtype][1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    def to(self, device: torch.device | str) -> "QWeight":
+        return QWeight(self.data.to(device), self.qtype, self.rows, self.cols)
+
+    @staticmethod
+    def from_float(t: torch.Tensor) -> "QWeight":
+        """Wrap a float matrix [rows, cols] (F32/F16/BF16)."""
+        qtype = {v: k for k, v in FLOAT_TYPES.items()}[t.dtype]
+        return QWeight(t.contiguous(), qtype, t.shape[0], t.shape[1])
