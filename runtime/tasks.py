@@ -1,0 +1,133 @@
+"""Plain data exchanged between `api/` and the engine: requests in, events out.
+
+`api/` builds these from JSON and reads them back into JSON; it never sees tensors.
+Field names follow llama-server's (tools/server) so that `generation_settings` can echo them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_SAMPLERS = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.8
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    repeat_last_n: int = 64
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: list[str] = field(default_factory=lambda: ["\n", ":", "\"", "*"])
+    min_keep: int = 0
+    seed: int = 4294967295  # 0xFFFFFFFF = random
+    n_probs: int = 0
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)  # (token id, bias); -inf bans
+    ignore_eos: bool = False
+    samplers: list[str] = field(default_factory=lambda: list(DEFAULT_SAMPLERS))
+    grammar: str = ""  # GBNF text; "" = unconstrained
+    grammar_lazy: bool = False
+    grammar_triggers: list[str] = field(default_factory=list)
+    preserved_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class CompletionTask:
+    prompt_tokens: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int = -1  # -1 = until EOS / context end
+    n_indent: int = 0
+    stop: list[str] = field(default_factory=list)
+    id_slot: int = -1
+    cache_prompt: bool = True
+    n_cache_reuse: int | None = None  # None = server's --cache-reuse
+    n_keep: int = 0
+    stream: bool = False
+    return_tokens: bool = False
+    t_max_predict_ms: int = -1
+
+
+@dataclass
+class EmbeddingTask:
+    prompt_tokens: list[int]
+    pooling: str = "mean"  # mean | cls | last | none
+    normalize: int = 2  # --embd-normalize: -1 none, 0 max-abs, 1 taxicab, 2 euclidean, >2 p-norm
+
+
+@dataclass
+class TokenProb:
+    id: int
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+@dataclass
+class TokenOut:
+    """One sampled token, with the text it completed (may be "" while a UTF-8 sequence or a
+    possible stop string is held back; held text is released in a later event)."""
+    id: int
+    text: str
+    probs: list[TokenProb] | None = None  # top n_probs candidates, when requested
+    logprob: float | None = None
+
+
+@dataclass
+class Timings:
+    cache_n: int = 0
+    prompt_n: int = 0
+    prompt_ms: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        steps = max(self.predicted_n - 1, 0)  # the first token comes from the prompt's logits
+        return {
+            "cache_n": self.cache_n,
+            "prompt_n": self.prompt_n,
+            "prompt_ms": self.prompt_ms,
+            "prompt_per_token_ms": self.prompt_ms / self.prompt_n if self.prompt_n else 0.0,
+            "prompt_per_second": 1e3 * self.prompt_n / self.prompt_ms if self.prompt_ms > 0 else 0.0,
+            "predicted_n": self.predicted_n,
+            "predicted_ms": self.predicted_ms,
+            "predicted_per_token_ms": self.predicted_ms / steps if steps else self.predicted_ms,
+            "predicted_per_second": 1e3 * steps / self.predicted_ms if self.predicted_ms > 0 and steps else 0.0,
+        }
+
+
+@dataclass
+class CompletionResult:
+    content: str
+    tokens: list[int]
+    id_slot: int
+    stop_type: str  # "eos" | "limit" | "word" | "none"
+    stopping_word: str
+    truncated: bool
+    n_prompt_tokens: int  # tokens_evaluated
+    n_decoded: int  # tokens_predicted
+    tokens_cached: int
+    has_new_line: bool
+    timings: Timings
+    probs: list[TokenOut] = field(default_factory=list)
+
+
+@dataclass
+class TaskError:
+    """An error raised while a task runs (after it was accepted)."""
+    code: int
+    message: str
+    type: str
+    extra: dict[str, Any] = field(default_factory=dict)
