@@ -1,0 +1,185 @@
+"""Decoder forward for llama / mistral / qwen2 / qwen3 over the paged KV cache.
+
+One `forward` call processes a batch of sequences of different lengths (prefill chunks and
+single decode tokens mixed): their new tokens are concatenated into one [T] row of tokens, every
+matmul runs once over all T rows (weights read once per step), and attention goes through
+`kernels.paged_attention` with per-sequence block tables.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+import kernels
+from kernels.qweight import QWeight
+from runtime.kv_cache import KVCache, SeqKV
+
+
+@dataclass
+class SeqBatch:
+    """The new tokens of one sequence in a forward batch."""
+    seq: SeqKV
+    tokens: list[int]
+    n_past: int  # tokens already in the cache; the first new token sits at this position
+    logits: bool = True  # compute logits of the last new token
+    hidden: bool = False  # return the final normed hidden states of all new tokens (embeddings)
+
+
+@dataclass
+class Layer:
+    attn_norm: torch.Tensor
+    wqkv: QWeight  # q, k, v rows concatenated: [(H + 2 KVH) * D, C]
+    bqkv: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    wo: QWeight
+    ffn_norm: torch.Tensor
+    w_gate_up: QWeight  # gate and up rows concatenated: [2 F, C]
+    w_down: QWeight
+
+
+def _cat_rows(ws: list[QWeight]) -> QWeight | None:
+    """Concatenate weights along the output dimension when they share a type (one matmul)."""
+    if len({w.qtype for w in ws}) != 1 or len({w.cols for w in ws}) != 1:
+        return None
+    return QWeight(torch.cat([w.data for w in ws], 0), ws[0].qtype, sum(w.rows for w in ws), ws[0].cols)
+
+
+def rope_inv_freq(cfg) -> torch.Tensor:
+    """inv_freq [D/2] float32 including linear scaling and llama3 frequency factors."""
+    d = cfg.head_dim
+    base = float(getattr(cfg, "rope_freq_base", 10000.0) or 10000.0)
+    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    scale_type = getattr(cfg, "rope_scaling_type", None) or "none"
+    factor = float(getattr(cfg, "rope_scaling_factor", 0.0) or 0.0)
+    if scale_type == "linear" and factor > 0:
+        inv = inv / factor
+    freq_factors = getattr(cfg, "rope_freq_factors", None)
+    if freq_factors is not None:
+        inv = inv / freq_factors.to(torch.float64)
+    return inv.to(torch.float32)
+
+
+class Model:
+    def __init__(self, loaded, device: str | torch.device = "cpu"):
+        cfg = loaded.config
+        self.cfg = cfg
+        self.device = torch.device(device)
+        w = loaded.weights
+        dev = self.device
+
+        def t(name):
+            x = w.get(name)
+            return None if x is None else x.to(dev).float()
+
+        def q(name) -> QWeight:
+            return w[name].to(dev)
+
+        self.tok_embd = q("token_embd.weight")
+        self.output = q("output.weight") if "output.weight" in w else self.tok_embd
+        self.output_norm = t("output_norm.weight")
+        self.layers: list[Layer] = []
+        for i in range(cfg.n_layer):
+            p = f"blk.{i}."
+            wq, wk, wv = q(p + "attn_q.weight"), q(p + "attn_k.weight"), q(p + "attn_v.weight")
+            wqkv = _cat_rows([wq, wk, wv])
+            assert wqkv is not None, "q/k/v weights of different types are not supported"
+            bias = [t(p + f"attn_{n}.bias") for n in "qkv"]
+            bqkv = torch.cat(bias) if all(b is not None for b in bias) else None
+            wg, wu = q(p + "ffn_gate.weight"), q(p + "ffn_up.weight")
+            gate_up = _cat_rows([wg, wu])
+            assert gate_up is not None, "gate/up weights of different types are not supported"
+            self.layers.append(Layer(
+                attn_norm=t(p + "attn_norm.weight"), wqkv=wqkv, bqkv=bqkv,
+                q_norm=t(p + "attn_q_norm.weight"), k_norm=t(p + "attn_k_norm.weight"),
+                wo=q(p + "attn_output.weight"), ffn_norm=t(p + "ffn_norm.weight"),
+                w_gate_up=gate_up, w_down=q(p + "ffn_down.weight")))
+        self.n_head, self.n_head_kv, self.head_dim = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+        self.n_ff = self.layers[0].w_down.cols
+        self.eps = float(cfg.rms_eps)
+        self.neox = bool(cfg.rope_neox)
+        self.inv_freq = rope_inv_freq(cfg).to(dev)
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.n_vocab = self.output.rows
+        self.n_embd = cfg.n_embd
+
+    def new_cache(self, n_tokens: int, block_size: int = 16, dtype: torch.dtype = torch.float16) -> KVCache:
+        nb = (n_tokens + block_size - 1) // block_size
+        return KVCache(len(self.layers), self.n_head_kv, self.head_dim, nb, block_size, dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(self, kv: KVCache, batch: list[SeqBatch]) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
+        """Run the batch; returns (logits [n_rows_with_logits, n_vocab] float32 in batch order,
+        hidden states per sequence ([n_new, C] or None)). Blocks must be reserved beforehand
+        (`kv.reserve(seq, n_past + len(tokens))`); n_tokens of each sequence is advanced here."""
+        dev = self.device
+        ids, pos, slots, q_lens, kv_lens = [], [], [], [], []
+        for b in batch:
+            n = len(b.tokens)
+            ids.extend(b.tokens)
+            pos.append(torch.arange(b.n_past, b.n_past + n, dtype=torch.int64))
+            slots.append(kv.slot_mapping(b.seq, b.n_past, b.n_past + n))
+            q_lens.append(n)
+            kv_lens.append(b.n_past + n)
+        T = len(ids)
+        ids_t = torch.tensor(ids, dtype=torch.int64, device=dev)
+        pos_t = torch.cat(pos).to(dev)
+        slot_t = torch.cat(slots).to(dev)
+        max_blocks = max(len(b.seq.blocks) for b in batch)
+        tables = torch.zeros((len(batch), max_blocks), dtype=torch.int32)
+        for i, b in enumerate(batch):
+            tables[i, : len(b.seq.blocks)] = torch.tensor(b.seq.blocks, dtype=torch.int32)
+        tables = tables.to(dev)
+        cu = torch.zeros(len(batch) + 1, dtype=torch.int32)
+        cu[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int32), 0)
+        cu = cu.to(dev)
+        kv_lens_t = torch.tensor(kv_lens, dtype=torch.int32, device=dev)
+
+        H, KVH, D = self.n_head, self.n_head_kv, self.head_dim
+        h = kernels.embedding(ids_t, self.tok_embd)  # [T, C]
+        residual = None
+        for li, L in enumerate(self.layers):
+            if residual is None:
+                x, residual = kernels.rms_norm(h, L.attn_norm, self.eps), h
+            else:
+                x, residual = kernels.add_rms_norm(h, residual, L.attn_norm, self.eps)
+            qkv = kernels.qmatmul(x, L.wqkv)  # [T, (H + 2 KVH) D]
+            if L.bqkv is not None:
+                qkv = qkv + L.bqkv
+            q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=1)
+            q = q.reshape(T, H, D)
+            k = k.reshape(T, KVH, D)
+            v = v.reshape(T, KVH, D)
+            if L.q_norm is not None:
+                q = kernels.rms_norm(q.reshape(T * H, D), L.q_norm, self.eps).view(T, H, D)
+                k = kernels.rms_norm(k.reshape(T * KVH, D), L.k_norm, self.eps).view(T, KVH, D)
+            q = kernels.rope(q, pos_t, self.inv_freq, self.neox)
+            k = kernels.rope(k, pos_t, self.inv_freq, self.neox)
+            kernels.write_kv(k, v, kv.k[li], kv.v[li], slot_t)
+            attn = kernels.paged_attention(q, kv.k[li], kv.v[li], tables, cu, kv_lens_t, self.scale)
+            h = kernels.qmatmul(attn.reshape(T, H * D), L.wo)
+            x, residual = kernels.add_rms_norm(h, residual, L.ffn_norm, self.eps)
+            gu = kernels.qmatmul(x, L.w_gate_up)  # [T, 2F]
+            gate, up = gu.split([self.n_ff, self.n_ff], dim=1)
+            h = kernels.qmatmul(kernels.silu_mul(gate, up), L.w_down)
+        h = h + residual  # [T, C] final residual stream
+
+        for b in batch:
+            b.seq.n_tokens = b.n_past + len(b.tokens)
+
+        # rows that need logits / hidden states
+        ends = cu[1:].tolist()
+        starts = cu[:-1].tolist()
+        rows = [e - 1 for b, e in zip(batch, ends) if b.logits]
+        logits = None
+        if rows:
+            hs = h[torch.tensor(rows, device=dev)] if len(rows) != T else h
+            logits = kernels.qmatmul(kernels.rms_norm(hs, self.output_norm, self.eps), self.output).float()
+        hidden: list[torch.Tensor | None] = []
+        need_hidden = any(b.hidden for b in batch)
+        hn = kernels.rms_norm(h, self.output_norm, self.eps) if need_hidden else None
+        for b, s, e in zip(batch, starts, ends):
+            hidden.append(hn[s:e].float() if b.hidden else None)
+        return logits, hidden

@@ -1,0 +1,316 @@
+"""llama.cpp's sampler chain over a batch of logit rows.
+
+Each row has its own `SamplingParams` and `SamplerState` (history, RNG, grammar matcher).
+Order, as llama.cpp's common sampler builds it: logit bias (and ignore_eos) -> grammar mask ->
+the `samplers` list (penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature)
+-> draw from the distribution. Temperature <= 0 keeps only the most likely token (greedy).
+"""
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from runtime.tasks import SamplingParams
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class SamplerState:
+    params: SamplingParams
+    eog_ids: frozenset[int]
+    seed: int = 0
+    history: deque = field(default_factory=lambda: deque(maxlen=4096))
+    grammar: Any = None  # matcher with allowed_mask() / advance() / is_complete()
+    rng: torch.Generator = field(default_factory=torch.Generator)
+    dry_breakers: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        seed = self.params.seed
+        if seed is None or seed == 0xFFFFFFFF or seed < 0:
+            seed = random.getrandbits(32)
+        self.seed = seed
+        self.rng.manual_seed(seed)
+
+    def accept(self, token: int, grammar: bool = True) -> None:
+        self.history.append(token)
+        if grammar and self.grammar is not None and token not in self.eog_ids:
+            self.grammar.advance(token)
+
+
+@dataclass
+class Sampled:
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]  # (id, logprob) of the n_probs most likely, when asked
+
+
+# ---- the individual samplers, on a candidate set (vals [n] float32, ids [n] int64) -----------
+
+def _penalties(vals, ids, p: SamplingParams, st: SamplerState):
+    if p.repeat_last_n == 0 or (p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0):
+        return vals, ids
+    n = p.repeat_last_n if p.repeat_last_n > 0 else len(st.history)
+    last = list(st.history)[-n:] if n else []
+    if not last:
+        return vals, ids
+    counts: dict[int, int] = {}
+    for t in last:
+        counts[t] = counts.get(t, 0) + 1
+    tok = torch.tensor(list(counts.keys()), dtype=torch.int64)
+    cnt = torch.tensor(list(counts.values()), dtype=torch.float32)
+    if ids is None:
+        pos = tok[tok < vals.numel()]
+        cnt = cnt[tok < vals.numel()]
+    else:
+        lookup = {int(t): i for i, t in enumerate(ids.tolist())}
+        keep = [(lookup[int(t)], c) for t, c in zip(tok.tolist(), cnt.tolist()) if int(t) in lookup]
+        if not keep:
+            return vals, ids
+        pos = torch.tensor([k for k, _ in keep], dtype=torch.int64)
+        cnt = torch.tensor([c for _, c in keep], dtype=torch.float32)
+    v = vals[pos]
+    v = torch.where(v <= 0, v * p.repeat_penalty, v / p.repeat_penalty)
+    v = v - cnt * p.frequency_penalty - p.presence_penalty
+    vals = vals.clone()
+    vals[pos] = v
+    return vals, ids
+
+
+def _dry(vals, ids, p: SamplingParams, st: SamplerState):
+    """DRY ("don't repeat yourself"): penalise tokens that would extend a repeated sequence."""
+    if p.dry_multiplier <= 0 or p.dry_base < 1.0:
+        return vals, ids
+    hist = list(st.history)
+    n = p.dry_penalty_last_n
+    if n > 0:
+        hist = hist[-n:]
+    if len(hist) < 2:
+        return vals, ids
+    breakers = st.dry_breakers
+    # longest suffix (not crossing a breaker) of hist that also ends right before position j
+    best: dict[int, int] = {}
+    last = len(hist) - 1
+    for j in range(last):  # a match of the context's suffix ending at j; hist[j + 1] would repeat
+        length = 0
+        while j - length >= 0 and hist[j - length] == hist[last - length] and hist[j - length] not in breakers:
+            length += 1
+        nxt = hist[j + 1]
+        if length > 0 and nxt not in breakers and length > best.get(nxt, 0):
+            best[nxt] = length
+    if not best:
+        return vals, ids
+    vals = vals.clone()
+    lookup = None if ids is None else {int(t): i for i, t in enumerate(ids.tolist())}
+    for tok, length in best.items():
+        if length >= p.dry_allowed_length:
+            pen = p.dry_multiplier * p.dry_base ** (length - p.dry_allowed_length)
+            i = tok if lookup is None else lookup.get(tok)
+            if i is not None and i < vals.numel():
+                vals[i] -= pen
+    return vals, ids
+
+
+def _ensure_ids(vals, ids):
+    if ids is None:
+        ids = torch.arange(vals.numel(), dtype=torch.int64)
+    return vals, ids
+
+
+def _top_n_sigma(vals, ids, p: SamplingParams, st):
+    if p.top_n_sigma <= 0:
+        return vals, ids
+    finite = vals[torch.isfinite(vals)]
+    if finite.numel() == 0:
+        return vals, ids
+    thr = finite.max() - p.top_n_sigma * finite.std(unbiased=False)
+    return torch.where(vals >= thr, vals, torch.full_like(vals, NEG_INF)), ids
+
+
+def _top_k(vals, ids, p: SamplingParams, st):
+    k = p.top_k
+    if k <= 0 or k >= vals.numel():
+        return vals, ids
+    k = max(k, p.min_keep)
+    top_v, top_i = torch.topk(vals, k)
+    return top_v, (top_i if ids is None else ids[top_i])
+
+
+def _sorted_probs(vals, ids):
+    vals, ids = _ensure_ids(vals, ids)
+    order = torch.argsort(vals, descending=True)
+    vals, ids = vals[order], ids[order]
+    probs = torch.softmax(vals, 0)
+    return vals, ids, probs
+
+
+def _top_p(vals, ids, p: SamplingParams, st):
+    if p.top_p >= 1.0:
+        return vals, ids
+    vals, ids, probs = _sorted_probs(vals, ids)
+    cum = torch.cumsum(probs, 0)
+    n = int(torch.searchsorted(cum, torch.tensor(p.top_p, dtype=cum.dtype)).item()) + 1
+    n = max(n, p.min_keep, 1)
+    return vals[:n], ids[:n]
+
+
+def _min_p(vals, ids, p: SamplingParams, st):
+    if p.min_p <= 0.0:
+        return vals, ids
+    vals, ids, probs = _sorted_probs(vals, ids)
+    keep = probs >= p.min_p * probs[0]
+    n = max(int(keep.sum().item()), p.min_keep, 1)
+    return vals[:n], ids[:n]
+
+
+def _typical(vals, ids, p: SamplingParams, st):
+    if p.typical_p >= 1.0:
+        return vals, ids
+    vals, ids, probs = _sorted_probs(vals, ids)
+    logp = torch.log(probs.clamp_min(1e-30))
+    ent = -(probs * logp).sum()
+    shifted = (-logp - ent).abs()
+    order = torch.argsort(shifted)
+    cum = torch.cumsum(probs[order], 0)
+    n = int(torch.searchsorted(cum, torch.tensor(p.typical_p, dtype=cum.dtype)).item()) + 1
+    n = max(n, p.min_keep, 1)
+    sel = order[:n]
+    return vals[sel], ids[sel]
+
+
+def _xtc(vals, ids, p: SamplingParams, st: SamplerState):
+    if p.xtc_probability <= 0.0 or p.xtc_threshold > 0.5:
+        return vals, ids
+    if torch.rand((), generator=st.rng).item() >= p.xtc_probability:
+        return vals, ids
+    vals, ids, probs = _sorted_probs(vals, ids)
+    above = int((probs >= p.xtc_threshold).sum().item())
+    if above < 2:
+        return vals, ids
+    n_left = vals.numel() - (above - 1)
+    if n_left < max(p.min_keep, 1):
+        return vals, ids
+    return vals[above - 1:], ids[above - 1:]
+
+
+def _temperature(vals, ids, p: SamplingParams, st):
+    t = p.temperature
+    if t <= 0.0:
+        i = int(torch.argmax(vals).item())
+        vals, ids = _ensure_ids(vals, ids)
+        return vals[i:i + 1], ids[i:i + 1]
+    if p.dynatemp_range > 0:
+        lo, hi = max(0.0, t - p.dynatemp_range), t + p.dynatemp_range
+        probs = torch.softmax(vals, 0)
+        ent = -(probs * torch.log(probs.clamp_min(1e-30))).sum().item()
+        max_ent = math.log(max(vals.numel(), 2))
+        t = lo + (hi - lo) * (ent / max_ent) ** p.dynatemp_exponent
+    return vals / t, ids
+
+
+SAMPLERS = {
+    "penalties": _penalties,
+    "dry": _dry,
+    "top_n_sigma": _top_n_sigma,
+    "top_k": _top_k,
+    "typ_p": _typical,
+    "typical_p": _typical,
+    "top_p": _top_p,
+    "min_p": _min_p,
+    "xtc": _xtc,
+    "temperature": _temperature,
+}
+
+
+def apply_bias_and_mask(row: torch.Tensor, st: SamplerState) -> torch.Tensor:
+    """Logit bias, ignore_eos and the grammar mask on one full logit row [V] (in place)."""
+    p = st.params
+    for tok, bias in p.logit_bias:
+        if 0 <= tok < row.numel():
+            row[tok] = NEG_INF if bias == NEG_INF else row[tok] + bias
+    if p.ignore_eos:
+        for t in st.eog_ids:
+            if t < row.numel():
+                row[t] = NEG_INF
+    if st.grammar is not None:
+        if st.grammar.is_complete() and not _grammar_can_continue(st.grammar):
+            keep = torch.full_like(row, NEG_INF)
+            for t in st.eog_ids:
+                if t < row.numel():
+                    keep[t] = row[t]
+            row.copy_(keep)
+        else:
+            mask = st.grammar.allowed_mask()  # [V] bool
+            n = min(mask.numel(), row.numel())
+            row[:n].masked_fill_(~mask[:n].to(row.device), NEG_INF)
+            if n < row.numel():
+                row[n:] = NEG_INF
+    return row
+
+
+def _grammar_can_continue(matcher) -> bool:
+    f = getattr(matcher, "can_continue", None)
+    return True if f is None else bool(f())
+
+
+def sample_row(row: torch.Tensor, st: SamplerState) -> Sampled:
+    """Sample one token from a full logit row [V] float32 (row is modified)."""
+    p = st.params
+    row = apply_bias_and_mask(row, st)
+    top: list[tuple[int, float]] = []
+    if p.n_probs > 0:
+        lp = torch.log_softmax(row, 0)
+        tv, ti = torch.topk(lp, min(p.n_probs, lp.numel()))
+        top = list(zip(ti.tolist(), tv.tolist()))
+    vals, ids = row, None
+    simple_greedy = p.temperature <= 0 and p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 \
+        and p.presence_penalty == 0.0 and p.dry_multiplier <= 0
+    if simple_greedy:
+        tok = int(torch.argmax(row).item())
+    else:
+        for name in p.samplers:
+            fn = SAMPLERS.get(name)
+            if fn is not None:
+                vals, ids = fn(vals, ids, p, st)
+        vals, ids = _ensure_ids(vals, ids)
+        if vals.numel() == 1:
+            tok = int(ids[0].item())
+        else:
+            probs = torch.softmax(vals, 0)
+            if not torch.isfinite(probs).all() or probs.sum() <= 0:
+                tok = int(ids[torch.argmax(vals)].item())
+            else:
+                tok = int(ids[torch.multinomial(probs, 1, generator=st.rng)].item())
+    logprob = float(torch.log_softmax(row, 0)[tok].item()) if p.n_probs > 0 else 0.0
+    return Sampled(tok, logprob, top)
+
+
+def sample_batch(logits: torch.Tensor, states: list[SamplerState]) -> list[Sampled]:
+    """Sample one token per row of logits [N, V] (float32, CPU or device)."""
+    rows = logits.float()
+    greedy_rows = [i for i, st in enumerate(states) if _is_plain_greedy(st)]
+    out: list[Sampled | None] = [None] * len(states)
+    if greedy_rows:
+        idx = torch.tensor(greedy_rows, device=rows.device)
+        toks = torch.argmax(rows.index_select(0, idx), dim=1).tolist()
+        for i, t in zip(greedy_rows, toks):
+            out[i] = Sampled(int(t), 0.0, [])
+    cpu_rows = None
+    for i, st in enumerate(states):
+        if out[i] is None:
+            if cpu_rows is None:
+                cpu_rows = rows.cpu()
+            out[i] = sample_row(cpu_rows[i].clone(), st)
+    return out  # type: ignore[return-value]
+
+
+def _is_plain_greedy(st: SamplerState) -> bool:
+    p = st.params
+    return (p.temperature <= 0 and not p.logit_bias and not p.ignore_eos and st.grammar is None
+            and p.n_probs == 0 and p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0
+            and p.presence_penalty == 0.0 and p.dry_multiplier <= 0)
