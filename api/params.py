@@ -1,0 +1,290 @@
+"""Request JSON -> `runtime.tasks` dataclasses, and the `generation_settings` echo.
+
+Mirrors `params_from_json_cmpl` (tools/server/server-task.cpp): every field is optional, falls back
+to the server's defaults, and a value of the wrong JSON type is a 400
+`Field 'temperature': [json.exception.type_error.302] type must be number, but is string`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import struct
+from typing import Any, Callable
+
+from api.errors import ApiError
+from runtime.tasks import DEFAULT_SAMPLERS, CompletionTask, SamplingParams
+
+# one-letter sampler names of `--sampling-seq` / a string `samplers` field (common/sampling.cpp)
+SAMPLER_CHARS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
+                 "m": "min_p", "x": "xtc", "t": "temperature"}
+KNOWN_SAMPLERS = set(DEFAULT_SAMPLERS) | {"infill", "logit_bias"}
+
+
+def json_type_name(v: Any) -> str:
+    """nlohmann::json::type_name() of a decoded JSON value."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    return "discarded"
+
+
+def f32(x: float) -> float:
+    """A float stored as C++ `float` and printed as double (0.8 -> 0.800000011920929)."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+class Fields:
+    """Typed, null-tolerant reads of a request object (llama-server's `json_value`)."""
+
+    _CHECK: dict[str, Callable[[Any], bool]] = {
+        "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "boolean": lambda v: isinstance(v, bool),
+        "string": lambda v: isinstance(v, str),
+        "array": lambda v: isinstance(v, list),
+        "object": lambda v: isinstance(v, dict),
+    }
+
+    def __init__(self, data: dict[str, Any]):
+        self.data = data
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def get(self, key: str, kind: str, default: Any = None) -> Any:
+        v = self.data.get(key)
+        if v is None:
+            return default
+        if not self._CHECK[kind](v):
+            raise ApiError(f"Field '{key}': [json.exception.type_error.302] type must be {kind}, "
+                           f"but is {json_type_name(v)}")
+        return v
+
+    def number(self, key: str, default: float) -> float:
+        return float(self.get(key, "number", default))
+
+    def integer(self, key: str, default: int) -> int:
+        v = self.get(key, "number", default)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ApiError(f"Field '{key}': value must be finite")
+        return int(v)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        return self.get(key, "boolean", default)
+
+    def string(self, key: str, default: str) -> str:
+        return self.get(key, "string", default)
+
+    def array(self, key: str, default: list | None = None) -> list | None:
+        return self.get(key, "array", default)
+
+
+def _parse_logit_bias(raw: Any, tokenizer: Any, n_vocab: int) -> list[tuple[int, float]]:
+    """`[[id|text, bias|false], ...]` or the OpenAI `{"id": bias}` form; text is tokenized and every
+    token gets the bias; `false` bans (-inf)."""
+    out: list[tuple[int, float]] = []
+
+    def bias_of(v: Any) -> float | None:
+        if isinstance(v, bool):
+            return -math.inf if v is False else None
+        if isinstance(v, (int, float)):
+            return f32(float(v))
+        return None
+
+    def add(tok: Any, bias: float | None) -> None:
+        if bias is None:
+            return
+        if isinstance(tok, int) and not isinstance(tok, bool):
+            if 0 <= tok < n_vocab:
+                out.append((tok, bias))
+        elif isinstance(tok, str):
+            for t in tokenizer.encode(tok, add_special=False, parse_special=False):
+                out.append((t, bias))
+
+    if isinstance(raw, list):
+        for el in raw:
+            if isinstance(el, list) and len(el) == 2:
+                add(el[0], bias_of(el[1]))
+    elif isinstance(raw, dict):
+        for key, v in raw.items():
+            try:
+                tok: Any = int(key)
+            except ValueError:
+                tok = key
+            add(tok, bias_of(v))
+    elif raw is not None:
+        raise ApiError("Field 'logit_bias': must be an array or an object")
+    return out
+
+
+def _parse_samplers(raw: Any) -> list[str] | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return [SAMPLER_CHARS[c] for c in raw if c in SAMPLER_CHARS]
+    if isinstance(raw, list):
+        return [s for s in raw if isinstance(s, str) and s in KNOWN_SAMPLERS]
+    raise ApiError(f"Field 'samplers': [json.exception.type_error.302] type must be array, but is {json_type_name(raw)}")
+
+
+def parse_sampling(body: dict[str, Any], defaults: SamplingParams, tokenizer: Any, n_ctx_slot: int,
+                   schema_to_grammar: Callable[[Any], str] | None = None) -> SamplingParams:
+    """SamplingParams of a request: every field of `SamplingParams` read under its own JSON name."""
+    f = Fields(body)
+    p = dataclasses.replace(defaults, dry_sequence_breakers=list(defaults.dry_sequence_breakers),
+                            logit_bias=list(defaults.logit_bias), samplers=list(defaults.samplers),
+                            grammar_triggers=list(defaults.grammar_triggers),
+                            preserved_tokens=list(defaults.preserved_tokens))
+    for fld in dataclasses.fields(SamplingParams):
+        name = fld.name
+        if name in ("logit_bias", "samplers", "grammar", "grammar_triggers", "preserved_tokens",
+                    "dry_sequence_breakers", "seed"):
+            continue
+        cur = getattr(p, name)
+        if isinstance(cur, bool):
+            setattr(p, name, f.boolean(name, cur))
+        elif isinstance(cur, int):
+            setattr(p, name, f.integer(name, cur))
+        elif isinstance(cur, float):
+            setattr(p, name, f32(f.number(name, cur)))
+    p.seed = f.integer("seed", p.seed) & 0xFFFFFFFF
+    if p.repeat_last_n == -1:
+        p.repeat_last_n = n_ctx_slot
+    if p.dry_penalty_last_n == -1:
+        p.dry_penalty_last_n = n_ctx_slot
+    if p.dry_base < 1.0:
+        p.dry_base = defaults.dry_base
+    breakers = f.array("dry_sequence_breakers")
+    if breakers is not None:
+        if not breakers or not all(isinstance(s, str) for s in breakers):
+            raise ApiError("Error: dry_sequence_breakers must be a non-empty array of strings")
+        p.dry_sequence_breakers = list(breakers)
+    samplers = _parse_samplers(body.get("samplers"))
+    if samplers is not None:
+        p.samplers = samplers
+    if body.get("logit_bias") is not None:
+        p.logit_bias = _parse_logit_bias(body["logit_bias"], tokenizer, tokenizer.n_vocab)
+    grammar = f.string("grammar", p.grammar)
+    schema = body.get("json_schema")
+    if schema is not None and grammar:
+        raise ApiError('Either "json_schema" or "grammar" can be specified, but not both')
+    if schema is not None:
+        grammar = schema_to_grammar_or_400(schema, schema_to_grammar)
+    p.grammar = grammar
+    p.grammar_lazy = f.boolean("grammar_lazy", p.grammar_lazy)
+    return p
+
+
+def schema_to_grammar_or_400(schema: Any, convert: Callable[[Any], str] | None = None) -> str:
+    """GBNF for a JSON schema; a schema the converter rejects is a 400."""
+    if convert is None:
+        from grammar import json_schema_to_gbnf as convert  # noqa: N813
+    try:
+        return convert(schema)
+    except ApiError:
+        raise
+    except Exception as e:  # GrammarError, or a malformed schema
+        raise ApiError(f"JSON schema conversion failed: {e}") from e
+
+
+def parse_stop(raw: Any, openai: bool) -> list[str]:
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        if openai:
+            return [raw]
+        raise ApiError("Field 'stop': [json.exception.type_error.302] type must be array, but is string")
+    if isinstance(raw, list):
+        return [s for s in raw if isinstance(s, str) and s]
+    raise ApiError(f"Field 'stop': [json.exception.type_error.302] type must be array, but is {json_type_name(raw)}")
+
+
+def parse_task(body: dict[str, Any], prompt_tokens: list[int], params: SamplingParams, n_predict_default: int,
+               openai: bool = False) -> CompletionTask:
+    """The CompletionTask of a request whose prompt is already tokenized."""
+    f = Fields(body)
+    n_predict = f.integer("n_predict", f.integer("max_tokens", n_predict_default))
+    n_cache_reuse = f.integer("n_cache_reuse", -1) if f.has("n_cache_reuse") else None
+    return CompletionTask(
+        prompt_tokens=prompt_tokens,
+        params=params,
+        n_predict=n_predict,
+        n_indent=f.integer("n_indent", 0),
+        stop=parse_stop(body.get("stop"), openai),
+        id_slot=f.integer("id_slot", -1),
+        cache_prompt=f.boolean("cache_prompt", True),
+        n_cache_reuse=n_cache_reuse,
+        n_keep=f.integer("n_keep", 0),
+        stream=f.boolean("stream", False),
+        return_tokens=f.boolean("return_tokens", False),
+        t_max_predict_ms=f.integer("t_max_predict_ms", -1),
+    )
+
+
+
+
+def sampling_settings(p: SamplingParams, n_predict: int, stream: bool, chat_format: str, reasoning_format: str,
+                      only_metrics: bool, stop: list[str] | None = None, n_keep: int = 0,
+                      timings_per_token: bool = False, post_sampling_probs: bool = False) -> dict[str, Any]:
+    """`task_params::to_json` of the pinned build: the full echo (`generation_settings`) or the
+    `only_metrics` subset used by /props and /slots."""
+    d: dict[str, Any] = {
+        "seed": p.seed,
+        "temperature": p.temperature,
+        "dynatemp_range": p.dynatemp_range,
+        "dynatemp_exponent": p.dynatemp_exponent,
+        "top_k": p.top_k,
+        "top_p": p.top_p,
+        "min_p": p.min_p,
+        "top_n_sigma": p.top_n_sigma,
+        "xtc_probability": p.xtc_probability,
+        "xtc_threshold": p.xtc_threshold,
+        "typical_p": p.typical_p,
+        "repeat_last_n": p.repeat_last_n,
+        "repeat_penalty": p.repeat_penalty,
+        "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        "dry_multiplier": p.dry_multiplier,
+        "dry_base": p.dry_base,
+        "dry_allowed_length": p.dry_allowed_length,
+        "dry_penalty_last_n": p.dry_penalty_last_n,
+    }
+    if not only_metrics:
+        d["dry_sequence_breakers"] = list(p.dry_sequence_breakers)
+    d.update({"mirostat": 0, "mirostat_tau": f32(5.0), "mirostat_eta": f32(0.1)})
+    if not only_metrics:
+        d["stop"] = list(stop or [])
+    d.update({"max_tokens": n_predict, "n_predict": n_predict, "n_keep": n_keep, "n_discard": 0,
+              "ignore_eos": p.ignore_eos, "stream": stream})
+    if not only_metrics:
+        d["logit_bias"] = [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in p.logit_bias]
+    d.update({"n_probs": p.n_probs, "min_keep": p.min_keep})
+    if not only_metrics:
+        d.update({"grammar": p.grammar, "grammar_lazy": p.grammar_lazy,
+                  "grammar_triggers": [{"type": 1, "value": t} for t in p.grammar_triggers],
+                  "preserved_tokens": list(p.preserved_tokens)})
+    d.update({
+        "chat_format": chat_format,
+        "reasoning_format": reasoning_format,
+        "reasoning_in_content": False,
+        "thinking_forced_open": False,
+        "samplers": list(p.samplers),
+        "speculative.n_max": 16,
+        "speculative.n_min": 0,
+        "speculative.p_min": f32(0.75),
+        "timings_per_token": timings_per_token,
+        "post_sampling_probs": post_sampling_probs,
+        "lora": [],
+    })
+    return d
