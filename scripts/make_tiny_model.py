@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Write a random-weight GGUF model (thin CLI over runtime.tiny_model).
+
+The lesson's model:
+    python scripts/make_tiny_model.py --vocab ../shared/vocab/ggml-vocab-qwen2.gguf \
+        --out tiny-random-qwen2vocab-f32.gguf
+The self-contained built-in model (small ChatML BPE vocabulary, 2 layers, 128 dims):
+    python scripts/make_tiny_model.py --builtin --out tiny.gguf
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from runtime.tiny_model import BUILTIN_SPEC, WEIGHT_TYPES, TinyModelSpec, write_tiny_model  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", "-o", required=True, help="output GGUF path")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--vocab", help="vocab-only GGUF whose tokenizer.* keys are copied")
+    src.add_argument("--builtin", action="store_true",
+                     help="built-in byte-level BPE vocabulary and the built-in (smaller) shape")
+    ap.add_argument("--type", default="f32", choices=sorted(WEIGHT_TYPES), help="weight type")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--arch", choices=["llama", "mistral", "qwen2", "qwen3"])
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--embd", type=int)
+    ap.add_argument("--heads", type=int)
+    ap.add_argument("--kv-heads", type=int)
+    ap.add_argument("--head-dim", type=int)
+    ap.add_argument("--ff", type=int)
+    ap.add_argument("--ctx", type=int)
+    ap.add_argument("--rope-base", type=float)
+    ap.add_argument("--rms-eps", type=float)
+    ap.add_argument("--n-vocab", type=int, help="vocabulary rows when no vocabulary is given")
+    ap.add_argument("--name", help="general.name")
+    a = ap.parse_args(argv)
+
+    base = BUILTIN_SPEC if a.builtin else TinyModelSpec()
+    overrides = dict(arch=a.arch, n_layer=a.layers, n_embd=a.embd, n_head=a.heads,
+                     n_head_kv=a.kv_heads, head_dim=a.head_dim, n_ff=a.ff, n_ctx=a.ctx,
+                     rope_freq_base=a.rope_base, rms_eps=a.rms_eps, seed=a.seed,
+                     n_vocab=a.n_vocab, name=a.name)
+    spec = replace(base, wtype=a.type, **{k: v for k, v in overrides.items() if v is not None})
+    t0 = time.perf_counter()
+    out = write_tiny_model(a.out, spec, vocab="builtin" if a.builtin else a.vocab)
+    size = out.stat().st_size
+    print(f"wrote {out} ({size / 1e6:.1f} MB, {spec.arch}, {spec.n_layer} layers, "
+          f"{spec.n_embd} dims, {a.type}) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
