@@ -1,4 +1,7 @@
-"""Triton implementations of the dispatch surface (work in progress: delegates to ref for now)."""
-from .ref import (  # noqa: F401
-    add_rms_norm, dequantize, embedding, paged_attention, qmatmul, rms_norm, rope, silu_mul, write_kv,
-)
+"""The Triton implementations of the dispatch surface (imported lazily by `kernels.Ops`)."""
+from .tl_attention import paged_attention  # noqa: F401
+from .tl_norm import add_rms_norm, rms_norm  # noqa: F401
+from .tl_qmatmul import dequantize, embedding, qmatmul  # noqa: F401
+from .tl_rope import rope  # noqa: F401
+from .tl_silu_mul import silu_mul  # noqa: F401
+from .tl_write_kv import write_kv  # noqa: F401

@@ -1,0 +1,148 @@
+"""Paged attention, decode: one query per sequence, all query heads of one KV head per program
+(GQA), KV gathered through the block table, split-K over the context for long sequences with a
+second kernel merging the partial softmaxes. float32 softmax, optional tanh soft-capping.
+Reference: `kernels.ref.paged_attention` (all q_len == 1)."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import ref
+
+reference = ref.paged_attention
+
+
+@triton.jit
+def _tanh(x):
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, lens_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr,
+    scale, softcap, G, D, BS, chunk,
+    stride_qt, stride_qh, stride_qd,
+    stride_cb, stride_ct, stride_ch, stride_cd,
+    stride_bts, stride_ot, stride_oh,
+    NUM_SPLITS: tl.constexpr, SOFTCAP: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    s = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    qrow = tl.load(cu_ptr + s).to(tl.int64)
+    qlen = tl.load(cu_ptr + s + 1) - tl.load(cu_ptr + s)
+    L = tl.load(lens_ptr + s)
+    start = split * chunk
+    end = tl.minimum(L, start + chunk)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    gmask = g < G
+    dmask = d < D
+    heads = kvh * G + g
+    q = tl.load(q_ptr + qrow * stride_qt + heads[:, None] * stride_qh + d[None, :] * stride_qd,
+                mask=gmask[:, None] & dmask[None, :], other=0.0)
+    q = q.to(kc_ptr.dtype.element_ty)
+    m_i = tl.full((BLOCK_G,), -1e30, dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
+    if qlen == 1:
+        for n0 in range(start, end, BLOCK_N):
+            tok = n0 + tl.arange(0, BLOCK_N)
+            tmask = tok < end
+            blk = tl.load(bt_ptr + s * stride_bts + tok // BS, mask=tmask, other=0).to(tl.int64)
+            off = blk * stride_cb + (tok % BS) * stride_ct + kvh * stride_ch
+            kvmask = tmask[:, None] & dmask[None, :]
+            k = tl.load(kc_ptr + off[:, None] + d[None, :] * stride_cd, mask=kvmask, other=0.0)
+            sc = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_G, BLOCK_N] float32
+            if SOFTCAP:
+                sc = softcap * _tanh(sc / softcap)
+            sc = tl.where(tmask[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(sc - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(vc_ptr + off[:, None] + d[None, :] * stride_cd, mask=kvmask, other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        omask = gmask[:, None] & dmask[None, :]
+        if NUM_SPLITS == 1:
+            o = acc / l_i[:, None]
+            optr = out_ptr + qrow * stride_ot + heads[:, None] * stride_oh + d[None, :]
+            tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=omask)
+        else:
+            # partials: po [S, H, NUM_SPLITS, D] float32, pm/pl [S, H, NUM_SPLITS]
+            H = G * tl.num_programs(1)
+            idx = (s * H + heads) * NUM_SPLITS + split
+            tl.store(po_ptr + idx[:, None].to(tl.int64) * D + d[None, :], acc, mask=omask)
+            tl.store(pm_ptr + idx, m_i, mask=gmask)
+            tl.store(pl_ptr + idx, l_i, mask=gmask)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    po_ptr, pm_ptr, pl_ptr, cu_ptr, out_ptr, H, D, stride_ot, stride_oh,
+    NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    s = tl.program_id(0)
+    h = tl.program_id(1)
+    qlen = tl.load(cu_ptr + s + 1) - tl.load(cu_ptr + s)
+    if qlen == 1:
+        qrow = tl.load(cu_ptr + s).to(tl.int64)
+        sp = tl.arange(0, NUM_SPLITS)
+        d = tl.arange(0, BLOCK_D)
+        base = (s * H + h) * NUM_SPLITS
+        m = tl.load(pm_ptr + base + sp)
+        lsum = tl.load(pl_ptr + base + sp)
+        w = tl.exp(m - tl.max(m, axis=0))
+        po = tl.load(po_ptr + (base + sp)[:, None].to(tl.int64) * D + d[None, :], mask=d[None, :] < D, other=0.0)
+        o = tl.sum(po * w[:, None], axis=0) / tl.sum(lsum * w, axis=0)
+        tl.store(out_ptr + qrow * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+def num_splits_for(S: int, KVH: int, max_ctx: int, n_sm: int = 132) -> int:
+    """Enough programs to fill the GPU, each split at least 256 keys, a power of two <= 32."""
+    want = max(1, (2 * n_sm) // max(1, S * KVH))
+    cap = max(1, max_ctx // 256)
+    n = min(want, cap, 32)
+    return 1 << (n.bit_length() - 1)
+
+
+def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap=0.0,
+                 out=None, num_splits: int | None = None):
+    """Decode attention for sequences with q_len == 1 (others are left untouched in `out`)."""
+    T, H, D = q.shape
+    NB, BS, KVH, _ = k_cache.shape
+    S = kv_lens.shape[0]
+    G = H // KVH
+    if out is None:
+        out = torch.empty_like(q)
+    max_ctx = block_tables.shape[1] * BS
+    if num_splits is None:
+        n_sm = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
+        num_splits = num_splits_for(S, KVH, max_ctx, n_sm)
+    BLOCK_N = 64 if D <= 128 else 32
+    chunk = triton.cdiv(triton.cdiv(max_ctx, num_splits), BLOCK_N) * BLOCK_N
+    BLOCK_D = triton.next_power_of_2(D)
+    if num_splits > 1:
+        po = torch.empty(S, H, num_splits, D, dtype=torch.float32, device=q.device)
+        pm = torch.empty(S, H, num_splits, dtype=torch.float32, device=q.device)
+        pl = torch.empty(S, H, num_splits, dtype=torch.float32, device=q.device)
+    else:
+        po = pm = pl = out
+    bt = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
+    _paged_decode_kernel[(S, KVH, num_splits)](
+        q, k_cache, v_cache, bt, cu_seqlens_q, kv_lens, out, po, pm, pl,
+        float(scale), float(softcap), G, D, BS, chunk,
+        *q.stride(), *k_cache.stride(), bt.stride(0), out.stride(0), out.stride(1),
+        NUM_SPLITS=num_splits, SOFTCAP=softcap > 0.0,
+        BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        num_warps=4,
+    )
+    if num_splits > 1:
+        _merge_splits_kernel[(S, H)](
+            po, pm, pl, cu_seqlens_q, out, H, D, out.stride(0), out.stride(1),
+            NUM_SPLITS=num_splits, BLOCK_D=BLOCK_D,
+        )
+    return out
