@@ -132,14 +132,12 @@ def _find_line_end(buf: bytes) -> tuple[int, int] | None:
 
     A trailing lone CR is not treated as complete: it may be the first half of CRLF.
     """
-    for i, b in enumerate(buf):
-        if b == 0x0A:
-            return i, i + 1
-        if b == 0x0D:
-            if i + 1 == len(buf):
-                return None
-            return (i, i + 2) if buf[i + 1] == 0x0A else (i, i + 1)
-    return None
+    lf, cr = buf.find(b"\n"), buf.find(b"\r")
+    if cr == -1 or (lf != -1 and lf < cr):
+        return None if lf == -1 else (lf, lf + 1)
+    if cr + 1 == len(buf):
+        return None
+    return (cr, cr + 2) if buf[cr + 1] == 0x0A else (cr, cr + 1)
 
 
 # ----------------------------------------------------------------------------- results
@@ -227,6 +225,40 @@ class CompletionStream:
         return self.n_server_tokens if self.n_server_tokens is not None else self.n_chunk_tokens
 
 
+def check_chat_stream(events: list[str]) -> int:
+    """Validate the data payloads of a streamed chat completion; returns content chunks seen.
+
+    Raises StreamError unless: every event before the last is a JSON chunk without "error",
+    some chunk carries a finish_reason, and the last event is [DONE].
+    """
+    if not events or events[-1] != "[DONE]":
+        raise StreamError("stream did not end with data: [DONE]")
+    finished = False
+    n_content = 0
+    for data in events[:-1]:
+        if data == "[DONE]":
+            raise StreamError("[DONE] before the end of the stream")
+        try:
+            obj = json.loads(data)
+        except json.JSONDecodeError as e:
+            raise StreamError(f"malformed JSON event: {data[:80]!r}") from e
+        if not isinstance(obj, dict) or "error" in obj:
+            raise StreamError(f"error event: {data[:200]}")
+        if obj.get("object") != "chat.completion.chunk":
+            raise StreamError(f"unexpected object {obj.get('object')!r}")
+        for choice in obj.get("choices") or []:
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                raise StreamError("choice without delta")
+            if delta.get("content"):
+                n_content += 1
+            if choice.get("finish_reason"):
+                finished = True
+    if not finished:
+        raise StreamError("no chunk carried a finish_reason")
+    return n_content
+
+
 def percentile(values: Iterable[float], q: float) -> float | None:
     """Linear-interpolated percentile (numpy's default), q in [0, 100]; None when empty."""
     xs = sorted(values)
@@ -272,7 +304,10 @@ RATIO_KEYS = ("gen_tokens_per_s", "ttft_ms_median", "ttft_ms_p95",
 
 def ratio_line(a: dict, b: dict) -> dict:
     """a / b per metric (None where either side is missing or b is 0)."""
-    out: dict = {"ratio": f"{a['server']} / {b['server']}", "concurrency": a["concurrency"]}
+    na, nb = a["server"], b["server"]
+    if na == nb:  # same build and model name: tell them apart by URL
+        na, nb = a.get("url", na + " (1)"), b.get("url", nb + " (2)")
+    out: dict = {"ratio": f"{na} / {nb}", "concurrency": a["concurrency"]}
     for k in RATIO_KEYS:
         x, y = a.get(k), b.get(k)
         out[k] = round(x / y, 3) if x is not None and y else None

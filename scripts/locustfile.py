@@ -21,7 +21,6 @@ Environment knobs (defaults suit the tiny CPU test model):
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 from locust import HttpUser, between, task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import WORDS, CompletionStream, SSEParser, StreamError  # noqa: E402
+from bench import WORDS, CompletionStream, SSEParser, StreamError, check_chat_stream  # noqa: E402
 
 
 def _wait_range() -> tuple[float, float]:
@@ -56,40 +55,6 @@ QUESTIONS = (
 
 def _sentence(rng: random.Random, n_words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n_words))
-
-
-def check_chat_stream(events: list[str]) -> int:
-    """Validate the data payloads of a streamed chat completion; returns content chunks seen.
-
-    Raises StreamError unless: every event before the last is a JSON chunk without "error",
-    some chunk carries a finish_reason, and the last event is [DONE].
-    """
-    if not events or events[-1] != "[DONE]":
-        raise StreamError("stream did not end with data: [DONE]")
-    finished = False
-    n_content = 0
-    for data in events[:-1]:
-        if data == "[DONE]":
-            raise StreamError("[DONE] before the end of the stream")
-        try:
-            obj = json.loads(data)
-        except json.JSONDecodeError as e:
-            raise StreamError(f"malformed JSON event: {data[:80]!r}") from e
-        if not isinstance(obj, dict) or "error" in obj:
-            raise StreamError(f"error event: {data[:200]}")
-        if obj.get("object") != "chat.completion.chunk":
-            raise StreamError(f"unexpected object {obj.get('object')!r}")
-        for choice in obj.get("choices") or []:
-            delta = choice.get("delta")
-            if not isinstance(delta, dict):
-                raise StreamError("choice without delta")
-            if delta.get("content"):
-                n_content += 1
-            if choice.get("finish_reason"):
-                finished = True
-    if not finished:
-        raise StreamError("no chunk carried a finish_reason")
-    return n_content
 
 
 class _LlamaUser(HttpUser):

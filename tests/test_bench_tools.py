@@ -230,6 +230,32 @@ def test_completion_stream_rejects_bad_streams(events):
             st.on_event(ev, 0.0)
 
 
+def _chunk(delta, finish=None):
+    return json.dumps({"object": "chat.completion.chunk", "id": "c", "choices": [
+        {"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+def test_check_chat_stream():
+    role, tok, fin = _chunk({"role": "assistant", "content": None}), _chunk({"content": "x"}), \
+        _chunk({}, "length")
+    usage = json.dumps({"object": "chat.completion.chunk", "choices": [],
+                        "usage": {"completion_tokens": 2}})
+    assert bench.check_chat_stream([role, tok, tok, fin, "[DONE]"]) == 2
+    assert bench.check_chat_stream([role, tok, fin, usage, "[DONE]"]) == 1
+    bad = [
+        [role, tok, fin],                          # finished but no [DONE]
+        [role, tok, "[DONE]"],                     # no finish_reason
+        [role, "{oops", fin, "[DONE]"],            # malformed JSON
+        [role, '{"error": {"code": 500}}', "[DONE]"],
+        [role, fin, "[DONE]", "[DONE]"],
+        [role, tok.replace("chat.completion.chunk", "text_completion"), fin, "[DONE]"],
+        [],
+    ]
+    for events in bad:
+        with pytest.raises(bench.StreamError):
+            bench.check_chat_stream(events)
+
+
 # ----------------------------------------------------------------------------- statistics
 def test_percentile_matches_numpy():
     np = pytest.importorskip("numpy")
@@ -261,6 +287,8 @@ def test_summarize_and_ratio():
                          {**s, "server": "b", "gen_tokens_per_s": 4.5, "ttft_ms_median": None})
     assert r["gen_tokens_per_s"] == 2.0 and r["ttft_ms_median"] is None
     assert r["requests_per_s"] == 1.0 and r["ratio"] == "a / b"
+    same = bench.ratio_line({**s, "url": "http://h:1"}, {**s, "url": "http://h:2"})
+    assert same["ratio"] == "http://h:1 / http://h:2"
 
 
 def test_workload_is_seeded_and_in_range():
