@@ -644,6 +644,29 @@ def _spm_merges(vocab: dict[str, int], scores: np.ndarray) -> list[tuple[str, st
     return [(a, b) for _s, _t, _k, a, b in cands]
 
 
+def _parse_merges(raw: Sequence[bytes | str]) -> list[tuple[str, str]]:
+    """GGUF merges "a b" -> (a, b), split at the first space after position 0 as llama.cpp."""
+    if not raw:
+        return []
+    if isinstance(raw[0], str):
+        lines = list(raw)
+    else:
+        lines = b"\n".join(raw).decode("utf-8", errors="replace").split("\n")
+        if len(lines) != len(raw):  # a merge contains a newline: decode one by one
+            lines = [bytes(m).decode("utf-8", errors="replace") for m in raw]
+    out = []
+    for m in lines:
+        if m[:1] == " ":
+            p = m.find(" ", 1)
+            if p >= 0:
+                out.append((m[:p], m[p + 1:]))
+            continue
+        ab = m.split(" ", 1)
+        if len(ab) == 2:
+            out.append((ab[0], ab[1]))
+    return out
+
+
 def tokenizer_from_gguf_metadata(md: Mapping[str, Any]) -> Tokenizer:
     """Build a Tokenizer from GGUF key/values (as `read_gguf_metadata` returns them; string
     arrays may be bytes or str, numeric arrays any sequence)."""
@@ -788,16 +811,12 @@ def tokenizer_from_gguf_metadata(md: Mapping[str, Any]) -> Tokenizer:
             continue
         vocab.setdefault(s, i)
     if vocab_type == VOCAB_TYPE_BPE:
-        merges = []
-        for m in md.get("tokenizer.ggml.merges", []):
-            m = m.decode("utf-8", errors="replace") if isinstance(m, (bytes, bytearray)) else m
-            p = m.find(" ", 1)
-            if p < 0:
-                continue
-            a, b = m[:p], m[p + 1:]
-            if a in vocab and b in vocab and (a + b) in vocab:
-                merges.append((a, b))
-        bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=spec.ignore_merges)
+        merges = _parse_merges(md.get("tokenizer.ggml.merges", []))
+        try:
+            bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=spec.ignore_merges)
+        except Exception:  # a merge whose parts or result are not tokens: llama.cpp never uses it
+            merges = [(a, b) for a, b in merges if a in vocab and b in vocab and (a + b) in vocab]
+            bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=spec.ignore_merges)
         hf = tokenizers.Tokenizer(bpe)
         hf.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in spec.regexes]
