@@ -32,9 +32,14 @@ class Logger:
         need = LEVELS[level] if min_verbosity is None else min_verbosity
         if need > max(self.verbosity, 2):
             return
-        line = f"{self.stamp()} {level} {component:<4} {func:>12}: {msg}\n"
+        self.raw(level, f"{component:<4} {func[:12]:>12}: {msg}")
+
+    def raw(self, level: str, msg: str) -> None:
+        """One line already formatted after the level letter (the engine's `log` callback)."""
+        if LEVELS.get(level, 3) > max(self.verbosity, 2):
+            return
         with self._lock:
-            self.stream.write(line)
+            self.stream.write(f"{self.stamp()} {level} {msg}\n")
             self.stream.flush()
 
     def srv(self, level: str, func: str, msg: str, min_verbosity: int | None = None) -> None:

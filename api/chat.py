@@ -1,0 +1,222 @@
+"""OpenAI chat requests: messages -> prompt (`oaicompat_chat_params_parse`), and the model's text
+-> an assistant message with `content`, `reasoning_content` and `tool_calls`, whole or as deltas.
+
+A final assistant message is a prefill: the conversation before it is rendered with the generation
+prompt and its content is appended, so the model continues it (lesson Example 13).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.errors import ApiError
+from api.params import Fields, schema_to_grammar_or_400
+from runtime.chat_parser import StreamingChatParser, parse_chat_output
+from runtime.chat_template import thinking_forced_open
+
+REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
+
+
+def template_source(tmpl: Any) -> str:
+    return getattr(tmpl, "source", "") or ""
+
+
+def template_caps(tmpl: Any) -> dict[str, bool]:
+    return dict(getattr(tmpl, "caps", {}) or {})
+
+
+def special_text(tok: Any, tid: int | None) -> str:
+    if tid is None or tid < 0:
+        return ""
+    return tok.piece(tid).decode("utf-8", "replace")
+
+
+@dataclass
+class ChatPrep:
+    """A chat request after template rendering."""
+    body: dict[str, Any]  # the request with OpenAI names mapped to native ones (n_predict, n_probs, ...)
+    prompt: str
+    chat_format: str
+    reasoning_format: str
+    prefill: str = ""  # content of a final assistant message, continued by the model
+    think_prefix: str = ""  # an open "<think>" the generation prompt already wrote
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: str = "auto"
+    parallel_tool_calls: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+
+
+def _tool_choice(raw: Any) -> str:
+    if raw is None:
+        return "auto"
+    if isinstance(raw, str):
+        if raw not in ("auto", "none", "required"):
+            raise ApiError(f"Invalid tool_choice: {raw}")
+        return raw
+    if isinstance(raw, dict):  # {"type": "function", "function": {"name": ...}}: treated as required
+        return "required"
+    raise ApiError("Invalid tool_choice")
+
+
+def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
+    cfg = server.cfg
+    tmpl = server.engine.chat_template
+    f = Fields(body)
+    messages = body.get("messages")
+    if messages is None:
+        raise ApiError("'messages' is required")
+    if not isinstance(messages, list):
+        raise ApiError("Expected 'messages' to be an array")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError("Missing 'role' in message")
+        if "content" not in m and not m.get("tool_calls"):
+            raise ApiError("Missing 'content' in message")
+    if f.integer("n", 1) != 1:
+        raise ApiError("Only one completion choice is allowed")
+    tools = f.array("tools", []) or []
+    tool_choice = _tool_choice(body.get("tool_choice"))
+    if tools and not cfg.jinja:
+        raise ApiError("tools param requires --jinja flag")
+    out = dict(body)
+
+    # OpenAI names -> native ones
+    n_predict = f.integer("max_completion_tokens", f.integer("max_tokens", f.integer("n_predict", cfg.n_predict)))
+    out["n_predict"] = n_predict
+    out.pop("max_tokens", None)
+    logprobs = f.boolean("logprobs", False)
+    if logprobs:
+        out["n_probs"] = f.integer("top_logprobs", 20)
+    elif f.has("top_logprobs"):
+        raise ApiError("top_logprobs requires logprobs to be set to true")
+    rf = body.get("response_format")
+    if rf is not None:
+        if not isinstance(rf, dict):
+            raise ApiError("response_format must be an object")
+        kind = rf.get("type")
+        if kind == "json_object":
+            out["json_schema"] = rf.get("schema", {"type": "object"})
+        elif kind == "json_schema":
+            js = rf.get("json_schema") or {}
+            out["json_schema"] = js.get("schema", {"type": "object"}) if isinstance(js, dict) else {"type": "object"}
+        elif kind != "text":
+            raise ApiError(f'response_format type must be one of "text" or "json_object", but got: {kind}')
+    stream_options = body.get("stream_options")
+    include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage", False))
+
+    # render
+    msgs = list(messages)
+    prefill = ""
+    if msgs and msgs[-1].get("role") == "assistant" and not msgs[-1].get("tool_calls"):
+        content = msgs[-1].get("content")
+        prefill = content if isinstance(content, str) else ""
+        msgs = msgs[:-1]
+    kwargs: dict[str, Any] = {}
+    ctk = body.get("chat_template_kwargs")
+    if ctk is not None:
+        if not isinstance(ctk, dict):
+            raise ApiError("chat_template_kwargs must be an object")
+        kwargs.update(ctk)
+    if cfg.enable_thinking is not None:
+        kwargs.setdefault("enable_thinking", cfg.enable_thinking)
+    if f.has("reasoning_effort"):
+        kwargs.setdefault("reasoning_effort", f.string("reasoning_effort", ""))
+    try:
+        prompt = tmpl.render(msgs, add_generation_prompt=True, tools=tools or None, **kwargs)
+        gen_prompt = tmpl.generation_prompt(msgs, tools=tools or None, **kwargs) if msgs else ""
+    except ApiError:
+        raise
+    except Exception as e:  # jinja errors, raise_exception() in the template
+        raise ApiError(f"Failed to apply chat template: {e}") from e
+    prompt += prefill
+
+    reasoning_format = f.string("reasoning_format", cfg.reasoning_format)
+    if reasoning_format not in REASONING_FORMATS:
+        raise ApiError(f"Unknown reasoning format: {reasoning_format}")
+    think_prefix = ""
+    if thinking_forced_open(gen_prompt):  # the generation prompt ends inside "<think>": the model continues it
+        think_prefix = gen_prompt[gen_prompt.rfind("<think>"):]
+    chat_format = tmpl.format(bool(tools), tool_choice, "json_schema" in out)
+    return ChatPrep(out, prompt, chat_format, reasoning_format, prefill, think_prefix, tools, tool_choice,
+                    f.boolean("parallel_tool_calls", False), include_usage, logprobs)
+
+
+# ------------------------------------------------------------------------------------------
+# grammars for tool calls
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+
+
+def tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """JSON schema of one `{"name": ..., "arguments": {...}}` call to any of `tools`."""
+    variants = []
+    for t in tools:
+        fn = t.get("function", t) if isinstance(t, dict) else {}
+        name = fn.get("name")
+        if not isinstance(name, str):
+            raise ApiError("Missing tool function name")
+        params = fn.get("parameters") or {"type": "object"}
+        variants.append({"type": "object",
+                         "properties": {"name": {"const": name}, "arguments": params},
+                         "required": ["name", "arguments"]})
+    return variants[0] if len(variants) == 1 else {"anyOf": variants}
+
+
+def hermes_tool_grammar(tools: list[dict[str, Any]], parallel: bool, opened: bool) -> str:
+    """GBNF forcing Hermes-style `<tool_call>\\n{json}\\n</tool_call>` output; `opened` when the
+    prompt already ends inside `<tool_call>` (a prefilled assistant turn)."""
+    body = schema_to_grammar_or_400(tool_call_schema(tools))
+    body = re.sub(r"^root ::=", "tool-call-json ::=", body, flags=re.M)
+    first = '"\\n"? tool-call-json "\\n"? "</tool_call>"'
+    full = '"<tool_call>" "\\n"? tool-call-json "\\n"? "</tool_call>"'
+    rest = f' ( "\\n" {full} )*' if parallel else ""
+    root = f"root ::= {first if opened else full}{rest}\n"
+    return root + body
+
+
+def apply_grammar(server: Any, prep: ChatPrep, params: Any) -> None:
+    """Constrain a chat request: `tool_choice: required` forces a tool call (the engine has no lazy
+    grammars, so `auto` leaves the output free and only parses it)."""
+    if prep.tools and prep.tool_choice == "required" and not params.grammar:
+        opened = prep.prefill.rstrip().endswith(TOOL_CALL_OPEN)
+        params.grammar = hermes_tool_grammar(prep.tools, prep.parallel_tool_calls, opened)
+    if params.grammar:
+        from grammar import GrammarError, parse_gbnf
+        try:
+            parse_gbnf(params.grammar)
+        except GrammarError as e:
+            raise ApiError(f"Failed to parse grammar: {e}") from e
+
+
+# ------------------------------------------------------------------------------------------
+# output parsing (runtime.chat_parser)
+
+class ChatOutput:
+    """Generated text -> OpenAI deltas while streaming, and the final assistant message."""
+
+    def __init__(self, prep: ChatPrep):
+        self.prep = prep
+        self.parse_tools = bool(prep.tools) and prep.tool_choice != "none"
+        self.stream = StreamingChatParser(prep.chat_format, prep.reasoning_format, bool(prep.think_prefix),
+                                          self.parse_tools, prep.think_prefix + prep.prefill)
+        self.has_tool_calls = False
+
+    def add(self, text: str) -> list[dict[str, Any]]:
+        deltas = self.stream.feed(text)
+        self.has_tool_calls |= any("tool_calls" in d for d in deltas)
+        return deltas
+
+    def finish(self) -> list[dict[str, Any]]:
+        deltas, msg = self.stream.finish()
+        self.has_tool_calls |= bool(msg.tool_calls)
+        return deltas
+
+    def final_message(self, content: str) -> dict[str, Any]:
+        msg = parse_chat_output(content, self.prep.chat_format, self.prep.reasoning_format,
+                                bool(self.prep.think_prefix), self.parse_tools,
+                                self.prep.think_prefix + self.prep.prefill)
+        self.has_tool_calls = bool(msg.tool_calls)
+        return msg.to_openai()
