@@ -231,13 +231,13 @@ def check_chat_stream(events: list[str]) -> int:
     Raises StreamError unless: every event before the last is a JSON chunk without "error",
     some chunk carries a finish_reason, and the last event is [DONE].
     """
-    if not events or events[-1] != "[DONE]":
-        raise StreamError("stream did not end with data: [DONE]")
     finished = False
     n_content = 0
-    for data in events[:-1]:
+    for i, data in enumerate(events):
         if data == "[DONE]":
-            raise StreamError("[DONE] before the end of the stream")
+            if i != len(events) - 1:
+                raise StreamError("[DONE] before the end of the stream")
+            continue
         try:
             obj = json.loads(data)
         except json.JSONDecodeError as e:
@@ -256,6 +256,8 @@ def check_chat_stream(events: list[str]) -> int:
                 finished = True
     if not finished:
         raise StreamError("no chunk carried a finish_reason")
+    if events[-1] != "[DONE]":
+        raise StreamError("stream did not end with data: [DONE]")
     return n_content
 
 
