@@ -58,6 +58,7 @@ class TinyModelSpec:
     init_std: float = 0.02
     name: str = "tiny-random"
     n_vocab: int = 0  # only used without a vocabulary (0: 256)
+    tie_embeddings: bool = False  # True: no output.weight (the output reuses token_embd)
 
 
 BUILTIN_SPEC = TinyModelSpec(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=352,
@@ -433,7 +434,8 @@ def tensor_shapes(spec: TinyModelSpec, n_vocab: int) -> list[tuple[str, tuple[in
         out.append((p + "ffn_up.weight", (spec.n_ff, spec.n_embd)))
         out.append((p + "ffn_down.weight", (spec.n_embd, spec.n_ff)))
     out.append(("output_norm.weight", (spec.n_embd,)))
-    out.append(("output.weight", (n_vocab, spec.n_embd)))
+    if not spec.tie_embeddings:
+        out.append(("output.weight", (n_vocab, spec.n_embd)))
     return out
 
 
