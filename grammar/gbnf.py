@@ -415,7 +415,11 @@ def _check_left_recursion(g: Grammar) -> None:
                 state[node] = 2
                 stack.pop()
             elif state[nxt] == 1:
-                user = next((g.rule_names[r] for r, _ in stack if not _generated(g.rule_names[r])), g.rule_names[nxt])
+                path = [r for r, _ in stack]
+                cycle = path[path.index(nxt):]
+                user = next((g.rule_names[r] for r in cycle if not _generated(g.rule_names[r])),
+                            next((g.rule_names[r] for r in reversed(path) if not _generated(g.rule_names[r])),
+                                 g.rule_names[nxt]))
                 raise GrammarError(f"left recursion in rule '{user}' (a rule can reach itself without consuming "
                                    f"input; this includes repeating an item that may be empty)")
             elif state[nxt] == 0:
