@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from . import ref
-from .gguf_tl import SUPPORTED, configs_for_mode, dequant_tile
+from .gguf_tl import SUPPORTED, configs_for_mode, dequant_tile, interpreting
 from .qweight import QWeight
 
 reference = ref.qmatmul
@@ -134,7 +134,7 @@ def _qmm_tiled_kernel(
     x_ptr, w_ptr, y_ptr, M, N, K, M_BUCKET,
     stride_xm, stride_xk, stride_w, stride_ym, stride_yn,
     QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -155,7 +155,11 @@ def _qmm_tiled_kernel(
         xp = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :] * stride_xk
         x = tl.load(xp, mask=mmask[:, None] & kmask[None, :], other=0.0)
         w = dequant_tile(w_ptr, stride_w, offs_n, offs_k, nmask[:, None] & kmask[None, :], QTYPE)
-        acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+        w = w.to(x.dtype)
+        if DOT_F32:  # the interpreter's bf16 tl.dot is wrong; same rounding, float32 product
+            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
     yp = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :] * stride_yn
     tl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
@@ -181,5 +185,6 @@ def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
         _qmm_tiled_kernel[grid](
             x, data, y, M, N, K, triton.next_power_of_2(M),
             x.stride(0), x.stride(1), stride_w, y.stride(0), y.stride(1), QTYPE=qt,
+            DOT_F32=interpreting() and x.dtype == torch.bfloat16,
         )
     return y
