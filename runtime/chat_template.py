@@ -23,11 +23,12 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # The template carried by the Qwen2 vocab GGUF (`tokenizer.chat_template` of
 # ggml-vocab-qwen2.gguf): plain ChatML that inserts a default system message.
+# (the newlines inside its string literals are real newline characters, as in the GGUF)
 CHATML_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\\nYou are a helpful assistant<|im_end|>\\n' }}{% endif %}"
-    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
 CAPS_KEYS = (
@@ -322,6 +323,14 @@ class ChatTemplate:
         for k, v in extra.items():
             if k not in ("messages", "tools", "add_generation_prompt"):
                 ctx[k] = v
+        try:
+            return self._template.render(**ctx)
+        except (jinja2.TemplateError, TypeError):
+            if not any(m.get("content") is None for m in msgs):
+                raise
+        # the template cannot take null content (QwQ splits it): render "" instead, as minja's
+        # requires_non_null_content polyfill does
+        ctx["messages"] = [dict(m, content="") if m.get("content") is None else m for m in msgs]
         return self._template.render(**ctx)
 
     def generation_prompt(self, messages: list[dict], tools: list[dict] | None = None,
