@@ -1,0 +1,186 @@
+"""runtime.tiny_model: quantizers, built-in vocabulary, default model, CLI."""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import quants as gquants
+
+from kernels.dequant_ref import dequantize, dequantize_rows
+from kernels.qweight import QWeight
+from runtime.loader import load_model, read_gguf_metadata
+from runtime.tiny_model import (BUILTIN_SPECIAL_TOKENS, QWEN2_CHAT_TEMPLATE, TinyModelSpec,
+                                builtin_vocab, ensure_default_model, quantize, write_tiny_model)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("qtype,tol", [(Q.Q4_K, 0.12), (Q.Q6_K, 0.03)])
+def test_own_kquant_quantizers(qtype, tol):
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, size=(6, 512)).astype(np.float32)
+    x[0, :256] = 0.0  # an all-zero block
+    x[1] += 3.0  # all-positive blocks (Q4_K min offset 0)
+    raw = quantize(x, qtype)
+    assert raw.dtype == np.uint8 and raw.shape == (6, 2 * {Q.Q4_K: 144, Q.Q6_K: 210}[qtype])
+    ref = gquants.dequantize(raw, qtype)
+    assert np.isfinite(ref).all()
+    # relative to each block's range
+    err = np.abs(ref - x).reshape(-1, 256).max(-1) / (np.abs(x).reshape(-1, 256).max(-1) + 1e-9)
+    assert err.max() < tol
+    assert np.all(ref[0, :256] == 0.0)
+    np.testing.assert_array_equal(dequantize(QWeight(torch.from_numpy(raw), qtype, 6, 512)).numpy(), ref)
+
+
+def test_quantize_rejects_bad_row_size():
+    with pytest.raises(ValueError):
+        quantize(np.zeros((2, 300), dtype=np.float32), Q.Q4_K)
+
+
+def test_builtin_vocab():
+    keys = builtin_vocab()
+    again = builtin_vocab()
+    assert keys == again  # deterministic
+    kv = {k: v for k, v, _, _ in keys}
+    tokens, types, merges = kv["tokenizer.ggml.tokens"], kv["tokenizer.ggml.token_type"], kv["tokenizer.ggml.merges"]
+    assert 2000 <= len(tokens) <= 4100 and len(tokens) == len(types) == len(set(tokens))
+    assert kv["tokenizer.ggml.model"] == "gpt2" and kv["tokenizer.ggml.pre"] == "qwen2"
+    assert tokens[-3:] == BUILTIN_SPECIAL_TOKENS and types[-3:] == [3, 3, 3]
+    assert set(types[:-3]) == {1}
+    eot, im_end = tokens.index("<|endoftext|>"), tokens.index("<|im_end|>")
+    assert kv["tokenizer.ggml.bos_token_id"] == eot
+    assert kv["tokenizer.ggml.eos_token_id"] == im_end == kv["tokenizer.ggml.eot_token_id"]
+    assert kv["tokenizer.ggml.add_bos_token"] is False
+    assert kv["tokenizer.chat_template"] == QWEN2_CHAT_TEMPLATE
+    # every byte has a token, every merge joins two tokens into a third
+    from tokenizers import pre_tokenizers
+
+    assert set(pre_tokenizers.ByteLevel.alphabet()) <= set(tokens)
+    vocab = set(tokens)
+    for m in merges:
+        a, b = m.split(" ")
+        assert a in vocab and b in vocab and a + b in vocab
+    assert "Ġthe" in vocab and "Ġfunction" in vocab
+
+
+def test_builtin_vocab_tokenizes_compactly():
+    """Encode with an HF tokenizer built from the GGUF keys: common words are single tokens."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    from runtime.tiny_model import _QWEN2_PRE_REGEX
+
+    kv = {k: v for k, v, _, _ in builtin_vocab()}
+    tokens = kv["tokenizer.ggml.tokens"]
+    merges = [tuple(m.split(" ")) for m in kv["tokenizer.ggml.merges"]]
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_QWEN2_PRE_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    text = "Hello, World! The model answers the question."
+    enc = tok.encode(text)
+    ids = enc.ids
+    assert len(ids) <= 14  # vs 46 bytes
+    assert {"Hello", "ĠWorld", "Ġmodel", "Ġthe"} <= set(enc.tokens)
+    assert tok.decode(ids) == text
+    odd = "naïve café — 東京 🙂"
+    assert tok.decode(tok.encode(odd).ids) == odd  # byte fallback covers everything
+
+
+def _single_token_forward(m, token: int) -> torch.Tensor:
+    """Logits of a one-token sequence (attention over one key returns V)."""
+    c, W = m.config, m.weights
+
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c.rms_eps) * w
+
+    def mm(x, name):
+        return x @ dequantize(W[name]).T
+
+    x = dequantize_rows(W["token_embd.weight"], torch.tensor([token]))
+    for i in range(c.n_layer):
+        p = f"blk.{i}."
+        h = rms(x, W[p + "attn_norm.weight"])
+        v = mm(h, p + "attn_v.weight").reshape(1, c.n_head_kv, c.head_dim)
+        v = v.repeat_interleave(c.n_head // c.n_head_kv, dim=1).reshape(1, -1)
+        x = x + mm(v, p + "attn_output.weight")
+        h = rms(x, W[p + "ffn_norm.weight"])
+        g = torch.nn.functional.silu(mm(h, p + "ffn_gate.weight")) * mm(h, p + "ffn_up.weight")
+        x = x + mm(g, p + "ffn_down.weight")
+    out = W.get("output.weight", W["token_embd.weight"])
+    return rms(x, W["output_norm.weight"]) @ dequantize(out).T
+
+
+def test_ensure_default_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITIUM_CACHE", str(tmp_path / "cache"))
+    p = ensure_default_model()
+    assert p.exists() and p.parent == tmp_path / "cache"
+    stat = p.stat()
+    assert ensure_default_model() == p and p.stat().st_mtime_ns == stat.st_mtime_ns  # generated once
+    assert [f.name for f in p.parent.iterdir()] == [p.name]  # no temp files left
+
+    m = load_model(p)
+    c = m.config
+    assert (c.arch, c.n_layer, c.n_embd) == ("llama", 2, 128)
+    assert c.n_vocab == len(m.gguf_metadata["tokenizer.ggml.tokens"])
+    assert m.file_type == "all F32"
+    assert m.gguf_metadata["tokenizer.chat_template"] == QWEN2_CHAT_TEMPLATE
+    assert m.size < 10_000_000
+
+    # a deterministic file: a fresh generation elsewhere has the same bytes
+    monkeypatch.setenv("TRITIUM_CACHE", str(tmp_path / "other"))
+    p2 = ensure_default_model()
+    assert hashlib.sha256(p2.read_bytes()).digest() == hashlib.sha256(p.read_bytes()).digest()
+
+    # random weights keep activations finite and logits spread
+    logits = _single_token_forward(m, 42)
+    assert logits.shape == (1, c.n_vocab) and torch.isfinite(logits).all()
+    assert logits.std() > 1e-3
+
+
+@pytest.mark.parametrize("wtype", ["q4_k", "q6_k", "q4_0"])
+def test_quantized_model_forward_close_to_f32(tmp_path, wtype):
+    base = dict(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=320, seed=5)
+    f32 = load_model(write_tiny_model(tmp_path / "a.gguf", TinyModelSpec(**base)))
+    q = load_model(write_tiny_model(tmp_path / "b.gguf", TinyModelSpec(wtype=wtype, **base)))
+    a, b = _single_token_forward(f32, 7), _single_token_forward(q, 7)
+    cos = torch.nn.functional.cosine_similarity(a, b).item()
+    assert cos > {"q4_k": 0.97, "q4_0": 0.95, "q6_k": 0.995}[wtype], cos
+
+
+def test_cli(tmp_path):
+    out = tmp_path / "q3.gguf"
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), "--out", str(out),
+                        "--arch", "qwen3", "--layers", "1", "--embd", "128", "--heads", "4",
+                        "--kv-heads", "2", "--head-dim", "64", "--ff", "256", "--ctx", "512",
+                        "--type", "q8_0", "--seed", "9", "--builtin"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "wrote" in r.stderr
+    m = load_model(out)
+    c = m.config
+    assert (c.arch, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_ctx_train) == \
+        ("qwen3", 1, 128, 4, 2, 64, 256, 512)
+    assert c.has_qk_norm and m.file_type == "Q8_0"
+    assert m.weights["blk.0.attn_q.weight"].qtype == Q.Q8_0
+    md = read_gguf_metadata(out)
+    assert md["tokenizer.ggml.pre"] == "qwen2" and md["general.quantization_version"] == 2
+
+
+def test_lesson_vocab_copied(tmp_path):
+    vocab = Path(__file__).resolve().parents[2] / "shared" / "vocab" / "ggml-vocab-llama-spm.gguf"
+    if not vocab.exists():
+        pytest.skip("../shared not available")
+    spec = TinyModelSpec(n_layer=1, n_embd=64, n_head=2, n_head_kv=1, n_ff=128, wtype="f16")
+    m = load_model(write_tiny_model(tmp_path / "spm.gguf", spec, vocab=vocab))
+    src = read_gguf_metadata(vocab)
+    tok_keys = [k for k in src if k.startswith("tokenizer.")]
+    assert tok_keys and all(m.gguf_metadata[k] == src[k] for k in tok_keys)
+    assert m.config.n_vocab == len(src["tokenizer.ggml.tokens"])
