@@ -394,6 +394,9 @@ class Tokenizer:
         self.pre = pre
         self.model = model
         self._token_to_id: dict[bytes, int] | None = None
+        self.warnings: list[str] = []    # llama.cpp's load-time vocab warnings, for the log
+        self._types = [_attr_to_type(a) for a in attrs]
+        self._control_ids = frozenset(i for i, a in enumerate(attrs) if a & ATTR_CONTROL)
 
         specials = []
         for tid, a in enumerate(attrs):
@@ -409,13 +412,11 @@ class Tokenizer:
 
     def token_type(self, tid: int) -> int:
         """llama_token_type of `tid` (after llama.cpp's control-token overrides)."""
-        a = self._attrs[tid]
-        for bit, t in ((ATTR_CONTROL, TOKEN_TYPE_CONTROL), (ATTR_USER_DEFINED, TOKEN_TYPE_USER_DEFINED),
-                       (ATTR_BYTE, TOKEN_TYPE_BYTE), (ATTR_UNKNOWN, TOKEN_TYPE_UNKNOWN),
-                       (ATTR_UNUSED, TOKEN_TYPE_UNUSED), (ATTR_NORMAL, TOKEN_TYPE_NORMAL)):
-            if a & bit:
-                return t
-        return TOKEN_TYPE_UNDEFINED
+        return self._types[tid]
+
+    def control_ids(self) -> frozenset[int]:
+        """Ids of control tokens (rendered as b"" by piece(id, special=False))."""
+        return self._control_ids
 
     def token_attr(self, tid: int) -> int:
         return self._attrs[tid]
@@ -557,6 +558,15 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (f"Tokenizer(model={self.model!r}, pre={self.pre!r}, n_vocab={self.n_vocab}, "
                 f"bos={self.bos_id}, eos={self.eos_id}, eog={sorted(self.eot_ids)})")
+
+
+def _attr_to_type(a: int) -> int:
+    for bit, t in ((ATTR_CONTROL, TOKEN_TYPE_CONTROL), (ATTR_USER_DEFINED, TOKEN_TYPE_USER_DEFINED),
+                   (ATTR_BYTE, TOKEN_TYPE_BYTE), (ATTR_UNKNOWN, TOKEN_TYPE_UNKNOWN),
+                   (ATTR_UNUSED, TOKEN_TYPE_UNUSED), (ATTR_NORMAL, TOKEN_TYPE_NORMAL)):
+        if a & bit:
+            return t
+    return TOKEN_TYPE_UNDEFINED
 
 
 class IncrementalDecoder:
@@ -715,8 +725,6 @@ def tokenizer_from_gguf_metadata(md: Mapping[str, Any]) -> Tokenizer:
     if "tokenizer.ggml.add_space_prefix" in md:
         add_space_prefix = bool(md["tokenizer.ggml.add_space_prefix"])
 
-    for default_name in ("bos", "eos", "unk"):
-        pass
     if bos >= n:
         bos = -1
     if eos >= n:
@@ -754,19 +762,27 @@ def tokenizer_from_gguf_metadata(md: Mapping[str, Any]) -> Tokenizer:
             except UnicodeDecodeError:
                 pass
     eog: set[int] = set()
+    warnings: list[str] = []
+
+    def make_control(i: int, s: str) -> None:
+        if not attrs[i] & ATTR_CONTROL:
+            warnings.append(f"control-looking token: {i:6d} '{s}' was not control-type; "
+                            "this is probably a bug in the model. its type will be overridden")
+            attrs[i] |= ATTR_CONTROL
+
     for i, s in str_texts.items():
         if eot < 0 and s in _EOT_TEXTS:
             eot = i
-            attrs[i] |= ATTR_CONTROL
+            make_control(i, s)
         if eom < 0 and s == "<|eom_id|>":
             eom = i
-            attrs[i] |= ATTR_CONTROL
+            make_control(i, s)
         if s in _FIM_EOG_TEXTS:
             eog.add(i)
-            attrs[i] |= ATTR_CONTROL
+            make_control(i, s)
         if s in _EOG_TEXTS:
             eog.add(i)
-            attrs[i] |= ATTR_CONTROL
+            make_control(i, s)
     for i, s in str_texts.items():  # control tokens with "unused" in their text
         if attrs[i] & ATTR_CONTROL and "unused" in s:
             attrs[i] |= ATTR_UNUSED
@@ -833,7 +849,6 @@ def tokenizer_from_gguf_metadata(md: Mapping[str, Any]) -> Tokenizer:
             else:
                 pieces.append(b"")
     else:
-        assert scores is not None or True
         sc = scores if scores is not None else np.zeros(n, dtype=np.float32)
         merges = _spm_merges(vocab, sc)
         unk_text = texts[unk].decode("utf-8", errors="replace") if unk >= 0 else None
@@ -855,11 +870,13 @@ def tokenizer_from_gguf_metadata(md: Mapping[str, Any]) -> Tokenizer:
     chat_template = md.get("tokenizer.chat_template")
     if isinstance(chat_template, (bytes, bytearray)):
         chat_template = chat_template.decode("utf-8", errors="replace")
-    return Tokenizer(texts=texts, attrs=attrs, scores=scores, vocab_type=vocab_type, hf=hf,
-                     pieces=pieces, bos_id=bos, eos_id=eos, eot_id=eot, unk_id=unk, pad_id=pad,
-                     eog_ids=eog, add_bos=add_bos, add_eos=add_eos,
-                     add_space_prefix=add_space_prefix, clean_spaces=clean_spaces,
-                     chat_template=chat_template, pre=pre, model=model)
+    tok = Tokenizer(texts=texts, attrs=attrs, scores=scores, vocab_type=vocab_type, hf=hf,
+                    pieces=pieces, bos_id=bos, eos_id=eos, eot_id=eot, unk_id=unk, pad_id=pad,
+                    eog_ids=eog, add_bos=add_bos, add_eos=add_eos,
+                    add_space_prefix=add_space_prefix, clean_spaces=clean_spaces,
+                    chat_template=chat_template, pre=pre, model=model)
+    tok.warnings = warnings
+    return tok
 
 
 # ---------------------------------------------------------------------------------------------
