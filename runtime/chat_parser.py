@@ -766,3 +766,144 @@ def merge_deltas(deltas: list[dict]) -> ParsedMessage:
             cur["function"]["arguments"] += fn.get("arguments") or ""
     msg.tool_calls = [calls[k] for k in sorted(calls)]
     return msg
+
+
+# ---------------------------------------------------------------------------------------------
+# grammars that force (or, lazily triggered, permit) the format's tool-call syntax
+
+_GBNF_SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
+
+
+def _gbnf_literal(s: str) -> str:
+    out = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return f'"{out}"'
+
+
+def _prefix_rules(gbnf: str, prefix: str) -> str:
+    """Rename every rule of `gbnf` (definitions and references) to `prefix + name`, leaving
+    string literals, character classes, repetition counts and comments alone."""
+    out: list[str] = []
+    i, n = 0, len(gbnf)
+    while i < n:
+        c = gbnf[i]
+        if c in "\"[":
+            close = '"' if c == '"' else "]"
+            j = i + 1
+            while j < n and gbnf[j] != close:
+                j += 2 if gbnf[j] == "\\" else 1
+            out.append(gbnf[i:j + 1])
+            i = j + 1
+        elif c == "{":
+            j = gbnf.index("}", i)
+            out.append(gbnf[i:j + 1])
+            i = j + 1
+        elif c == "#":
+            j = gbnf.find("\n", i)
+            j = n if j < 0 else j
+            out.append(gbnf[i:j])
+            i = j
+        elif c.isalnum() or c in "-_":
+            j = i
+            while j < n and (gbnf[j].isalnum() or gbnf[j] in "-_"):
+                j += 1
+            out.append(prefix + gbnf[i:j])
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _functions(tools: list[dict]) -> list[dict]:
+    fns = []
+    for t in tools or []:
+        fn = t.get("function", t) if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ValueError("each tool needs function.name")
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        fns.append({"name": fn["name"], "parameters": params})
+    if not fns:
+        raise ValueError("tool_call_grammar needs at least one tool")
+    return fns
+
+
+def tool_call_grammar(tools: list[dict], format: str, parallel: bool = False,
+                      thinking_forced_open: bool = False, allow_response: bool = False) -> str:
+    """GBNF for a tool call (or several when `parallel`) in `format`'s syntax, each call naming a
+    declared tool with arguments valid for its `parameters` schema.
+
+    `thinking_forced_open`: allow a leading `</think>` (the prompt ended in an open think block).
+    `allow_response`: Generic format only, also allow `{"response": "..."}` (tool_choice auto).
+    For lazy use (tool_choice auto) start the grammar at one of `tool_call_triggers(format)`.
+    """
+    from grammar import json_schema_to_gbnf  # lazy: grammar/ is optional for plain chat
+
+    fns = _functions(tools)
+    lines: list[str] = []
+    head = '( "</think>" tc-space )? ' if thinking_forced_open else ""
+
+    def sub(schema: dict, prefix: str) -> None:
+        lines.append(_prefix_rules(json_schema_to_gbnf(schema), prefix).strip())
+
+    def call_schema(fn: dict, args_key: str, with_id: dict | None = None) -> dict:
+        props = {"name": {"const": fn["name"]}, args_key: fn["parameters"]}
+        req = ["name", args_key]
+        if with_id is not None:
+            props["id"] = with_id
+            req.append("id")
+        return {"type": "object", "properties": props, "required": req}
+
+    if format == FORMAT_HERMES_2_PRO:
+        sub({"anyOf": [call_schema(f, "arguments") for f in fns]}, "tc-")
+        lines.append('tool-call ::= "<tool_call>" tc-space tc-root tc-space "</tool_call>" tc-space')
+        lines.append(f"root ::= {head}" + ("tool-call+" if parallel else "tool-call"))
+    elif format in (FORMAT_LLAMA_3X, FORMAT_LLAMA_3X_BUILTIN):
+        sub({"anyOf": [call_schema(f, "parameters") for f in fns]}, "tc-")
+        lines.append(f"root ::= {head}tc-root")
+    elif format == FORMAT_MISTRAL_NEMO:
+        item = {"anyOf": [call_schema(f, "arguments", {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"})
+                          for f in fns]}
+        arr: dict[str, Any] = {"type": "array", "items": item, "minItems": 1}
+        if not parallel:
+            arr["maxItems"] = 1
+        sub(arr, "tc-")
+        lines.append(f'root ::= {head}"[TOOL_CALLS]" tc-root')
+    elif format == FORMAT_DEEPSEEK_R1:
+        alts = []
+        for k, f in enumerate(fns):
+            sub(f["parameters"], f"tc{k}-")
+            alts.append(f"tc-call-{k}")
+            lines.append(f'tc-call-{k} ::= "<｜tool▁call▁begin｜>function<｜tool▁sep｜>" '
+                         f'{_gbnf_literal(f["name"])} "\\n```json\\n" tc{k}-root "\\n"? "```<｜tool▁call▁end｜>"')
+        lines.append("tool-call ::= " + " | ".join(alts))
+        calls = 'tool-call ( "\\n"? tool-call )*' if parallel else "tool-call"
+        lines.append(f'root ::= {head}"<｜tool▁calls▁begin｜>" {calls} "<｜tool▁calls▁end｜>" tc-space')
+    else:  # Generic (also what a Content-only template gets once tools are given)
+        any_call = {"anyOf": [call_schema(f, "arguments") for f in fns]}
+        if parallel:
+            call: dict[str, Any] = {"type": "object", "required": ["tool_calls"], "properties": {
+                "tool_calls": {"type": "array", "items": any_call, "minItems": 1}}}
+        else:
+            call = {"type": "object", "required": ["tool_call"], "properties": {"tool_call": any_call}}
+        schema = call
+        if allow_response:
+            schema = {"anyOf": [call, {"type": "object", "required": ["response"],
+                                       "properties": {"response": {"type": "string"}}}]}
+        sub(schema, "tc-")
+        lines.append(f"root ::= {head}tc-root")
+    if not any(line.startswith("tc-space ::=") for line in "\n".join(lines).splitlines()):
+        lines.append(f"tc-space ::= {_GBNF_SPACE}")
+    return "\n".join(lines) + "\n"
+
+
+def tool_call_triggers(format: str) -> list[str]:
+    """Words that start a tool call in `format` (grammar_triggers for a lazy grammar)."""
+    if format == FORMAT_HERMES_2_PRO:
+        return ["<tool_call>"]
+    if format == FORMAT_MISTRAL_NEMO:
+        return ["[TOOL_CALLS]"]
+    if format == FORMAT_DEEPSEEK_R1:
+        return ["<｜tool▁calls▁begin｜>"]
+    if format in (FORMAT_LLAMA_3X, FORMAT_LLAMA_3X_BUILTIN):
+        return ['{"']
+    return []
