@@ -336,6 +336,11 @@ def _meta(md: dict[str, Any], arch: str, key: str, default: Any = None) -> Any:
     return md.get(f"{arch}.{key}", default)
 
 
+def _f32(v: Any) -> float:
+    """A float32 metadata value as its shortest decimal (1e-05, not 9.999999747378752e-06)."""
+    return float(str(np.float32(v)))
+
+
 def _config_from_gguf(md: dict[str, Any], names: dict[str, GGUFTensorInfo]) -> ModelConfig:
     arch = md.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
@@ -370,7 +375,7 @@ def _config_from_gguf(md: dict[str, Any], names: dict[str, GGUFTensorInfo]) -> M
         n_ff=int(_meta(md, arch, "feed_forward_length")),
         n_vocab=int(n_vocab),
         n_ctx_train=int(_meta(md, arch, "context_length", 2048)),
-        rope_freq_base=float(_meta(md, arch, "rope.freq_base", 10000.0)),
+        rope_freq_base=_f32(_meta(md, arch, "rope.freq_base", 10000.0)),
         n_rot=int(_meta(md, arch, "rope.dimension_count", head_dim)),
         rope_scaling_type=scaling,
         rope_scaling_factor=factor or 1.0,
@@ -381,7 +386,7 @@ def _config_from_gguf(md: dict[str, Any], names: dict[str, GGUFTensorInfo]) -> M
         yarn_beta_fast=float(_meta(md, arch, "rope.scaling.yarn_beta_fast", 32.0)),
         yarn_beta_slow=float(_meta(md, arch, "rope.scaling.yarn_beta_slow", 1.0)),
         has_rope_freqs="rope_freqs.weight" in names,
-        rms_eps=float(_meta(md, arch, "attention.layer_norm_rms_epsilon", 1e-5)),
+        rms_eps=_f32(_meta(md, arch, "attention.layer_norm_rms_epsilon", 1e-5)),
         rope_neox=SUPPORTED_ARCHS[arch],
         tie_embeddings="output.weight" not in names,
         has_qkv_bias="blk.0.attn_q.bias" in names,
@@ -593,6 +598,8 @@ def load_model(path: str | Path) -> LoadedModel:
     p = Path(path)
     if p.is_dir():
         return _load_safetensors(p)
+    if p.suffix == ".safetensors" and (p.parent / "config.json").exists():
+        return _load_safetensors(p.parent)
     if not p.exists():
         raise FileNotFoundError(f"model file not found: {p}")
     return _load_gguf(p)

@@ -54,7 +54,7 @@ def test_gguf_round_trip(tmp_path, arch, wtype, capfd):
     assert (c.arch, c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab,
             c.n_ctx_train) == (arch, 2, 256, 4, 2, hd, 512, 300, 1024)
     assert c.rope_freq_base == 10000.0 and c.n_rot == hd
-    assert c.rms_eps == pytest.approx(1e-5)
+    assert c.rms_eps == 1e-5
     assert c.rope_neox is (arch in ("qwen2", "qwen3"))
     assert c.has_qkv_bias is (arch == "qwen2")
     assert c.has_qk_norm is (arch == "qwen3")
@@ -269,7 +269,7 @@ def test_safetensors_tied_and_llama3_rope(tmp_path):
 def test_safetensors_linear_rope_scaling(tmp_path):
     _write_hf_folder(tmp_path / "hf", "qwen2", dtype=torch.float32,
                      rope_scaling={"type": "linear", "factor": 4.0})
-    m = load_model(tmp_path / "hf")
+    m = load_model(tmp_path / "hf" / "model-00001-of-00002.safetensors")  # a shard: its folder
     assert m.config.rope_scaling_type == "linear" and m.config.rope_scaling_factor == 4.0
     assert m.file_type == "all F32"
 
@@ -298,6 +298,33 @@ def test_gguf_rope_scaling_metadata(tmp_path):
     assert c.has_rope_freqs and c.tie_embeddings and c.n_vocab == 10 and c.rope_neox
     m = load_model(path)
     assert m.file_type == "all F32 (guessed)"
+
+
+def test_gguf_bf16_and_quantized_1d(tmp_path):
+    import gguf
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8, 64)).astype(np.float32)
+    bf = gquants.quantize(x, Q.BF16)  # uint8 [8, 128]
+    path = tmp_path / "bf16.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for k, v in [("context_length", 128), ("embedding_length", 64), ("block_count", 0),
+                 ("feed_forward_length", 64), ("attention.head_count", 2)]:
+        w.add_uint32(f"llama.{k}", v)
+    w.add_tensor("token_embd.weight", bf, raw_dtype=Q.BF16)
+    w.add_tensor("output_norm.weight", gquants.quantize(x[0], Q.Q8_0), raw_dtype=Q.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    m = load_model(path)
+    emb = m.weights["token_embd.weight"]
+    assert emb.qtype == Q.BF16 and emb.data.dtype == torch.bfloat16 and emb.data.shape == (8, 64)
+    np.testing.assert_array_equal(dequantize(emb).numpy(), gquants.dequantize(bf, Q.BF16))
+    norm = m.weights["output_norm.weight"]
+    assert norm.shape == (64,) and norm.dtype == torch.float32
+    np.testing.assert_array_equal(norm.numpy(), gquants.dequantize(gquants.quantize(x[0], Q.Q8_0), Q.Q8_0))
+    assert m.file_type == "BF16 (guessed)" and m.config.n_head_kv == 2 and m.config.head_dim == 32
 
 
 @pytest.mark.slow
