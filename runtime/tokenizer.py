@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -372,7 +373,7 @@ class Tokenizer:
                  bos_id: int, eos_id: int, eot_id: int, unk_id: int, pad_id: int,
                  eog_ids: set[int], add_bos: bool, add_eos: bool, add_space_prefix: bool,
                  clean_spaces: bool, chat_template: str | None, pre: str | None,
-                 model: str) -> None:
+                 model: str, spm_escape: bool | None = None) -> None:
         self._texts = texts              # [n_vocab] raw token texts as stored (GGUF form)
         self._attrs = attrs              # [n_vocab] llama_token_attr bits
         self._scores = scores
@@ -389,6 +390,8 @@ class Tokenizer:
         self.add_bos = add_bos
         self.add_eos = add_eos
         self.add_space_prefix = add_space_prefix
+        # SPM pre-processing (space prefix, " " -> U+2581) done here rather than by `hf`
+        self._spm_escape = vocab_type == VOCAB_TYPE_SPM if spm_escape is None else spm_escape
         self.clean_spaces = clean_spaces
         self.chat_template = chat_template
         self.pre = pre
@@ -478,15 +481,22 @@ class Tokenizer:
         return frags
 
     def encode(self, text: str, add_special: bool = False, parse_special: bool = False) -> list[int]:
-        """llama_tokenize(text, add_special, parse_special)."""
+        """llama_tokenize(text, add_special, parse_special).
+
+        Lone surrogates (invalid in UTF-8, e.g. from a JSON "\\ud83d") become U+FFFD."""
         out: list[int] = []
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                text = re.sub("[\ud800-\udfff]", "\ufffd", text)
         frags = self._partition(text, parse_special) if text else []
         if add_special and self.add_bos and self.vocab_type in (VOCAB_TYPE_SPM, VOCAB_TYPE_BPE,
                                                                  VOCAB_TYPE_UGM):
             if self.bos_id < 0:
                 raise ValueError("add_bos is set but the vocab has no BOS token")
             out.append(self.bos_id)
-        if self.vocab_type == VOCAB_TYPE_SPM:
+        if self._spm_escape:
             raw: list[str] = []
             prev_special = True
             for frag in frags:
@@ -499,15 +509,13 @@ class Tokenizer:
                     prev_special = False
         else:
             raw = [f for f in frags if isinstance(f, str)]
-        if raw:
-            encs = self._hf.encode_batch(raw, add_special_tokens=False) if len(raw) > 1 \
-                else [self._hf.encode(raw[0], add_special_tokens=False)]
+        encode = self._hf.encode
         k = 0
         for frag in frags:
             if isinstance(frag, int):
                 out.append(frag)
             else:
-                out.extend(encs[k].ids)
+                out.extend(encode(raw[k], add_special_tokens=False).ids)
                 k += 1
         if add_special and self.add_eos:
             if self.eos_id < 0:
@@ -889,6 +897,23 @@ def _token_content(v: Any) -> str | None:
     return v if isinstance(v, str) else None
 
 
+def _hf_prepends_space(spec: Mapping[str, Any]) -> bool:
+    """Whether a tokenizer.json pipeline adds a leading U+2581 (Metaspace / Prepend)."""
+    def walk(node: Any) -> bool:
+        if isinstance(node, dict):
+            t = node.get("type")
+            if t == "Metaspace" and node.get("prepend_scheme", "always") != "never" \
+                    and node.get("add_prefix_space", True):
+                return True
+            if t == "Prepend" and node.get("prepend") == _SPACE_ESC:
+                return True
+            return any(walk(v) for v in node.values())
+        if isinstance(node, list):
+            return any(walk(v) for v in node)
+        return False
+    return walk(spec.get("normalizer")) or walk(spec.get("pre_tokenizer"))
+
+
 def _tokenizer_from_hf_folder(folder: Path) -> Tokenizer:
     hf_full = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
     spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
@@ -996,7 +1021,8 @@ def _tokenizer_from_hf_folder(folder: Path) -> Tokenizer:
     hf.post_processor = None
     return Tokenizer(texts=texts, attrs=attrs, scores=None, vocab_type=vocab_type, hf=hf,
                      pieces=pieces, bos_id=bos, eos_id=eos, eot_id=eot, unk_id=unk, pad_id=pad,
-                     eog_ids=eog, add_bos=add_bos, add_eos=add_eos, add_space_prefix=False,
+                     eog_ids=eog, add_bos=add_bos, add_eos=add_eos,
+                     add_space_prefix=_hf_prepends_space(spec), spm_escape=False,
                      clean_spaces=bool(cfg.get("clean_up_tokenization_spaces", False)),
                      chat_template=chat_template, pre=None, model=f"hf-{model_type.lower()}")
 

@@ -403,3 +403,36 @@ def test_encode_empty():
     assert _tok("llama-spm").encode("", add_special=True) == [1]
     assert tok.decode([]) == ""
     assert np.asarray(tok.encode("x")).dtype.kind == "i"
+
+
+def test_lone_surrogates_become_replacement_char():
+    tok = _tok("gpt-2")
+    assert tok.encode("a\ud83db") == tok.encode("a\ufffdb")
+
+
+def test_hf_folder_metaspace_spm(tmp_path):
+    """An SPM-style tokenizer.json (Metaspace, byte fallback): ids as HF gives them, decode drops
+    the prefix space as llama.cpp does for SPM."""
+    from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for t in ["\u2581", "h", "i", "\u2581h", "\u2581hi", "hi"]:
+        vocab[t] = len(vocab)
+    merges = [("\u2581", "h"), ("h", "i"), ("\u2581h", "i")]
+    hf = HFTokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    hf.add_special_tokens(["<s>", "</s>"])
+    folder = tmp_path / "spm"
+    folder.mkdir()
+    hf.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}))
+    tok = load_tokenizer(folder)
+    assert tok.vocab_type == VOCAB_TYPE_SPM and tok.add_space_prefix
+    for text in ["hi", "hi hi", "hé"]:
+        ids = tok.encode(text)
+        assert ids == hf.encode(text, add_special_tokens=False).ids
+        assert tok.decode(ids) == text
+    assert tok.encode("hi", add_special=True) == [1, vocab["\u2581hi"]]
+    assert tok.piece(vocab["<0x41>"]) == b"A"
