@@ -417,3 +417,41 @@ def test_locustfile_headless_against_fake_servers(tmp_path):
     assert int(chat["Request Count"]) > 0
     assert int(chat["Failure Count"]) == int(chat["Request Count"])
     assert int(stats_bad[("POST", "/tokenize")]["Failure Count"]) == 0
+
+
+# ----------------------------------------------------------------------------- real server
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_bench_against_tritium_server(capsys, tmp_path):
+    """bench.py against the real tritium server with its built-in tiny model: the prompts it
+    builds with /tokenize are exactly what /completion evaluates, and n_predict is honoured."""
+    if importlib.util.find_spec("api.cli") is None:
+        pytest.skip("api/cli.py not available")
+    port = _free_port()
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "--port", str(port), "-np", "2",
+                             "-c", "1024"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        rc, lines = _run_bench([f"http://127.0.0.1:{port}", "--concurrency", "1,2",
+                                "--requests-per-level", "2", "--prompt-tokens", "20-80",
+                                "--gen-tokens", "3-6", "--wait", "120", "--seed", "11"], capsys)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+    assert rc == 0, (lines, (tmp_path / "server.log").read_text()[-2000:])
+    for line, c in zip(lines, (1, 2)):
+        items = bench.make_workload(11, c, 2, (20, 80), (3, 6))
+        assert line["errors"] == 0 and line["concurrency"] == c
+        assert line["gen_tokens"] == sum(w.gen_tokens for w in items)
+        assert line["prompt_tokens_mean"] == round(sum(w.prompt_tokens for w in items) / 2, 1)
+        assert line["ttft_ms_median"] > 0 and line["decode_tokens_per_s_median"] > 0
