@@ -410,6 +410,7 @@ class Tokenizer:
         specials.sort(key=lambda s: -len(texts[s.id]))  # stable: longest text first
         self._specials_all = tuple(specials)
         self._specials_user = tuple(s for s in specials if not s.parse_only)
+        self._special_firsts = frozenset(s.text[0] for s in specials)
 
     # -- token properties ---------------------------------------------------------------------
 
@@ -450,8 +451,14 @@ class Tokenizer:
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """tokenizer_st_partition: split out special token texts, longest first."""
         frags: list[str | int] = [text]
-        for sp in (self._specials_all if parse_special else self._specials_user):
-            if sp.text not in text:
+        specials = self._specials_all if parse_special else self._specials_user
+        if not specials:
+            return frags
+        firsts = {c for c in self._special_firsts if c in text}
+        if not firsts:
+            return frags
+        for sp in specials:
+            if sp.text[0] not in firsts or sp.text not in text:
                 continue
             new: list[str | int] = []
             tt = sp.text
