@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .gbnf import Grammar, GrammarError, parse_gbnf
+from .gbnf import MAX_CODEPOINT, Grammar, GrammarError, parse_gbnf
 
 _END, _CHAR, _REF = 0, 1, 2
 _EMPTY = 0  # the empty stack: the root rule is complete
@@ -136,6 +136,19 @@ class _Pushdown:
         self.bs_ids: dict[tuple[int, bytes], int] = {}
         self.table = np.full((64, 256), -1, dtype=np.int32)  # [capacity, 256] next byte state
         self.table[_DEAD, :] = _DEAD
+        # per byte state, for vectorised fills: parser state, bits of the pending character so far,
+        # bytes still needed to finish it (0: none pending), smallest valid code point for its length
+        self.bs_pid = np.full(64, -1, dtype=np.int64)
+        self.bs_val = np.zeros(64, dtype=np.int64)
+        self.bs_need = np.zeros(64, dtype=np.int64)
+        self.bs_min = np.zeros(64, dtype=np.int64)
+        # code point "atoms": intervals on which every character class of the grammar agrees
+        bounds = {0, MAX_CODEPOINT + 1}
+        for cc in self.classes:
+            for a, b in cc.ranges:
+                bounds.add(a)
+                bounds.add(b + 1)
+        self.atom_starts = np.array(sorted(bounds)[:-1], dtype=np.int64)
         start = self._intern_ps(self._expand_rule(g.root, _EMPTY))
         self.initial = self._intern_bs(start, b"")
 
@@ -199,9 +212,13 @@ class _Pushdown:
 
     def _step_cp(self, pid: int, cp: int) -> int:
         """Parser state after code point `cp` (-1: rejected)."""
-        key = (pid, cp)
+        return self._step_atom(pid, int(np.searchsorted(self.atom_starts, cp, side="right")) - 1)
+
+    def _step_atom(self, pid: int, atom: int) -> int:
+        key = (pid, atom)
         res = self._step_memo.get(key)
         if res is None:
+            cp = int(self.atom_starts[atom])
             out: set[int] = set()
             for sid in self.ps_stacks[pid]:
                 if sid != _EMPTY and self.classes[self.arg[self.st_pos[sid]]].matches(cp):
@@ -223,9 +240,22 @@ class _Pushdown:
             self.bs_ids[key] = bid
             self.bs_info.append(key)
             if bid >= self.table.shape[0]:
-                grown = np.full((self.table.shape[0] * 2, 256), -1, dtype=np.int32)
-                grown[: self.table.shape[0]] = self.table
+                cap = self.table.shape[0]
+                grown = np.full((cap * 2, 256), -1, dtype=np.int32)
+                grown[:cap] = self.table
                 self.table = grown
+                for name in ("bs_pid", "bs_val", "bs_need", "bs_min"):
+                    arr = getattr(self, name)
+                    new = np.zeros(cap * 2, dtype=arr.dtype)
+                    new[:cap] = arr
+                    setattr(self, name, new)
+            self.bs_pid[bid] = pid
+            if pending:
+                n = _utf8_len(pending[0])
+                val = pending[0] & (0x7F >> n)
+                for b in pending[1:]:
+                    val = (val << 6) | (b & 0x3F)
+                self.bs_val[bid], self.bs_need[bid], self.bs_min[bid] = val, n - len(pending), _UTF8_MIN[n]
         return bid
 
     def _delta(self, bid: int, b: int) -> int:
@@ -261,10 +291,37 @@ class _Pushdown:
         return nxt
 
     def fill(self, keys: np.ndarray) -> None:
-        """Compute missing table entries for flat keys `bid * 256 + byte` ([k] int64, unique)."""
-        for key in keys.tolist():
-            bid, b = divmod(key, 256)
-            self.table[bid, b] = self._delta(bid, b)
+        """Compute missing table entries for flat keys `bid * 256 + byte` ([k] int64, unique).
+
+        Bytes that finish a character (ASCII, or the last byte of a multi-byte sequence) are
+        handled together: their code points are mapped to atoms and only the distinct
+        (parser state, atom) pairs are stepped in Python. Other bytes go through `_delta`."""
+        bids, byts = keys // 256, keys % 256
+        need = self.bs_need[bids]
+        is_cont = (byts & 0xC0) == 0x80
+        ascii_ = (need == 0) & (byts < 0x80)
+        last = (need == 1) & is_cont
+        finishing = ascii_ | last
+        cps = np.where(ascii_, byts, (self.bs_val[bids] << 6) | (byts & 0x3F))
+        valid = finishing & (ascii_ | ((cps >= self.bs_min[bids]) & ((cps < 0xD800) | (cps > 0xDFFF))
+                                       & (cps <= MAX_CODEPOINT)))
+        out = np.full(len(keys), _DEAD, dtype=np.int64)
+        if valid.any():
+            idx = np.nonzero(valid)[0]
+            atoms = np.searchsorted(self.atom_starts, cps[idx], side="right") - 1
+            pairs = self.bs_pid[bids[idx]] * len(self.atom_starts) + atoms
+            uniq, inv = np.unique(pairs, return_inverse=True)
+            res = np.empty(len(uniq), dtype=np.int64)
+            for u, pair in enumerate(uniq.tolist()):
+                pid, atom = divmod(pair, len(self.atom_starts))
+                nxt = self._step_atom(pid, atom)
+                res[u] = _DEAD if nxt < 0 else self._intern_bs(nxt, b"")
+            out[idx] = res[inv]
+        # the rest: lead bytes and inner continuation bytes (partial characters), invalid bytes
+        slow = ~finishing & (((need == 0) & (byts >= 0x80)) | ((need > 1) & is_cont))
+        for k in np.nonzero(slow)[0].tolist():
+            out[k] = self._delta(int(bids[k]), int(byts[k]))
+        self.table.reshape(-1)[keys] = out
 
     def is_complete(self, bid: int) -> bool:
         pid, pending = self.bs_info[bid]
