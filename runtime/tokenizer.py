@@ -551,12 +551,8 @@ class Tokenizer:
         pieces = [self.piece(int(t), special) for t in ids]
         if remove_leading_space is None:
             remove_leading_space = self.add_space_prefix
-        if remove_leading_space:
-            for i, p in enumerate(pieces):
-                if p:  # llama.cpp strips from the first token that renders
-                    if p[:1] == b" ":
-                        pieces[i] = p[1:]
-                    break
+        if remove_leading_space and pieces and pieces[0][:1] == b" ":
+            pieces[0] = pieces[0][1:]  # only the first token, as llama_detokenize
         return b"".join(pieces)
 
     def decode(self, ids: Iterable[int], special: bool = True,

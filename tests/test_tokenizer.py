@@ -153,6 +153,9 @@ def test_spm_parse_special_and_space_prefix():
     assert tok.decode([15043]) == "Hello"
     assert tok.decode([15043], remove_leading_space=False) == " Hello"
     assert tok.piece(15043) == b" Hello"
+    # after a BOS the space stays (llama_detokenize strips the first token only)
+    assert tok.decode([1, 15043]) == "<s> Hello"
+    assert tok.decode([1, 15043], special=False) == " Hello"
 
 
 def test_spm_byte_fallback_pieces_and_incremental_decoding():
