@@ -409,12 +409,12 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
     @app.get("/models")
     @app.get("/v1/models")
     async def models():
-        info = dict(engine.model_info)
+        info = dict(server.engine.model_info)
         name = cfg.model_name
         meta = {
             "vocab_type": info.get("vocab_type", 0),
             "n_vocab": info.get("n_vocab", server.tokenizer.n_vocab),
-            "n_ctx": engine.n_ctx_slot,
+            "n_ctx": server.engine.n_ctx_slot,
             "n_ctx_train": info.get("n_ctx_train", 0),
             "n_embd": info.get("n_embd", 0),
             "n_params": info.get("n_params", 0),
@@ -439,11 +439,11 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
     @app.get("/props")
     async def props():
         tok = server.tokenizer
-        tmpl = engine.chat_template
+        tmpl = server.engine.chat_template
         settings = sampling_settings(cfg.defaults, cfg.n_predict, False, "Content-only", "none", only_metrics=True)
         return json_response({
-            "default_generation_settings": {"params": settings, "n_ctx": engine.n_ctx_slot},
-            "total_slots": engine.n_slots,
+            "default_generation_settings": {"params": settings, "n_ctx": server.engine.n_ctx_slot},
+            "total_slots": server.engine.n_slots,
             "model_alias": cfg.model_name,
             "model_path": cfg.model_path,
             "modalities": {"vision": False, "video": False, "audio": False},
@@ -514,7 +514,7 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
             raise not_supported("This server does not support completions. Start it without `--embeddings`")
 
     def native_request(body: dict[str, Any], prompt_tokens: list[int], index: int = 0) -> NativeRequest:
-        params = parse_sampling(body, cfg.defaults, server.tokenizer, engine.n_ctx_slot)
+        params = parse_sampling(body, cfg.defaults, server.tokenizer, server.engine.n_ctx_slot)
         task = parse_task(body, prompt_tokens, params, cfg.n_predict)
         f = Fields(body)
         settings = sampling_settings(params, task.n_predict, task.stream, "Content-only", "none",
@@ -578,7 +578,7 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
         body = dict(body)
         if body.get("logprobs") is not None:  # OpenAI: logprobs is the number of top candidates
             body["n_probs"] = Fields(body).integer("logprobs", 0)
-        params = parse_sampling(body, cfg.defaults, server.tokenizer, engine.n_ctx_slot)
+        params = parse_sampling(body, cfg.defaults, server.tokenizer, server.engine.n_ctx_slot)
         task = parse_task(body, toks, params, cfg.n_predict, openai=True)
         cmpl_id = "chatcmpl-" + random_id()
         model = cfg.model_name
@@ -623,7 +623,7 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
         prep = chat_api.prepare(server, body)
         prompt_tokens = list(server.tokenizer.encode(prep.prompt, add_special=True, parse_special=True))
         server.check_context(len(prompt_tokens))
-        params = parse_sampling(prep.body, cfg.defaults, server.tokenizer, engine.n_ctx_slot)
+        params = parse_sampling(prep.body, cfg.defaults, server.tokenizer, server.engine.n_ctx_slot)
         chat_api.apply_grammar(server, prep, params)
         task = parse_task(prep.body, prompt_tokens, params, cfg.n_predict, openai=True)
         cmpl_id = "chatcmpl-" + random_id()
@@ -738,9 +738,9 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
         if not cfg.slots:
             raise not_supported("This server does not support slots endpoint. Start it with `--slots`")
         fail = request.query_params.get("fail_on_no_slot", "")
-        if fail not in ("", "0", "false") and not engine.idle_slot_available():
+        if fail not in ("", "0", "false") and not server.engine.idle_slot_available():
             raise ApiError("no slot available", "unavailable_error", 503)
-        return json_response(engine.slots_info())
+        return json_response(server.engine.slots_info())
 
     @app.post("/slots/{id_slot}")
     async def slot_action(id_slot: str, request: Request):
@@ -761,7 +761,7 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
         else:
             raise ApiError("Invalid action")
         try:
-            result = await asyncio.to_thread(engine.slot_action, slot, action, filename)
+            result = await asyncio.to_thread(server.engine.slot_action, slot, action, filename)
         except Exception as e:  # runtime.engine.SlotError carries (code, message, type)
             if all(hasattr(e, a) for a in ("code", "message", "type")):
                 raise ApiError(e.message, e.type, e.code)
@@ -772,7 +772,7 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
     async def metrics():
         if not cfg.metrics:
             raise not_supported("This server does not support metrics endpoint. Start it with `--metrics`")
-        text = metrics_api.render(engine.metrics())
+        text = metrics_api.render(server.engine.metrics())
         return Response(text.encode(), media_type="text/plain; version=0.0.4")
 
     return app

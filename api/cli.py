@@ -124,10 +124,8 @@ def _api_keys(args: argparse.Namespace) -> list[str]:
     return keys
 
 
-def configs(args: argparse.Namespace):
-    """(ServerConfig, EngineConfig) of parsed arguments; raises ArgError like llama-server."""
-    from runtime.engine import EngineConfig
-
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """ServerConfig of parsed arguments; raises ArgError like llama-server."""
     if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
         raise ArgError("--slot-save-path", f"not a directory: {args.slot_save_path}")
     if args.chat_template_file is not None and not os.path.isfile(args.chat_template_file):
@@ -141,44 +139,51 @@ def configs(args: argparse.Namespace):
         dynatemp_range=f32(d.dynatemp_range), dynatemp_exponent=f32(d.dynatemp_exponent),
         xtc_probability=f32(d.xtc_probability), xtc_threshold=f32(d.xtc_threshold), dry_base=f32(d.dry_base),
         samplers=[s for s in args.samplers.split(";") if s] if args.samplers else list(d.samplers))
-    device = args.device
-    if device == "auto":
-        import torch
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    verbosity = 4 if args.verbose else args.verbosity
-    enable_thinking = {"on": True, "off": False}.get(args.reasoning or "auto")
-    scfg = ServerConfig(
+    return ServerConfig(
         model_path=args.model or "", alias=args.alias, host=args.host, port=args.port, api_keys=_api_keys(args),
         cors_origins=[o.strip() for o in args.cors_origins.split(",") if o.strip()] or ["*"],
         metrics=args.metrics, slots=args.slots, props=args.props, slot_save_path=args.slot_save_path,
         sse_ping_interval=args.sse_ping_interval, embeddings=args.embeddings, pooling=args.pooling,
         embd_normalize=args.embd_normalize, jinja=args.jinja, reasoning_format=args.reasoning_format,
-        reasoning_budget=args.reasoning_budget, enable_thinking=enable_thinking, n_predict=args.n_predict,
-        defaults=defaults)
-    ecfg = EngineConfig(
+        reasoning_budget=args.reasoning_budget, enable_thinking={"on": True, "off": False}.get(args.reasoning or ""),
+        n_predict=args.n_predict, defaults=defaults)
+
+
+def engine_config(args: argparse.Namespace, scfg: ServerConfig):
+    """The EngineConfig of parsed arguments (imports the engine, hence torch)."""
+    from runtime.engine import EngineConfig
+
+    device = args.device
+    if device == "auto":
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return EngineConfig(
         model_path=args.model, n_ctx=args.ctx_size, n_parallel=args.parallel,
         kv_unified=True if args.kv_unified else None, n_threads=args.threads, device=device,
         cache_ram_mib=args.cache_ram, cache_reuse=args.cache_reuse,
         slot_prompt_similarity=args.slot_prompt_similarity, slot_save_path=args.slot_save_path,
-        embeddings=args.embeddings, pooling=args.pooling, n_predict=args.n_predict, defaults=defaults,
-        chat_template=args.chat_template, chat_template_file=args.chat_template_file, verbosity=verbosity)
-    return scfg, ecfg
+        embeddings=args.embeddings, pooling=args.pooling, n_predict=args.n_predict, defaults=scfg.defaults,
+        chat_template=args.chat_template, chat_template_file=args.chat_template_file,
+        verbosity=verbosity(args))
+
+
+def verbosity(args: argparse.Namespace) -> int:
+    return 4 if args.verbose else args.verbosity
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        scfg, ecfg = configs(args)
+        scfg = server_config(args)
     except ArgError as e:
         print(str(e), file=sys.stderr, flush=True)
         return 1
-    log = Logger(ecfg.verbosity)
-    ecfg.log = log.raw
+    log = Logger(verbosity(args))
     log.srv("I", "llama_server", "initializing ...")
     log.log("I", "cmn", "common_params_print_info",
-            f"common_params_print_info: verbosity = {ecfg.verbosity} (adjust with the `-lv N` CLI arg)")
+            f"common_params_print_info: verbosity = {log.verbosity} (adjust with the `-lv N` CLI arg)")
     if not scfg.api_keys:
-        log.srv("W", "llama_server", "security: no API key is set and CORS allows all origins"
+        log.srv("W", "llama_server", "security: no API key is set and CORS allows all origins (see https://github.com/ggml-org/llama.cpp/pull/25655)"
                 if "*" in scfg.cors_origins else "security: no API key is set")
 
     try:
@@ -191,12 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     port = sock.getsockname()[1]
 
-    from runtime.engine import Engine
-
     import uvicorn
 
-    engine = Engine(ecfg)
-    app = create_app(scfg, engine, log)
+    app = create_app(scfg, None, log)  # the engine is attached by the loader thread
     server = app.state.server
     uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=args.timeout,
                                        lifespan="off"))
@@ -204,6 +206,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def load() -> None:
         try:
+            from runtime.engine import Engine
+
+            ecfg = engine_config(args, scfg)
+            ecfg.log = log.raw
+            server.engine = engine = Engine(ecfg)
             engine.load()  # without -m: runtime.tiny_model.ensure_default_model()
             scfg.model_path = ecfg.model_path or scfg.model_path
             log.srv("I", "load_model", f"initializing, n_slots = {engine.n_slots}, n_ctx_slot = {engine.n_ctx_slot}, "
@@ -220,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             log.srv("I", "llama_server", "model loaded")
             log.srv("I", "llama_server", f"listening on http://{scfg.host}:{port}")
             if port == 8080:
-                log.srv("W", "llama_server", "notice: server default port will be changed to :9931 in a future release")
+                log.srv("W", "llama_server", "notice: server default port will be changed to :9931 in a future "
+                                             "release (ref: https://github.com/ggml-org/llama.cpp/pull/26508)")
         except BaseException as e:  # noqa: BLE001 - reported, then the server exits
             failed.append(e)
             log.srv("E", "llama_server", f"exiting due to model loading error: {e}")
@@ -230,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         uv.run(sockets=[sock])
     finally:
-        engine.stop()
+        if server.engine is not None:
+            server.engine.stop()
     return 1 if failed else 0
 
 

@@ -1,0 +1,109 @@
+"""Fixtures that run the real server (`python -m api.cli`) as a subprocess on a free loopback port.
+
+`lesson_model`: the lesson's tiny model (llama, 4 layers, 256 dims, Qwen2 vocabulary, f32; 322 MB),
+generated once per session from `../shared/vocab/ggml-vocab-qwen2.gguf` (skipped without shared/).
+`start_server(*args)`: starts a server, waits for /health 200, stops it at the end of the session
+unless the test stops it first. Servers are meant to be module-scoped: each start costs seconds.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """One `python -m api.cli` child process; stderr goes to a file so the log can be read."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.args = ["--host", "127.0.0.1", "--port", str(self.port), *args]
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "api.cli", *self.args], cwd=REPO,
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.health_statuses: list[int] = []
+
+    def wait_ready(self, timeout: float = 180.0) -> "ServerProcess":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                r = httpx.get(self.url + "/health", timeout=2.0)
+                self.health_statuses.append(r.status_code)
+                if r.status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"server not ready after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def server_env(tmp_path_factory) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("TRITIUM_CACHE", str(tmp_path_factory.getbasetemp() / "tritium-cache"))
+    env.pop("TRITON_INTERPRET", None)  # the server runs torch reference ops on CPU
+    return env
+
+
+@pytest.fixture(scope="session")
+def start_server(tmp_path_factory, server_env):
+    procs: list[ServerProcess] = []
+    logs = tmp_path_factory.mktemp("server-logs")
+
+    def start(*args: str, wait: bool = True) -> ServerProcess:
+        p = ServerProcess(list(args), logs / f"server-{len(procs)}.log", server_env)
+        procs.append(p)
+        return p.wait_ready() if wait else p
+
+    yield start
+    for p in procs:
+        p.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    if not (SHARED / "vocab" / "ggml-vocab-qwen2.gguf").exists():
+        pytest.skip("../shared (vocab files) is not available")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def lesson_model(shared_dir, tmp_path_factory) -> Path:
+    from runtime.tiny_model import TinyModelSpec, write_tiny_model
+
+    path = tmp_path_factory.mktemp("models") / "tiny-random-qwen2vocab-f32.gguf"
+    write_tiny_model(path, TinyModelSpec(), vocab=shared_dir / "vocab" / "ggml-vocab-qwen2.gguf")
+    return path
