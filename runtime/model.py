@@ -30,21 +30,29 @@ class SeqBatch:
 @dataclass
 class Layer:
     attn_norm: torch.Tensor
-    wqkv: QWeight  # q, k, v rows concatenated: [(H + 2 KVH) * D, C]
+    wqkv: list[QWeight]  # [q, k, v rows concatenated: [(H + 2 KVH) * D, C]] or [wq, wk, wv] when types differ
     bqkv: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     wo: QWeight
     ffn_norm: torch.Tensor
-    w_gate_up: QWeight  # gate and up rows concatenated: [2 F, C]
+    w_gate_up: list[QWeight]  # [gate and up rows concatenated: [2 F, C]] or [w_gate, w_up]
     w_down: QWeight
 
 
-def _cat_rows(ws: list[QWeight]) -> QWeight | None:
-    """Concatenate weights along the output dimension when they share a type (one matmul)."""
+def _cat_rows(ws: list[QWeight]) -> list[QWeight]:
+    """Concatenate weights along the output dimension when they share a type, so that one matmul
+    reads them all; otherwise keep them apart."""
     if len({w.qtype for w in ws}) != 1 or len({w.cols for w in ws}) != 1:
-        return None
-    return QWeight(torch.cat([w.data for w in ws], 0), ws[0].qtype, sum(w.rows for w in ws), ws[0].cols)
+        return ws
+    return [QWeight(torch.cat([w.data for w in ws], 0), ws[0].qtype, sum(w.rows for w in ws), ws[0].cols)]
+
+
+def _matmul_rows(x: torch.Tensor, ws: list[QWeight]) -> torch.Tensor:
+    """x @ [W_0; W_1; ...]^T for weights kept fused or apart: [T, sum(rows)]."""
+    if len(ws) == 1:
+        return kernels.qmatmul(x, ws[0])
+    return torch.cat([kernels.qmatmul(x, w) for w in ws], dim=1)
 
 
 def rope_inv_freq(cfg) -> torch.Tensor:
@@ -85,12 +93,10 @@ class Model:
             p = f"blk.{i}."
             wq, wk, wv = q(p + "attn_q.weight"), q(p + "attn_k.weight"), q(p + "attn_v.weight")
             wqkv = _cat_rows([wq, wk, wv])
-            assert wqkv is not None, "q/k/v weights of different types are not supported"
             bias = [t(p + f"attn_{n}.bias") for n in "qkv"]
             bqkv = torch.cat(bias) if all(b is not None for b in bias) else None
             wg, wu = q(p + "ffn_gate.weight"), q(p + "ffn_up.weight")
             gate_up = _cat_rows([wg, wu])
-            assert gate_up is not None, "gate/up weights of different types are not supported"
             self.layers.append(Layer(
                 attn_norm=t(p + "attn_norm.weight"), wqkv=wqkv, bqkv=bqkv,
                 q_norm=t(p + "attn_q_norm.weight"), k_norm=t(p + "attn_k_norm.weight"),
@@ -145,7 +151,7 @@ class Model:
                 x, residual = kernels.rms_norm(h, L.attn_norm, self.eps), h
             else:
                 x, residual = kernels.add_rms_norm(h, residual, L.attn_norm, self.eps)
-            qkv = kernels.qmatmul(x, L.wqkv)  # [T, (H + 2 KVH) D]
+            qkv = _matmul_rows(x, L.wqkv)  # [T, (H + 2 KVH) D]
             if L.bqkv is not None:
                 qkv = qkv + L.bqkv
             q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=1)
@@ -161,7 +167,7 @@ class Model:
             attn = kernels.paged_attention(q, kv.k[li], kv.v[li], tables, cu, kv_lens_t, self.scale)
             h = kernels.qmatmul(attn.reshape(T, H * D), L.wo)
             x, residual = kernels.add_rms_norm(h, residual, L.ffn_norm, self.eps)
-            gu = kernels.qmatmul(x, L.w_gate_up)  # [T, 2F]
+            gu = _matmul_rows(x, L.w_gate_up)  # [T, 2F]
             gate, up = gu.split([self.n_ff, self.n_ff], dim=1)
             h = kernels.qmatmul(kernels.silu_mul(gate, up), L.w_down)
         h = h + residual  # [T, C] final residual stream
