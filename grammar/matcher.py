@@ -370,7 +370,7 @@ class CompiledGrammar:
     live in different threads.
     """
 
-    def __init__(self, grammar: Grammar, vocab: Vocab, text: str = "", mask_cache_size: int = 1024):
+    def __init__(self, grammar: Grammar, vocab: Vocab, text: str = "", mask_cache_size: int = 256):
         self.text = text
         self.grammar = grammar
         self.vocab = vocab
@@ -495,7 +495,7 @@ def compile_grammar(gbnf_text: str, vocab: Vocab) -> CompiledGrammar:
 class GrammarCompiler:
     """Owned by the engine: one per model vocabulary, with an LRU of compiled grammars by text."""
 
-    def __init__(self, vocab: Vocab, cache_size: int = 64):
+    def __init__(self, vocab: Vocab, cache_size: int = 16):
         self.vocab = vocab
         self.cache_size = cache_size
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
