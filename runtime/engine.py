@@ -237,7 +237,9 @@ class Engine:
         eos = tk.piece(tk.eos_id).decode("utf-8", "replace") if tk.eos_id is not None and tk.eos_id >= 0 else ""
         self.chat_template = ChatTemplate(src, bos, eos)
         self._eog = frozenset(tk.eot_ids)
-        self._control = {i for i in range(tk.n_vocab) if tk.token_type(i) == 3}
+        self._control = set(tk.control_ids())
+        for w in getattr(tk, "warnings", []):
+            self._log("W", f"load: {w}")
 
         c = lm.config
         n_ctx = cfg.n_ctx if cfg.n_ctx > 0 else c.n_ctx_train
@@ -549,11 +551,21 @@ class Engine:
             except Exception as e:  # noqa: BLE001
                 self._fail(s, 400, f"Failed to parse grammar: {e}", "invalid_request_error")
                 return
+            if task.grammar_prefix:
+                self._advance_grammar_over(s.sampler.grammar, task.grammar_prefix)
         n_predict = task.n_predict
         if self.cfg.n_predict > 0 and (n_predict < 0 or n_predict > self.cfg.n_predict):
             n_predict = self.cfg.n_predict
         s.n_predict = n_predict
         s.text = TextState(task.stop, self.tokenizer)
+
+    def _advance_grammar_over(self, matcher, text: str) -> None:
+        """Feed text already in the prompt (a prefilled assistant turn) through the grammar."""
+        for t in self.tokenizer.encode(text, add_special=False, parse_special=True):
+            try:
+                matcher.advance(t)
+            except Exception:  # noqa: BLE001 - text outside the grammar: leave it unconstrained there
+                return
 
     def _dry_breaker_ids(self, breakers: list[str]) -> set[int]:
         ids: set[int] = set()
@@ -568,7 +580,7 @@ class Engine:
             from grammar import GrammarCompiler, Vocab
             vocab = Vocab(self.tokenizer.token_pieces(), set(self._eog))
             self._grammar_compiler = GrammarCompiler(vocab)
-        return self._grammar_compiler.compile(gbnf).matcher()
+        return self._grammar_compiler.matcher(gbnf)
 
     def _step(self) -> None:
         cfg = self.cfg

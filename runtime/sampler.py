@@ -26,7 +26,7 @@ class SamplerState:
     eog_ids: frozenset[int]
     seed: int = 0
     history: deque = field(default_factory=lambda: deque(maxlen=4096))
-    grammar: Any = None  # matcher with allowed_mask() / advance() / is_complete()
+    grammar: Any = None  # grammar.Matcher: allowed_mask() / advance()
     rng: torch.Generator = field(default_factory=torch.Generator)
     dry_breakers: frozenset[int] = frozenset()
 
@@ -238,24 +238,12 @@ def apply_bias_and_mask(row: torch.Tensor, st: SamplerState) -> torch.Tensor:
             if t < row.numel():
                 row[t] = NEG_INF
     if st.grammar is not None:
-        if st.grammar.is_complete() and not _grammar_can_continue(st.grammar):
-            keep = torch.full_like(row, NEG_INF)
-            for t in st.eog_ids:
-                if t < row.numel():
-                    keep[t] = row[t]
-            row.copy_(keep)
-        else:
-            mask = st.grammar.allowed_mask()  # [V] bool
-            n = min(mask.numel(), row.numel())
-            row[:n].masked_fill_(~mask[:n].to(row.device), NEG_INF)
-            if n < row.numel():
-                row[n:] = NEG_INF
+        mask = st.grammar.allowed_mask()  # [V] bool; EOG allowed exactly when the grammar may end
+        n = min(mask.numel(), row.numel())
+        row[:n].masked_fill_(~mask[:n].to(row.device), NEG_INF)
+        if n < row.numel():
+            row[n:] = NEG_INF
     return row
-
-
-def _grammar_can_continue(matcher) -> bool:
-    f = getattr(matcher, "can_continue", None)
-    return True if f is None else bool(f())
 
 
 def sample_row(row: torch.Tensor, st: SamplerState) -> Sampled:

@@ -58,6 +58,7 @@ class CompletionTask:
     stream: bool = False
     return_tokens: bool = False
     t_max_predict_ms: int = -1
+    grammar_prefix: str = ""  # text of a prefilled assistant turn the grammar has already seen
 
 
 @dataclass

@@ -1,0 +1,92 @@
+"""Pure scheduler policies: prefix match, --cache-reuse plan, RAM prompt cache, stop strings, slot files."""
+from __future__ import annotations
+
+import torch
+
+from runtime.kv_cache import KVCache, SeqKV
+from runtime.scheduler import (PromptCache, SlotFileError, TextState, cache_reuse_plan, common_prefix,
+                               read_slot_file, write_slot_file)
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+def test_cache_reuse_plan_lesson_example_10():
+    # cached: 5 header tokens + 38 prompt tokens + 1 generated; new prompt: the 38 without the header
+    body = list(range(100, 138))
+    cache = [1, 2, 3, 4, 5] + body + [999]
+    moves, n_past = cache_reuse_plan(cache, body, 0, 8)
+    assert moves == [(5, 0, 38)] and n_past == 38
+    # a chunk shorter than the threshold is not reused
+    moves, n_past = cache_reuse_plan([1, 2, 3] + body[:5], body[:5] + [7], 0, 8)
+    assert moves == [] and n_past == 0
+
+
+def _state(n):
+    return {"k": torch.zeros(1, n, 1, 4), "v": torch.zeros(1, n, 1, 4)}
+
+
+def test_prompt_cache_save_dedup_and_take_best():
+    pc = PromptCache(limit_bytes=None)
+    a = list(range(40))
+    assert pc.save(a, lambda: _state(40))
+    assert not pc.save(a[:20], lambda: _state(20))  # already a prefix of a saved prompt
+    b = list(range(1000, 1008))
+    pc.save(b, lambda: _state(8))
+    # the new prompt shares 30 tokens with `a`: it beats an unrelated slot content
+    new = a[:30] + [5000] * 8
+    e = pc.take_best(b, new)
+    assert e is not None and e.tokens == a
+    assert [x.tokens for x in pc.entries] == [b]  # a hit moves the state out of the cache
+    # entries keeping less than a quarter of themselves are never used
+    pc.save(list(range(100)), lambda: _state(100))
+    assert pc.take_best([], list(range(20)) + [7]) is None
+
+
+def test_prompt_cache_evicts_oldest_over_limit():
+    per = _state(10)
+    size = sum(t.numel() * t.element_size() for t in per.values())
+    pc = PromptCache(limit_bytes=2 * size)
+    for i in range(4):
+        pc.save([i * 100 + j for j in range(10)], lambda: _state(10))
+        pc.update()
+    assert len(pc.entries) == 2 and pc.entries[0].tokens[0] == 200
+
+
+def test_text_state_stop_strings_and_utf8():
+    t = TextState(["STOP"])
+    assert t.push(b"hello ") == (None, "hello ")
+    assert t.push(b"ST") == (None, "")  # could be the start of STOP: held back
+    assert t.push(b"x") == (None, "STx")
+    w, d = t.push(b" STOP more")
+    assert w == "STOP" and d == " " and t.final() == "hello STx " and t.stopping_word == "STOP"
+    u = TextState([])
+    euro = "€".encode()
+    assert u.push(euro[:1]) == (None, "")
+    assert u.push(euro[1:]) == (None, "€")
+
+
+def test_slot_file_roundtrip_and_size(tmp_path):
+    kv = KVCache(n_layers=4, n_kv_heads=2, head_dim=32, num_blocks=8, block_size=16, dtype=torch.float16)
+    s = SeqKV()
+    kv.reserve(s, 28)
+    ks = [torch.randn(28, 2, 32) for _ in range(4)]
+    kv.scatter(s, 0, ks, ks)
+    s.n_tokens = 28
+    path = tmp_path / "x.bin"
+    n = write_slot_file(str(path), list(range(28)), kv.export(s))
+    # 1,024 bytes of KV + 4 token id + 12 cell metadata per token, as llama.cpp's files
+    assert n == path.stat().st_size and (n - 120) == 28 * 1040
+    tokens, state, n_read = read_slot_file(str(path), kv)
+    assert tokens == list(range(28)) and n_read == n
+    assert torch.equal(state["k"], kv.export(s)["k"])
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"nope" * 10)
+    try:
+        read_slot_file(str(bad), kv)
+        raise AssertionError("accepted a bad file")
+    except SlotFileError:
+        pass
