@@ -1,0 +1,131 @@
+"""The server on its built-in default model (no ../shared needed): API keys (lesson Example 2),
+CORS, -lv 4 prompt-cache log lines, generation on every endpoint, plus the API layer's pure
+helpers (metrics text, error envelopes, request field types).
+"""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from api.errors import ApiError, context_exceeded, invalid_api_key, loading_model
+from api.metrics import format_value, render
+from api.params import Fields, f32, parse_stop
+
+
+@pytest.fixture(scope="module")
+def keyed(start_server, tmp_path_factory):
+    keyfile = tmp_path_factory.mktemp("keys") / "keys.txt"
+    keyfile.write_text("from-file-key\n\n")
+    s = start_server("--api-key", "secret-123,other", "--api-key-file", str(keyfile), "-lv", "4", "-np", "2",
+                     "--cors-origins", "https://ok.example")
+    yield s
+    s.stop()
+
+
+def test_ex2_api_keys(keyed):
+    url = keyed.url
+    bad = '{"error":{"message":"Invalid API Key","type":"authentication_error","code":401}}'
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"X-Api-Key": "nope"}):
+        r = httpx.get(url + "/v1/models", headers=headers)
+        assert (r.status_code, r.text) == (401, bad)
+    for headers in ({"Authorization": "Bearer secret-123"}, {"Authorization": "Bearer other"},
+                    {"X-Api-Key": "secret-123"}, {"Authorization": "Bearer from-file-key"}):
+        r = httpx.get(url + "/v1/models", headers=headers)
+        assert r.status_code == 200 and "models" in r.json()
+    assert httpx.get(url + "/health").json() == {"status": "ok"}
+    assert httpx.get(url + "/v1/health").status_code == 200
+    assert "security: no API key" not in keyed.log()
+
+
+def test_cors(keyed):
+    r = httpx.options(keyed.url + "/v1/chat/completions", headers={"Origin": "https://ok.example"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://ok.example"
+    r = httpx.get(keyed.url + "/health", headers={"Origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in r.headers
+
+
+def test_verbose_log_lines(keyed):
+    log = keyed.log()
+    assert "I srv    load_model: prompt cache is enabled, size limit: 8192 MiB" in log
+    assert "I srv    load_model: use `--cache-ram 0` to disable the prompt cache" in log
+    assert "n_slots = 2, n_ctx_slot = 2048, kv_unified = 'false'" in log
+
+
+def test_generation_endpoints(keyed):
+    h = {"Authorization": "Bearer secret-123"}
+    with httpx.Client(base_url=keyed.url, headers=h, timeout=60) as c:
+        d = c.post("/v1/completions", json={"prompt": "hello", "max_tokens": 3, "temperature": 0}).json()
+        assert d["object"] == "text_completion" and d["choices"][0]["finish_reason"] == "length"
+        assert d["usage"]["completion_tokens"] == 3
+        # stop strings end generation with stop_type "word"
+        first = c.post("/completion", json={"prompt": "hello", "n_predict": 4, "temperature": 0}).json()["content"]
+        word = first.strip().split(" ")[0] if first.strip() else None
+        if word:
+            d = c.post("/completion", json={"prompt": "hello", "n_predict": 4, "temperature": 0, "stop": [word]}).json()
+            assert d["stop_type"] == "word" and d["stopping_word"] == word and word not in d["content"]
+        # n_probs: completion_probabilities with top candidates
+        d = c.post("/completion", json={"prompt": "hello", "n_predict": 2, "n_probs": 3, "temperature": 0}).json()
+        probs = d["completion_probabilities"]
+        assert len(probs) == 2 and all(len(p["top_logprobs"]) == 3 for p in probs)
+        # a final assistant message is continued (prefill)
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"},
+                                                              {"role": "assistant", "content": "Sure"}],
+                                                 "max_tokens": 2, "temperature": 0})
+        assert r.status_code == 200
+        p1 = c.post("/apply-template", json={"messages": [{"role": "user", "content": "hi"}]}).json()["prompt"]
+        n1 = len(c.post("/tokenize", json={"content": p1 + "Sure"}).json()["tokens"])
+        assert r.json()["usage"]["prompt_tokens"] == n1
+
+
+def test_error_after_bad_input_server_survives(keyed):
+    h = {"Authorization": "Bearer secret-123"}
+    with httpx.Client(base_url=keyed.url, headers=h, timeout=30) as c:
+        for body in ("[1,2]", "null", '{"messages": 5}', '{"messages":[{"role":"user","content":"x"}],"n":2}',
+                     '{"messages":[{"role":"user","content":"x"}],"grammar":"root ::= ("}'):
+            r = c.post("/v1/chat/completions", content=body)
+            assert 400 <= r.status_code < 600 and "error" in r.json()
+        assert c.post("/slots/0?action=save", json={"filename": "x.bin"}).status_code == 501
+        assert c.post("/slots/0?action=bogus").status_code == 400
+        assert c.get("/metrics").status_code == 501
+        assert c.get("/health").status_code == 200
+
+
+# ---- pure helpers ----------------------------------------------------------------------------
+
+def test_error_envelopes_key_order():
+    assert json.dumps(loading_model().body()) == \
+        '{"error": {"message": "Loading model", "type": "unavailable_error", "code": 503}}'
+    assert list(invalid_api_key().body()["error"]) == ["message", "type", "code"]
+    e = context_exceeded(2118, 2048).body()["error"]
+    assert list(e) == ["code", "message", "type", "n_prompt_tokens", "n_ctx"]
+    assert e["message"] == "request (2118 tokens) exceeds the available context size (2048 tokens), try increasing it"
+
+
+def test_field_type_errors():
+    f = Fields({"temperature": "hot", "stream": 1, "stop": "x", "top_k": 3.0, "seed": None})
+    with pytest.raises(ApiError, match=r"Field 'temperature': \[json.exception.type_error.302\] type must be "
+                                       r"number, but is string"):
+        f.number("temperature", 0.8)
+    with pytest.raises(ApiError, match="type must be boolean, but is number"):
+        f.boolean("stream", False)
+    assert f.integer("top_k", 40) == 3 and f.integer("seed", 7) == 7  # null -> default
+    assert parse_stop("x", openai=True) == ["x"]
+    with pytest.raises(ApiError):
+        parse_stop("x", openai=False)
+    assert f32(0.8) == 0.800000011920929 and f32(0.95) == 0.949999988079071
+
+
+def test_metrics_text_format():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = render({"llamacpp:prompt_tokens_total": 207, "prompt_seconds_total": 0.436448,
+                   "tokens_predicted_seconds_total": 33.54761, "n_busy_slots_per_decode": 1.891729})
+    assert "llamacpp:prompt_tokens_total 207\n" in text
+    assert "llamacpp:prompt_seconds_total 0.436448\n" in text
+    assert "llamacpp:tokens_predicted_seconds_total 33.5476\n" in text
+    assert "llamacpp:n_busy_slots_per_decode 1.89173\n" in text
+    assert "# TYPE llamacpp:n_busy_slots_per_decode gauge\n" in text
+    assert len(list(text_string_to_metric_families(text))) == 15
+    assert format_value(1234567) == "1.23457e+06"
