@@ -1,0 +1,180 @@
+"""The engine end to end (no HTTP): slot choice, prompt caching rules of the lesson (Examples 9-11),
+continuous batching, cancellation, embeddings. Uses a small model with the real Qwen2 vocabulary
+so token counts equal the lesson's."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runtime.engine import Engine, EngineConfig, SlotError
+from runtime.tasks import CompletionResult, CompletionTask, EmbeddingTask, SamplingParams, TaskError, TokenOut
+from runtime.tiny_model import spec_with, write_tiny_model
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+QWEN2 = SHARED / "vocab" / "ggml-vocab-qwen2.gguf"
+PRE = ("You are a careful Java reviewer. Read the code, list each bug with its line number, "
+       "and suggest a fix. Keep answers short.")
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    if not QWEN2.exists():
+        pytest.skip("../shared/vocab not available")
+    path = tmp_path_factory.mktemp("engine") / "small-qwen2vocab.gguf"
+    write_tiny_model(path, spec_with(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, init_std=0.1, seed=3),
+                     vocab=QWEN2)
+    return str(path)
+
+
+def _engine(model_path, **kw) -> Engine:
+    e = Engine(EngineConfig(model_path=model_path, verbosity=0, **kw))
+    e.load()
+    e.start()
+    return e
+
+
+@pytest.fixture(scope="module")
+def engine(model_path, tmp_path_factory):
+    slots_dir = tmp_path_factory.mktemp("slots")
+    e = _engine(model_path, n_ctx=4096, n_parallel=2, slot_save_path=str(slots_dir))
+    yield e
+    e.stop()
+
+
+def _run(e: Engine, prompt: str, **kw) -> CompletionResult:
+    ids = e.tokenizer.encode(prompt, add_special=True, parse_special=True)
+    params = kw.pop("params", SamplingParams(temperature=0))
+    res = e.submit(CompletionTask(ids, params, **kw)).result_sync(timeout=120)
+    assert isinstance(res, CompletionResult), res
+    return res
+
+
+def test_slot_layout(engine):
+    assert engine.n_slots == 2 and engine.n_ctx_slot == 2048 and not engine.kv_unified
+    assert engine.model_info["n_vocab"] == 151936
+
+
+def test_lesson_example_9_prefix_and_ram_cache(engine):
+    engine.slot_action(0, "erase")
+    rows = []
+    for prompt, extra in [(PRE + " Question: int x = 1/0;", {}),
+                          (PRE + " Question: String s = null; s.length();", {}),
+                          (PRE + " Question: String s = null; s.length();", {"cache_prompt": False}),
+                          ("Unrelated text about cooking pasta.", {}),
+                          (PRE + " Question: int x = 1/0;", {})]:
+        r = _run(engine, prompt, n_predict=2, id_slot=0, **extra)
+        rows.append((r.id_slot, r.n_prompt_tokens, r.timings.cache_n, r.timings.prompt_n))
+    assert rows == [(0, 38, 0, 38), (0, 38, 30, 8), (0, 38, 0, 38), (0, 7, 0, 7), (0, 38, 30, 8)]
+
+
+def test_identical_prompt_still_evaluates_one_token(engine):
+    a = _run(engine, "Say hi twice please.", n_predict=3, id_slot=1)
+    b = _run(engine, "Say hi twice please.", n_predict=3, id_slot=1)
+    assert a.timings.cache_n == 0
+    assert b.timings.cache_n == a.n_prompt_tokens - 1 and b.timings.prompt_n == 1
+    assert a.tokens == b.tokens  # greedy output does not depend on the cache
+    assert a.tokens_cached == a.n_prompt_tokens + 3 - 1  # the last sampled token is never decoded
+
+
+def test_lesson_example_11_slot_files(engine):
+    r = _run(engine, PRE, n_predict=0, id_slot=0)
+    assert r.n_decoded == 0 and r.tokens_cached == 28
+    saved = engine.slot_action(0, "save", "review-prefix2.bin")
+    L = engine.kv.n_layers
+    assert saved["n_saved"] == 28 and saved["n_written"] == 24 + 24 * L + 28 * (16 + engine.kv.bytes_per_token)
+    assert engine.slot_action(0, "erase")["n_erased"] == 28
+    r = _run(engine, PRE + " Question: int x = 1/0;", n_predict=2, id_slot=0)
+    assert (r.timings.cache_n, r.timings.prompt_n) == (0, 38)
+    assert engine.slot_action(0, "erase")["n_erased"] == 39
+    restored = engine.slot_action(0, "restore", "review-prefix2.bin")
+    assert restored["n_restored"] == 28 and restored["n_read"] == saved["n_written"]
+    r = _run(engine, PRE + " Question: int x = 1/0;", n_predict=2, id_slot=0)
+    assert (r.timings.cache_n, r.timings.prompt_n) == (28, 10)
+    for bad in ("../etc/passwd", "a/b", "..", ""):
+        with pytest.raises(SlotError) as ei:
+            engine.slot_action(0, "restore", bad)
+        assert ei.value.code == 400 and ei.value.message == "Invalid filename"
+
+
+def test_continuous_batching_matches_one_at_a_time(engine):
+    prompts = ["first request", "second request here"]
+    alone = [_run(engine, p, n_predict=12, params=SamplingParams(temperature=0, ignore_eos=True)).tokens for p in prompts]
+    handles = [engine.submit(CompletionTask(engine.tokenizer.encode(p, add_special=True, parse_special=True),
+                                            SamplingParams(temperature=0, ignore_eos=True), n_predict=12,
+                                            cache_prompt=False))
+               for p in prompts]
+    together = [h.result_sync(timeout=120) for h in handles]
+    assert {r.id_slot for r in together} == {0, 1}
+    assert [r.tokens for r in together] == alone
+    m = engine.metrics()
+    assert m["n_busy_slots_per_decode"] > 1.0  # the two requests shared forward steps
+
+
+def test_streaming_events_and_stop_word(engine):
+    ids = engine.tokenizer.encode("Count: one two three", add_special=True)
+    h = engine.submit(CompletionTask(ids, SamplingParams(temperature=0, ignore_eos=True), n_predict=6, stream=True))
+    evs = list(h.iter_sync(timeout=120))
+    toks = [e for e in evs if isinstance(e, TokenOut)]
+    final = evs[-1]
+    assert isinstance(final, CompletionResult) and final.stop_type == "limit"
+    assert "".join(t.text for t in toks) == final.content
+    assert [t.id for t in toks] == final.tokens
+    # stop on a string the model produces: the first token's text
+    word = engine.tokenizer.decode(final.tokens[1:2])
+    if word.strip():
+        r = _run(engine, "Count: one two three", n_predict=6, stop=[word],
+                 params=SamplingParams(temperature=0, ignore_eos=True))
+        assert r.stop_type == "word" and r.stopping_word == word and word not in r.content
+
+
+def test_cancel_frees_the_slot(engine):
+    ids = engine.tokenizer.encode("a long generation", add_special=True)
+    h = engine.submit(CompletionTask(ids, SamplingParams(temperature=0, ignore_eos=True), n_predict=1500, stream=True,
+                                     id_slot=1))
+    it = h.iter_sync(timeout=120)
+    next(it)
+    h.cancel()
+    r = _run(engine, "after cancel", n_predict=2, id_slot=1)
+    assert r.id_slot == 1
+
+
+def test_context_overflow_is_an_error(engine):
+    ids = [100] * 2100
+    res = engine.submit(CompletionTask(ids, SamplingParams(temperature=0), n_predict=4)).result_sync(timeout=60)
+    assert isinstance(res, TaskError) and res.code == 400 and res.type == "exceed_context_size_error"
+    assert res.extra == {"n_prompt_tokens": 2100, "n_ctx": 2048}
+
+
+def test_generation_stops_at_context_end(engine):
+    ids = [100] * 2040
+    r = engine.submit(CompletionTask(ids, SamplingParams(temperature=0, ignore_eos=True), n_predict=50)).result_sync(120)
+    assert r.truncated and r.stop_type == "limit" and r.n_decoded <= 8
+
+
+def test_lesson_example_10_cache_reuse(model_path):
+    e = _engine(model_path, n_ctx=4096, n_parallel=1, cache_ram_mib=0, cache_reuse=8)
+    try:
+        a = _run(e, "File: Main.java\n" + PRE + " Question: int x = 1/0;", n_predict=2)
+        b = _run(e, PRE + " Question: int x = 1/0;", n_predict=2)
+        assert (a.n_prompt_tokens, a.timings.cache_n, a.timings.prompt_n) == (43, 0, 43)
+        assert (b.n_prompt_tokens, b.timings.cache_n, b.timings.prompt_n) == (38, 37, 1)
+        assert b.tokens_cached == 39 and len(b.tokens) == 2
+    finally:
+        e.stop()
+
+
+def test_embeddings_pooling(model_path):
+    e = _engine(model_path, n_ctx=512, n_parallel=1, embeddings=True)
+    try:
+        ids = e.tokenizer.encode("public class Main", add_special=True)
+        mean = e.submit(EmbeddingTask(ids, "mean", 2)).result_sync(60)
+        none = e.submit(EmbeddingTask(ids, "none", -1)).result_sync(60)
+        assert len(mean) == 1 and len(mean[0]) == 64
+        assert abs(sum(x * x for x in mean[0]) - 1.0) < 1e-6
+        assert len(none) == len(ids)
+        import torch
+        m = torch.tensor(none).mean(0)
+        assert torch.allclose(m / m.norm(), torch.tensor(mean[0]), atol=1e-5)
+    finally:
+        e.stop()
