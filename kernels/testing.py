@@ -24,18 +24,20 @@ _F16_FIELDS = {
 }
 
 
-def random_qweight(qtype: Q, rows: int, cols: int, gen: torch.Generator | None = None) -> QWeight:
+def random_qweight(qtype: Q, rows: int, cols: int, gen: torch.Generator | None = None,
+                   device: str | torch.device = "cpu") -> QWeight:
     """A weight with uniformly random quant bits and random finite scales (any GGUF type)."""
+    kw = dict(generator=gen, device=device)
     if qtype in FLOAT_QTYPES:
         dt = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}[qtype]
-        return QWeight(torch.randn(rows, cols, generator=gen).to(dt), qtype, rows, cols)
+        return QWeight(torch.randn(rows, cols, **kw).to(dt), qtype, rows, cols)
     bs, ts = GGML_QUANT_SIZES[qtype]
     assert cols % bs == 0, (qtype, cols)
     nblk = cols // bs
-    data = torch.randint(0, 256, (rows, nblk, ts), dtype=torch.uint8, generator=gen)
+    data = torch.randint(0, 256, (rows, nblk, ts), dtype=torch.uint8, **kw)
     for off in _F16_FIELDS[qtype]:
-        scale = (torch.rand(rows, nblk, generator=gen) * 0.02 + 0.005).to(torch.float16)
-        sign = torch.where(torch.rand(rows, nblk, generator=gen) < 0.5, -1.0, 1.0).to(torch.float16)
+        scale = (torch.rand(rows, nblk, **kw) * 0.02 + 0.005).to(torch.float16)
+        sign = torch.where(torch.rand(rows, nblk, **kw) < 0.5, -1.0, 1.0).to(torch.float16)
         data[:, :, off : off + 2] = (scale * sign).contiguous().view(torch.uint8).view(rows, nblk, 2)
     return QWeight(data.reshape(rows, nblk * ts).contiguous(), qtype, rows, cols)
 

@@ -1,12 +1,12 @@
 """Triton kernels vs float64 oracles. On CPU they run in the Triton interpreter
 (TRITON_INTERPRET=1, set here before triton is imported); on a CUDA machine with
-TRITUM_KERNEL_DEVICE=cuda (scripts/gpu_check.sh) the same tests run natively on the GPU.
+TRITIUM_KERNEL_DEVICE=cuda (scripts/gpu_check.sh) the same tests run natively on the GPU.
 
 Every output buffer the kernels allocate is NaN-poisoned first, inputs are fresh random each run
 (the seed is printed on failure), sizes are odd on purpose."""
 import os
 
-if os.environ.get("TRITUM_KERNEL_DEVICE", "cpu") == "cpu":
+if os.environ.get("TRITIUM_KERNEL_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import math
@@ -29,12 +29,12 @@ from kernels.testing import (
     rope_oracle,
 )
 
-DEV = os.environ.get("TRITUM_KERNEL_DEVICE", "cpu")
+DEV = os.environ.get("TRITIUM_KERNEL_DEVICE", "cpu")
 if DEV == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
     pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1 before triton is imported",
                 allow_module_level=True)
 if DEV == "cuda" and not torch.cuda.is_available():
-    pytest.skip("TRITUM_KERNEL_DEVICE=cuda without a GPU", allow_module_level=True)
+    pytest.skip("TRITIUM_KERNEL_DEVICE=cuda without a GPU", allow_module_level=True)
 
 OPS = kernels.Ops("triton")
 # fp32 matmuls/dots run on TF32 tensor cores on a GPU; the interpreter is exact float32.
