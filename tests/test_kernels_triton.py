@@ -211,3 +211,17 @@ def test_num_splits_policy():
     for S in (1, 3, 8):
         n = num_splits_for(S, 4, 4096)
         assert n & (n - 1) == 0 and 1 <= n <= 16
+
+
+def test_dispatch_routes_to_triton():
+    from kernels import triton_ops
+
+    assert OPS.impl(torch.device("cpu")) is triton_ops
+    assert kernels.Ops("auto").impl(torch.device("cuda")) is triton_ops
+    prev = kernels.get_backend()
+    try:
+        kernels.set_backend("triton")
+        x, w = dev(torch.randn(3, 40)), dev(torch.randn(40))
+        assert rel_err(kernels.rms_norm(x, w, 1e-6), rms_norm_oracle(x.cpu(), w.cpu(), 1e-6)) < F32_TOL
+    finally:
+        kernels.set_backend(prev)
