@@ -9,7 +9,7 @@ Public API (names are stable; `kernels/__init__.py` dispatches to them):
 - `dequantize(w: QWeight, dtype=torch.float32) -> Tensor [rows, cols]`
 - `dequantize_rows(w: QWeight, row_ids: LongTensor [n]) -> Tensor [n, cols]` (float32 by default;
   embedding lookup without dequantizing the whole table)
-- `dequantize_blocks(blocks: uint8 [N, type_size], qtype) -> float32 [N, block_size]`
+- `dequantize_blocks(blocks: uint8 [N, type_size], qtype, dtype=float32) -> [N, block_size]`
 - `SUPPORTED_TYPES`: the GGML types handled here.
 """
 from __future__ import annotations
@@ -58,29 +58,29 @@ def _nibbles(qs: torch.Tensor, group: int) -> torch.Tensor:
 
 def _deq_q8_0(b: torch.Tensor) -> torch.Tensor:
     d = _f16(b[:, :2])
-    q = b[:, 2:].contiguous().view(torch.int8).to(torch.float32)
-    return d * q
+    q = b[:, 2:].view(torch.int8).to(torch.float32)
+    return q.mul_(d)
 
 
 def _deq_q4_0(b: torch.Tensor) -> torch.Tensor:
     d = _f16(b[:, :2])
-    q = _nibbles(b[:, 2:], 16).to(torch.float32) - 8.0
-    return d * q
+    q = _nibbles(b[:, 2:], 16).to(torch.float32).sub_(8.0)
+    return q.mul_(d)
 
 
 def _deq_q4_1(b: torch.Tensor) -> torch.Tensor:
     d = _f16(b[:, :2])
     m = _f16(b[:, 2:4])
     q = _nibbles(b[:, 4:], 16).to(torch.float32)
-    return d * q + m
+    return q.mul_(d).add_(m)
 
 
 def _deq_q5_0(b: torch.Tensor) -> torch.Tensor:
     d = _f16(b[:, :2])
     qh = _bits(b[:, 2:6])  # [N, 32]
     ql = _nibbles(b[:, 6:], 16)  # [N, 32]
-    q = (ql | (qh << 4)).to(torch.float32) - 16.0
-    return d * q
+    q = (ql | (qh << 4)).to(torch.float32).sub_(16.0)
+    return q.mul_(d)
 
 
 def _deq_q5_1(b: torch.Tensor) -> torch.Tensor:
@@ -89,7 +89,7 @@ def _deq_q5_1(b: torch.Tensor) -> torch.Tensor:
     qh = _bits(b[:, 4:8])
     ql = _nibbles(b[:, 8:], 16)
     q = (ql | (qh << 4)).to(torch.float32)
-    return d * q + m
+    return q.mul_(d).add_(m)
 
 
 def _deq_q2_k(b: torch.Tensor) -> torch.Tensor:
@@ -102,7 +102,7 @@ def _deq_q2_k(b: torch.Tensor) -> torch.Tensor:
     ml = (dmin * (scales >> 4).to(torch.float32)).reshape(n, 16, 1)
     sh = _shifts([0, 2, 4, 6], (1, 1, 4, 1), b.device)
     q = ((qs.reshape(n, 2, 1, 32) >> sh) & 3).reshape(n, 16, 16).to(torch.float32)
-    return (dl * q - ml).reshape(n, QK_K)
+    return q.mul_(dl).sub_(ml).reshape(n, QK_K)
 
 
 def _deq_q3_k(b: torch.Tensor) -> torch.Tensor:
@@ -117,11 +117,10 @@ def _deq_q3_k(b: torch.Tensor) -> torch.Tensor:
     scales = (lo | (hi << 4)).to(torch.float32) - 32.0
     dl = (d * scales).reshape(n, 16, 1)
     ql = ((qs.reshape(n, 2, 1, 32) >> _shifts([0, 2, 4, 6], (1, 1, 4, 1), b.device)) & 3)
-    ql = ql.reshape(n, 16, 16).to(torch.float32)
     qh = ((hmask.reshape(n, 1, 1, 32) >> _shifts(list(range(8)), (1, 1, 8, 1), b.device)) & 1)
-    qh = qh.reshape(n, 16, 16).to(torch.float32)
-    q = ql - 4.0 * (1.0 - qh)  # a cleared hmask bit subtracts 4
-    return (dl * q).reshape(n, QK_K)
+    # a cleared hmask bit subtracts 4
+    q = (ql.reshape(n, 16, 16).to(torch.int8) - ((qh.reshape(n, 16, 16) ^ 1) << 2).to(torch.int8))
+    return q.to(torch.float32).mul_(dl).reshape(n, QK_K)
 
 
 def _scale_min_k4(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,7 +141,7 @@ def _deq_q4_k(b: torch.Tensor) -> torch.Tensor:
     dl = (d * sc.to(torch.float32)).reshape(n, 8, 1)
     ml = (dmin * mn.to(torch.float32)).reshape(n, 8, 1)
     q = _nibbles(b[:, 16:], 32).reshape(n, 8, 32).to(torch.float32)
-    return (dl * q - ml).reshape(n, QK_K)
+    return q.mul_(dl).sub_(ml).reshape(n, QK_K)
 
 
 def _deq_q5_k(b: torch.Tensor) -> torch.Tensor:
@@ -156,7 +155,7 @@ def _deq_q5_k(b: torch.Tensor) -> torch.Tensor:
     ql = _nibbles(b[:, 48:], 32).reshape(n, 8, 32)
     hb = ((qh.reshape(n, 1, 32) >> _shifts(list(range(8)), (1, 8, 1), b.device)) & 1)  # [N, 8, 32]
     q = (ql | (hb << 4)).to(torch.float32)
-    return (dl * q - ml).reshape(n, QK_K)
+    return q.mul_(dl).sub_(ml).reshape(n, QK_K)
 
 
 def _deq_q6_k(b: torch.Tensor) -> torch.Tensor:
@@ -169,8 +168,8 @@ def _deq_q6_k(b: torch.Tensor) -> torch.Tensor:
     lo = _nibbles(ql, 64).reshape(n, 8, 32)
     hi = ((qh.reshape(n, 2, 1, 32) >> _shifts([0, 2, 4, 6], (1, 1, 4, 1), b.device)) & 3)
     hi = hi.reshape(n, 8, 32)
-    q = (lo | (hi << 4)).to(torch.float32) - 32.0
-    return (dl * q.reshape(n, 16, 16)).reshape(n, QK_K)
+    q = (lo | (hi << 4)).to(torch.float32).sub_(32.0)
+    return q.reshape(n, 16, 16).mul_(dl).reshape(n, QK_K)
 
 
 _DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -188,12 +187,14 @@ _DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = 
 
 SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = frozenset(_DECODERS) | frozenset(FLOAT_TYPES)
 
-# blocks decoded per chunk: bounds the temporaries of big tables (an embedding of 151936 x 4096)
-_CHUNK_BLOCKS = 1 << 18
+# elements decoded per chunk: bounds the temporaries of big tables (an embedding of 151936 x 4096)
+_CHUNK_ELEMS = 1 << 22
 
 
-def dequantize_blocks(blocks: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
-    """uint8 [N, type_size] -> float32 [N, block_size] for a quantized GGML type."""
+def dequantize_blocks(blocks: torch.Tensor, qtype: GGMLQuantizationType,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 [N, type_size] -> [N, block_size] of `dtype` (computed in float32) for a quantized
+    GGML type."""
     qtype = GGMLQuantizationType(qtype)
     fn = _DECODERS.get(qtype)
     if fn is None:
@@ -203,11 +204,13 @@ def dequantize_blocks(blocks: torch.Tensor, qtype: GGMLQuantizationType) -> torc
         raise ValueError(f"{qtype.name} blocks must be uint8 [N, {type_size}], got "
                          f"{blocks.dtype} {tuple(blocks.shape)}")
     n = blocks.shape[0]
-    if n <= _CHUNK_BLOCKS:
-        return fn(blocks)
-    out = torch.empty(n, block_size, dtype=torch.float32, device=blocks.device)
-    for s in range(0, n, _CHUNK_BLOCKS):  # chunks of ~256k blocks, not a loop per block
-        out[s:s + _CHUNK_BLOCKS] = fn(blocks[s:s + _CHUNK_BLOCKS])
+    chunk = max(1, _CHUNK_ELEMS // block_size)
+    if n <= chunk:
+        out = fn(blocks)
+        return out if dtype == torch.float32 else out.to(dtype)
+    out = torch.empty(n, block_size, dtype=dtype, device=blocks.device)
+    for s in range(0, n, chunk):  # a few large chunks, not a loop per block
+        out[s:s + chunk] = fn(blocks[s:s + chunk])
     return out
 
 
@@ -219,8 +222,7 @@ def _dequant_data(data: torch.Tensor, qtype: GGMLQuantizationType, cols: int,
     n = data.shape[0]
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     blocks = data.reshape(n * (cols // block_size), type_size)
-    out = dequantize_blocks(blocks, qtype).reshape(n, cols)
-    return out if dtype == torch.float32 else out.to(dtype)
+    return dequantize_blocks(blocks, qtype, dtype).reshape(n, cols)
 
 
 def dequantize(w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -103,5 +103,9 @@ def test_chunked_large_table(monkeypatch):
     raw = random_blocks(T.Q4_K, 9, 512, rng)
     w = QWeight(torch.from_numpy(raw), T.Q4_K, 9, 512)
     full = dequantize(w)
-    monkeypatch.setattr(dr, "_CHUNK_BLOCKS", 4)
+    half = dequantize(w, torch.float16)
+    monkeypatch.setattr(dr, "_CHUNK_ELEMS", 1024)  # 4 blocks a chunk: 18 blocks in 5 chunks
     np.testing.assert_array_equal(dequantize(w).numpy(), full.numpy())
+    np.testing.assert_array_equal(dequantize(w, torch.float16).numpy(), half.numpy())
+    ids = torch.tensor([8, 0, 3])
+    np.testing.assert_array_equal(dequantize_rows(w, ids).numpy(), full[ids].numpy())
