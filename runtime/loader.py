@@ -9,7 +9,7 @@
   attn_output.weight`, `blk.{i}.attn_q.bias` ... (qwen2), `blk.{i}.attn_q_norm.weight` /
   `attn_k_norm.weight` (qwen3), `blk.{i}.ffn_norm.weight`, `ffn_gate/ffn_up/ffn_down.weight`, and
   `rope_freqs.weight` ([n_rot/2] float32 divisors of the rope frequencies, llama3-style, when the
-  model has one). Matrices are `QWeight` in their file type, sharing memory with the file's
+  model has one; also `config.rope_freq_factors`). Matrices are `QWeight` in their file type, sharing memory with the file's
   copy-on-write mapping (writes stay private to the process); 1-D tensors are float32.
 - `file_type` (llama.cpp's ftype name, e.g. "all F32", "Q4_K - Medium"), `n_params`, `size`
   (bytes of tensor data), `gguf_metadata` (all KV metadata as plain Python values).
@@ -73,6 +73,8 @@ class ModelConfig:
     has_qkv_bias: bool = False
     has_qk_norm: bool = False
     attn_logit_softcap: float = 0.0
+    # float32 [n_rot/2] divisors of the rope frequencies (llama3 rope) == weights["rope_freqs.weight"]
+    rope_freq_factors: torch.Tensor | None = None
 
 
 @dataclass
@@ -431,6 +433,7 @@ def _load_gguf(path: Path) -> LoadedModel:
             data = t.reshape(rows, -1)
             weights[info.name] = QWeight(data, info.qtype, rows, cols)
 
+    config.rope_freq_factors = weights.get("rope_freqs.weight")
     ft = gf.metadata.get("general.file_type")
     if ft is None:
         ft = _guess_ftype([t.qtype for t in gf.tensors if len(t.shape) >= 2])
@@ -584,6 +587,7 @@ def _load_safetensors(folder: Path) -> LoadedModel:
         has_qkv_bias="blk.0.attn_q.bias" in weights,
         has_qk_norm="blk.0.attn_q_norm.weight" in weights,
     )
+    config.rope_freq_factors = weights.get("rope_freqs.weight")
     ft = _guess_ftype(qtypes) & ~LlamaFileType.GUESSED
     n_tensors = len(weights)
     _progress(f"load_model: loaded {n_tensors}/{n_tensors} tensors, {size / 1e6:.1f} MB "

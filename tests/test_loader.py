@@ -59,6 +59,7 @@ def test_gguf_round_trip(tmp_path, arch, wtype, capfd):
     assert c.has_qkv_bias is (arch == "qwen2")
     assert c.has_qk_norm is (arch == "qwen3")
     assert not c.tie_embeddings and c.rope_scaling_type == "none" and not c.has_rope_freqs
+    assert c.rope_freq_factors is None
     assert m.file_type == EXPECTED_FTYPE[wtype]
 
     # every tensor against gguf's own reader and dequantizer
@@ -263,6 +264,7 @@ def test_safetensors_tied_and_llama3_rope(tmp_path):
     assert f.shape == (8,) and f.dtype == torch.float32
     # high frequencies unscaled, low frequencies divided by the factor, smooth in between
     assert f[0] == 1.0 and f[-1] == pytest.approx(8.0)
+    assert m.config.rope_freq_factors is f
     assert torch.all(f[1:] >= f[:-1])
 
 
@@ -296,6 +298,7 @@ def test_gguf_rope_scaling_metadata(tmp_path):
     c = load_model(path).config
     assert (c.rope_scaling_type, c.rope_scaling_factor, c.rope_scaling_orig_ctx) == ("yarn", 4.0, 32768)
     assert c.has_rope_freqs and c.tie_embeddings and c.n_vocab == 10 and c.rope_neox
+    assert torch.equal(c.rope_freq_factors, torch.ones(16))
     m = load_model(path)
     assert m.file_type == "all F32 (guessed)"
 
