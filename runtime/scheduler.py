@@ -186,14 +186,15 @@ class SlotFileError(ValueError):
 
 
 def write_slot_file(path: str, tokens: list[int], state: dict) -> int:
-    """Header (magic, version, n_tokens), token ids, then the KV section: cell count, per-cell
+    """Header (magic, version, n_tokens), token ids, then the KV section as llama.cpp's
+    llama_kv_cache::state_write lays it out for one sequence: n_stream (1), cell count, per-cell
     (pos, n_seq_id, seq_id), v_trans, n_layer, per layer K (type, row bytes, rows), per layer V.
     Returns the number of bytes written."""
     k, v = state["k"], state["v"]  # [L, n, KVH, D]
     n_layer, n = k.shape[0], k.shape[1]
     parts = [struct.pack("<III", SEQ_MAGIC, SEQ_VERSION, len(tokens)),
              np.asarray(tokens, dtype=np.int32).tobytes(),
-             struct.pack("<I", n)]
+             struct.pack("<II", 1, n)]
     cells = np.zeros((n, 3), dtype=np.int32)
     cells[:, 0] = np.arange(n)
     cells[:, 1] = 1
@@ -223,8 +224,10 @@ def read_slot_file(path: str, kv) -> tuple[list[int], dict, int]:
         off = 12
         tokens = np.frombuffer(data, dtype=np.int32, count=n_tok, offset=off).tolist()
         off += 4 * n_tok
-        (n,) = struct.unpack_from("<I", data, off)
-        off += 4 + 12 * n
+        n_stream, n = struct.unpack_from("<II", data, off)
+        if n_stream != 1:
+            raise SlotFileError("n_stream mismatch")
+        off += 8 + 12 * n
         v_trans, n_layer = struct.unpack_from("<II", data, off)
         off += 8
         if n_layer != kv.n_layers or v_trans != 0:
