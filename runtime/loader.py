@@ -9,8 +9,9 @@
   attn_output.weight`, `blk.{i}.attn_q.bias` ... (qwen2), `blk.{i}.attn_q_norm.weight` /
   `attn_k_norm.weight` (qwen3), `blk.{i}.ffn_norm.weight`, `ffn_gate/ffn_up/ffn_down.weight`, and
   `rope_freqs.weight` ([n_rot/2] float32 divisors of the rope frequencies, llama3-style, when the
-  model has one; also `config.rope_freq_factors`). Matrices are `QWeight` in their file type, sharing memory with the file's
-  copy-on-write mapping (writes stay private to the process); 1-D tensors are float32.
+  model has one; also `config.rope_freq_factors`). Matrices are `QWeight` in their file type,
+  sharing memory with the file's copy-on-write mapping (writes stay private to the process);
+  1-D tensors are float32.
 - `file_type` (llama.cpp's ftype name, e.g. "all F32", "Q4_K - Medium"), `n_params`, `size`
   (bytes of tensor data), `gguf_metadata` (all KV metadata as plain Python values).
 
