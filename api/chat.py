@@ -178,11 +178,25 @@ def hermes_tool_grammar(tools: list[dict[str, Any]], parallel: bool, opened: boo
 
 
 def apply_grammar(server: Any, prep: ChatPrep, params: Any) -> None:
-    """Constrain a chat request: `tool_choice: required` forces a tool call (the engine has no lazy
-    grammars, so `auto` leaves the output free and only parses it)."""
-    if prep.tools and prep.tool_choice == "required" and not params.grammar:
+    """Constrain a chat request with tools: `tool_choice: required` forces a tool call from the
+    first token; `auto` adds the same grammar lazily, active once the model writes the format's
+    trigger word (e.g. `<tool_call>`), so free text stays possible before it."""
+    if prep.tools and prep.tool_choice in ("required", "auto") and not params.grammar:
+        from runtime.chat_parser import FORMAT_HERMES_2_PRO, tool_call_grammar, tool_call_triggers
         opened = prep.prefill.rstrip().endswith(TOOL_CALL_OPEN)
-        params.grammar = hermes_tool_grammar(prep.tools, prep.parallel_tool_calls, opened)
+        if prep.tool_choice == "required" and (prep.chat_format == FORMAT_HERMES_2_PRO or opened):
+            params.grammar = hermes_tool_grammar(prep.tools, prep.parallel_tool_calls, opened)
+        else:
+            triggers = tool_call_triggers(prep.chat_format)
+            lazy = prep.tool_choice == "auto"
+            if not lazy or triggers:
+                try:
+                    params.grammar = tool_call_grammar(prep.tools, prep.chat_format, prep.parallel_tool_calls,
+                                                       thinking_forced_open=bool(prep.think_prefix))
+                except (KeyError, TypeError, ValueError) as e:
+                    raise ApiError(f"Invalid tools: {e}") from e
+                params.grammar_lazy = lazy
+                params.grammar_triggers = triggers if lazy else []
     if params.grammar:
         from grammar import GrammarError, parse_gbnf
         try:

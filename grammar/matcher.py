@@ -415,6 +415,15 @@ class CompiledGrammar:
                     break
             return bid
 
+    def step_bytes(self, bid: int, data: bytes) -> int:
+        """Byte state after `data` from `bid` (dead state 0 when not allowed)."""
+        with self._lock:
+            for b in data:
+                bid = self._pd.next_state(bid, b)
+                if bid == _DEAD:
+                    break
+            return bid
+
     def accepts_bytes(self, data: bytes) -> bool:
         """True when `data` is a complete string of the grammar."""
         bid = self._pd.initial
@@ -471,6 +480,15 @@ class Matcher:
         nxt = self.compiled.step(self.state, token_id) if v.token_pieces[token_id] else _DEAD
         if nxt == _DEAD:
             raise GrammarError(f"token {token_id} ({v.token_pieces[token_id]!r}) not allowed by the grammar")
+        self.state = nxt
+
+    def advance_bytes(self, data: bytes) -> None:
+        """Accept raw text (a lazy grammar's trigger and what followed it in the output)."""
+        if self.finished:
+            raise GrammarError("grammar already finished (end-of-generation token accepted)")
+        nxt = self.compiled.step_bytes(self.state, data)
+        if nxt == _DEAD:
+            raise GrammarError(f"text {data[:40]!r} not allowed by the grammar")
         self.state = nxt
 
     def is_complete(self) -> bool:

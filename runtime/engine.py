@@ -143,6 +143,8 @@ class Slot:
     stop_type: str = "none"
     id_task: int = -1
     picked_by_lru: bool = False
+    lazy_grammar: Any = None  # matcher waiting for a trigger word in the output
+    lazy_triggers: list[str] = field(default_factory=list)
 
     @property
     def busy(self) -> bool:
@@ -545,14 +547,20 @@ class Engine:
             s.sampler.dry_breakers = frozenset(self._dry_breaker_ids(p.dry_sequence_breakers))
         for t in prompt:
             s.sampler.history.append(t)
+        s.lazy_grammar, s.lazy_triggers = None, []
         if p.grammar:
             try:
-                s.sampler.grammar = self._compile_grammar(p.grammar)
+                matcher = self._compile_grammar(p.grammar)
             except Exception as e:  # noqa: BLE001
                 self._fail(s, 400, f"Failed to parse grammar: {e}", "invalid_request_error")
                 return
-            if task.grammar_prefix:
-                self._advance_grammar_over(s.sampler.grammar, task.grammar_prefix)
+            if p.grammar_lazy and p.grammar_triggers:
+                # unconstrained until a trigger word appears in the output (tool_choice auto)
+                s.lazy_grammar, s.lazy_triggers = matcher, list(p.grammar_triggers)
+            else:
+                s.sampler.grammar = matcher
+                if task.grammar_prefix:
+                    self._advance_grammar_over(matcher, task.grammar_prefix)
         n_predict = task.n_predict
         if self.cfg.n_predict > 0 and (n_predict < 0 or n_predict > self.cfg.n_predict):
             n_predict = self.cfg.n_predict
@@ -678,6 +686,8 @@ class Engine:
         piece = b"" if tok in self._control else self.tokenizer.piece(tok)
         is_eog = tok in self._eog
         stop_word, delta = s.text.push(piece, is_eog)
+        if s.lazy_grammar is not None:
+            self._maybe_trigger_grammar(s)
         out = TokenOut(tok, delta)
         if s.handle.task.params.n_probs > 0:
             out.probs = [self._token_prob(t, lp) for t, lp in r.top]
@@ -703,6 +713,20 @@ class Engine:
             self._finish(s)
         else:
             s.pending = tok
+
+    def _maybe_trigger_grammar(self, s: Slot) -> None:
+        """Activate a lazy grammar at the first trigger word, feeding it the text from there."""
+        text = s.text.text
+        hits = [(i, w) for w in s.lazy_triggers if (i := text.find(w)) >= 0]
+        if not hits:
+            return
+        start = min(hits)[0]
+        matcher, s.lazy_grammar = s.lazy_grammar, None
+        try:
+            matcher.advance_bytes(text[start:].encode("utf-8"))
+        except Exception:  # noqa: BLE001 - the output already left the grammar: stay unconstrained
+            return
+        s.sampler.grammar = matcher
 
     def _token_prob(self, tok: int, logprob: float) -> TokenProb:
         b = self.tokenizer.piece(tok)

@@ -178,3 +178,21 @@ def test_embeddings_pooling(model_path):
         assert torch.allclose(m / m.norm(), torch.tensor(mean[0]), atol=1e-5)
     finally:
         e.stop()
+
+
+def test_grammar_constrains_and_ends_with_eos(engine):
+    r = _run(engine, "Answer:", n_predict=20, params=SamplingParams(temperature=0, grammar='root ::= ("yes" | "no") "\\n"'))
+    assert r.content in ("yes\n", "no\n") and r.stop_type == "eos"
+
+
+def test_lazy_grammar_activates_at_trigger(engine):
+    free = _run(engine, "Tell me something", n_predict=6, params=SamplingParams(temperature=0, ignore_eos=True))
+    trigger = engine.tokenizer.decode(free.tokens[2:3])
+    assert trigger.strip()
+    gbnf = 'root ::= ' + '"' + trigger.replace("\\", "\\\\").replace('"', '\\"') + '" [0-9] [0-9] [0-9]'
+    p = SamplingParams(temperature=0, grammar=gbnf, grammar_lazy=True, grammar_triggers=[trigger])
+    r = _run(engine, "Tell me something", n_predict=30, params=p)
+    head = engine.tokenizer.decode(free.tokens[:2])
+    assert r.content.startswith(head + trigger)  # free text before the trigger is unconstrained
+    tail = r.content[len(head) + len(trigger):]
+    assert len(tail) == 3 and tail.isdigit() and r.stop_type == "eos"
