@@ -24,6 +24,7 @@ __all__ = [
     "QWeight",
     "set_backend",
     "get_backend",
+    "prepare_weight",
     "dequantize",
     "qmatmul",
     "embedding",
@@ -60,6 +61,9 @@ class Ops:
         if self.backend == "triton" or device.type == "cuda":
             return _triton()
         return ref
+
+    def prepare_weight(self, w: QWeight) -> QWeight:
+        return self.impl(w.data.device).prepare_weight(w)
 
     def dequantize(self, w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.impl(w.data.device).dequantize(w, dtype)
@@ -105,6 +109,12 @@ def set_backend(backend: str) -> Ops:
 
 def get_backend() -> str:
     return _default.backend
+
+
+def prepare_weight(w: QWeight) -> QWeight:
+    """Repack a weight once at load into the layout the backend reads fastest (CPU: float32
+    [cols, rows] for BLAS; Triton: the GGUF block format unchanged)."""
+    return _default.prepare_weight(w)
 
 
 def dequantize(w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -8,6 +8,9 @@ A `QWeight` keeps a GGUF tensor in its on-disk block format (no dequantization a
 
 `rows` is the output dimension (GGUF ne[1]), `cols` the input dimension (GGUF ne[0]), so a
 linear layer computes `y[T, rows] = x[T, cols] @ W^T`.
+
+`transposed=True` (float types only) means `data` is `[cols, rows]` contiguous: the layout the CPU
+BLAS path reads fastest for small batches (`kernels.prepare_weight` makes it once at load).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ class QWeight:
     qtype: GGMLQuantizationType
     rows: int  # output features
     cols: int  # input features
+    transposed: bool = False  # data is [cols, rows] (float types only)
 
     @property
     def is_float(self) -> bool:
@@ -47,7 +51,7 @@ class QWeight:
         return self.data.numel() * self.data.element_size()
 
     def to(self, device: torch.device | str) -> "QWeight":
-        return QWeight(self.data.to(device), self.qtype, self.rows, self.cols)
+        return QWeight(self.data.to(device), self.qtype, self.rows, self.cols, self.transposed)
 
     @staticmethod
     def from_float(t: torch.Tensor) -> "QWeight":

@@ -5,3 +5,9 @@ from .tl_qmatmul import dequantize, embedding, qmatmul  # noqa: F401
 from .tl_rope import rope  # noqa: F401
 from .tl_silu_mul import silu_mul  # noqa: F401
 from .tl_write_kv import write_kv  # noqa: F401
+from .qweight import QWeight
+
+
+def prepare_weight(w: QWeight) -> QWeight:
+    """The Triton kernels read the GGUF block format as it is: nothing to prepare."""
+    return w

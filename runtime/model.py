@@ -82,26 +82,27 @@ class Model:
             x = w.get(name)
             return None if x is None else x.to(dev).float()
 
-        def q(name) -> QWeight:
-            return w[name].to(dev)
+        def q(name) -> QWeight:  # a matmul weight, in the layout the device's kernels read fastest
+            return kernels.prepare_weight(w[name].to(dev))
 
-        self.tok_embd = q("token_embd.weight")
-        self.output = q("output.weight") if "output.weight" in w else self.tok_embd
+        if "output.weight" in w:
+            self.tok_embd = w["token_embd.weight"].to(dev)  # only gathered from: keep rows contiguous
+            self.output = q("output.weight")
+        else:  # tied: one matrix serves both
+            self.tok_embd = self.output = q("token_embd.weight")
         self.output_norm = t("output_norm.weight")
         self.layers: list[Layer] = []
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
-            wq, wk, wv = q(p + "attn_q.weight"), q(p + "attn_k.weight"), q(p + "attn_v.weight")
-            wqkv = _cat_rows([wq, wk, wv])
+            wqkv = _cat_rows([w[p + f"attn_{n}.weight"].to(dev) for n in "qkv"])
             bias = [t(p + f"attn_{n}.bias") for n in "qkv"]
             bqkv = torch.cat(bias) if all(b is not None for b in bias) else None
-            wg, wu = q(p + "ffn_gate.weight"), q(p + "ffn_up.weight")
-            gate_up = _cat_rows([wg, wu])
+            gate_up = _cat_rows([w[p + "ffn_gate.weight"].to(dev), w[p + "ffn_up.weight"].to(dev)])
             self.layers.append(Layer(
-                attn_norm=t(p + "attn_norm.weight"), wqkv=wqkv, bqkv=bqkv,
+                attn_norm=t(p + "attn_norm.weight"), wqkv=[kernels.prepare_weight(x) for x in wqkv], bqkv=bqkv,
                 q_norm=t(p + "attn_q_norm.weight"), k_norm=t(p + "attn_k_norm.weight"),
                 wo=q(p + "attn_output.weight"), ffn_norm=t(p + "ffn_norm.weight"),
-                w_gate_up=gate_up, w_down=q(p + "ffn_down.weight")))
+                w_gate_up=[kernels.prepare_weight(x) for x in gate_up], w_down=q(p + "ffn_down.weight")))
         self.n_head, self.n_head_kv, self.head_dim = cfg.n_head, cfg.n_head_kv, cfg.head_dim
         self.n_ff = self.layers[0].w_down.cols
         self.eps = float(cfg.rms_eps)
