@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 
+from . import cpu_gemv
 from .qweight import QWeight
 
 # Dequantize at most this many weight elements at once inside qmatmul (bounds temporary memory:
@@ -39,12 +40,21 @@ def _dequantize_quant(w: QWeight, dtype: torch.dtype) -> torch.Tensor:
     )
 
 
+# Weights at least this large (elements) use the batched-GEMV kernel for decode batches.
+_BGEMV_MIN_ELEMS = 1 << 20
+_BGEMV_MAX_M = 8
+
+
 def prepare_weight(w: QWeight) -> QWeight:
-    """Once at load: float weights on the CPU become float32 [cols, rows] contiguous, which the
-    BLAS gemv/gemm reads fastest for decode-sized batches (about 3x over [rows, cols] for a
-    151,936 x 256 output head). Quantized weights stay in their block format."""
+    """Once at load, float weights on the CPU get the layout their matmul reads fastest:
+    large matrices stay [rows, cols] float32 for the batched-GEMV kernel (`kernels.cpu_gemv`,
+    one pass over the weights per decode step whatever the batch), the others become float32
+    [cols, rows] contiguous for BLAS (about 3x faster than [rows, cols] for small batches).
+    Quantized weights stay in their block format."""
     if not w.is_float or w.transposed or w.data.device.type != "cpu":
         return w
+    if w.rows * w.cols >= _BGEMV_MIN_ELEMS and cpu_gemv.available():
+        return QWeight(w.data.to(torch.float32).contiguous(), GGMLQuantizationType.F32, w.rows, w.cols)
     return QWeight(w.data.T.to(torch.float32).contiguous(), GGMLQuantizationType.F32, w.rows, w.cols, True)
 
 
@@ -68,6 +78,10 @@ def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
             return torch.from_numpy(np.matmul(x.contiguous().numpy(), w.data.numpy()))
         return x @ w.data.to(x.dtype)
     if w.is_float:
+        if x.device.type == "cpu" and x.dtype == torch.float32 and w.data.dtype == torch.float32:
+            if x.shape[0] <= _BGEMV_MAX_M and w.rows * w.cols >= _BGEMV_MIN_ELEMS and cpu_gemv.available():
+                return cpu_gemv.bgemv(x, w.data)
+            return torch.from_numpy(np.matmul(x.contiguous().numpy(), w.data.numpy().T))
         wt = w.data if w.data.dtype == x.dtype else w.data.to(x.dtype)
         return x @ wt.T
     chunk = max(1, _QMATMUL_CHUNK_ELEMS // max(1, w.cols))
