@@ -43,6 +43,9 @@ def _dequantize_quant(w: QWeight, dtype: torch.dtype) -> torch.Tensor:
 # Weights at least this large (elements) use the batched-GEMV kernel for decode batches.
 _BGEMV_MIN_ELEMS = 1 << 20
 _BGEMV_MAX_M = 8
+# From this many rows on (prefill) a matmul goes to torch's multi-threaded BLAS; below it, numpy's
+# OpenBLAS (kept single-threaded by the engine) has less per-call overhead.
+_BLAS_MT_MIN_M = 32
 
 
 def prepare_weight(w: QWeight) -> QWeight:
@@ -72,7 +75,7 @@ def _row_slice(w: QWeight, r0: int, r1: int) -> QWeight:
 def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """y[T, rows] = x[T, cols] @ W^T, output dtype = x.dtype."""
     if w.transposed:
-        if x.dtype == torch.float32 and x.device.type == "cpu":
+        if x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[0] < _BLAS_MT_MIN_M:
             # numpy's BLAS (OpenBLAS) beats torch's MKL sgemm on small-M, large-N products on
             # AMD cores by 2-3x; both run in float32 with the same accumulation order per row
             return torch.from_numpy(np.matmul(x.contiguous().numpy(), w.data.numpy()))
@@ -81,7 +84,8 @@ def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
         if x.device.type == "cpu" and x.dtype == torch.float32 and w.data.dtype == torch.float32:
             if x.shape[0] <= _BGEMV_MAX_M and w.rows * w.cols >= _BGEMV_MIN_ELEMS and cpu_gemv.available():
                 return cpu_gemv.bgemv(x, w.data)
-            return torch.from_numpy(np.matmul(x.contiguous().numpy(), w.data.numpy().T))
+            if x.shape[0] < _BLAS_MT_MIN_M:
+                return torch.from_numpy(np.matmul(x.contiguous().numpy(), w.data.numpy().T))
         wt = w.data if w.data.dtype == x.dtype else w.data.to(x.dtype)
         return x @ wt.T
     chunk = max(1, _QMATMUL_CHUNK_ELEMS // max(1, w.cols))
@@ -201,17 +205,17 @@ def _attend_sdpa(q, k, v, scale, q_pos0):
     L, KVH, _ = k.shape
     G = H // KVH
     qh = q.permute(1, 0, 2)[None]  # [1, H, ql, D]
-    kh = k.permute(1, 0, 2)
-    vh = v.permute(1, 0, 2)
-    if G > 1:
-        kh = kh.repeat_interleave(G, dim=0)
-        vh = vh.repeat_interleave(G, dim=0)
-    if ql == 1:
-        mask = None  # the single query sits at the last position and sees every key
-    else:
+    kh = k.permute(1, 0, 2)[None]  # [1, KVH, L, D]
+    vh = v.permute(1, 0, 2)[None]
+    causal, mask = False, None
+    if ql == L and q_pos0 == 0:
+        causal = ql > 1  # a whole sequence: the plain causal mask
+    elif ql > 1:
         qpos = q_pos0 + torch.arange(ql, device=q.device)
         mask = torch.arange(L, device=q.device)[None, :] <= qpos[:, None]  # [ql, L]
-    o = F.scaled_dot_product_attention(qh, kh[None], vh[None], attn_mask=mask, scale=scale)
+    # (a single query sits at the last position and sees every key: no mask)
+    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal, scale=scale,
+                                       enable_gqa=G > 1)
     return o[0].permute(1, 0, 2)
 
 
