@@ -9,8 +9,11 @@ A `QWeight` keeps a GGUF tensor in its on-disk block format (no dequantization a
 `rows` is the output dimension (GGUF ne[1]), `cols` the input dimension (GGUF ne[0]), so a
 linear layer computes `y[T, rows] = x[T, cols] @ W^T`.
 
-`transposed=True` (float types only) means `data` is `[cols, rows]` contiguous: the layout the CPU
-BLAS path reads fastest for small batches (`kernels.prepare_weight` makes it once at load).
+`layout` (float types only; `kernels.prepare_weight` chooses it once at load for the CPU path):
+- "rows" (default): `data` is `[rows, cols]`, as in the file;
+- "cols": `data` is `[cols, rows]` contiguous, what BLAS reads fastest for small batches;
+- "tiles64": `data` is `[ceil(rows / 64), cols, 64]`, rows zero-padded to a multiple of 64: each
+  tile of 64 output rows is one contiguous stream, what the CPU batched-GEMV kernel reads.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ class QWeight:
     qtype: GGMLQuantizationType
     rows: int  # output features
     cols: int  # input features
-    transposed: bool = False  # data is [cols, rows] (float types only)
+    layout: str = "rows"  # "rows" | "cols" | "tiles64" (see the module docstring)
 
     @property
     def is_float(self) -> bool:
@@ -51,7 +54,7 @@ class QWeight:
         return self.data.numel() * self.data.element_size()
 
     def to(self, device: torch.device | str) -> "QWeight":
-        return QWeight(self.data.to(device), self.qtype, self.rows, self.cols, self.transposed)
+        return QWeight(self.data.to(device), self.qtype, self.rows, self.cols, self.layout)
 
     @staticmethod
     def from_float(t: torch.Tensor) -> "QWeight":

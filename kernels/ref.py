@@ -42,7 +42,6 @@ def _dequantize_quant(w: QWeight, dtype: torch.dtype) -> torch.Tensor:
 
 # Weights at least this large (elements) use the batched-GEMV kernel for decode batches.
 _BGEMV_MIN_ELEMS = 1 << 20
-_BGEMV_MAX_M = 8
 # From this many rows on (prefill) a matmul goes to torch's multi-threaded BLAS; below it, numpy's
 # OpenBLAS (kept single-threaded by the engine) has less per-call overhead.
 _BLAS_MT_MIN_M = 32
@@ -54,17 +53,19 @@ def prepare_weight(w: QWeight) -> QWeight:
     one pass over the weights per decode step whatever the batch), the others become float32
     [cols, rows] contiguous for BLAS (about 3x faster than [rows, cols] for small batches).
     Quantized weights stay in their block format."""
-    if not w.is_float or w.transposed or w.data.device.type != "cpu":
+    if not w.is_float or w.layout != "rows" or w.data.device.type != "cpu":
         return w
     if w.rows * w.cols >= _BGEMV_MIN_ELEMS and cpu_gemv.available():
-        return QWeight(w.data.to(torch.float32).contiguous(), GGMLQuantizationType.F32, w.rows, w.cols)
-    return QWeight(w.data.T.to(torch.float32).contiguous(), GGMLQuantizationType.F32, w.rows, w.cols, True)
+        return QWeight(cpu_gemv.pack(w.data.float()), GGMLQuantizationType.F32, w.rows, w.cols, "tiles64")
+    return QWeight(w.data.T.to(torch.float32).contiguous(), GGMLQuantizationType.F32, w.rows, w.cols, "cols")
 
 
 def dequantize(w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """[rows, cols] matrix of `w` in `dtype`."""
     if w.is_float:
-        return (w.data.T if w.transposed else w.data).to(dtype)
+        if w.layout == "tiles64":
+            return cpu_gemv.unpack(w.data, w.rows).to(dtype)
+        return (w.data.T if w.layout == "cols" else w.data).to(dtype)
     return _dequantize_quant(w, dtype)
 
 
@@ -74,7 +75,11 @@ def _row_slice(w: QWeight, r0: int, r1: int) -> QWeight:
 
 def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """y[T, rows] = x[T, cols] @ W^T, output dtype = x.dtype."""
-    if w.transposed:
+    if w.layout == "tiles64":  # one pass over the weights per 16 rows of x
+        xf = x.float()
+        ys = [cpu_gemv.bgemv(xf[i:i + cpu_gemv.MAX_M], w.data, w.rows) for i in range(0, x.shape[0], cpu_gemv.MAX_M)]
+        return (ys[0] if len(ys) == 1 else torch.cat(ys)).to(x.dtype)
+    if w.layout == "cols":
         if x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[0] < _BLAS_MT_MIN_M:
             # numpy's BLAS (OpenBLAS) beats torch's MKL sgemm on small-M, large-N products on
             # AMD cores by 2-3x; both run in float32 with the same accumulation order per row
@@ -82,8 +87,6 @@ def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
         return x @ w.data.to(x.dtype)
     if w.is_float:
         if x.device.type == "cpu" and x.dtype == torch.float32 and w.data.dtype == torch.float32:
-            if x.shape[0] <= _BGEMV_MAX_M and w.rows * w.cols >= _BGEMV_MIN_ELEMS and cpu_gemv.available():
-                return cpu_gemv.bgemv(x, w.data)
             if x.shape[0] < _BLAS_MT_MIN_M:
                 return torch.from_numpy(np.matmul(x.contiguous().numpy(), w.data.numpy().T))
         wt = w.data if w.data.dtype == x.dtype else w.data.to(x.dtype)
@@ -101,7 +104,9 @@ def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
 def embedding(ids: torch.Tensor, w: QWeight) -> torch.Tensor:
     """[T, cols] float32 rows `ids` of `w` (only the gathered rows are dequantized)."""
     ids = ids.to(device=w.data.device, dtype=torch.long)
-    if w.transposed:
+    if w.layout == "tiles64":
+        return cpu_gemv.rows(w.data, ids).float()
+    if w.layout == "cols":
         return w.data[:, ids].T.float()
     if w.is_float:
         return w.data[ids].float()

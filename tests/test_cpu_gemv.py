@@ -13,7 +13,9 @@ from kernels.qweight import QWeight
 def test_bgemv_matches_float64(M, N, K):
     x = torch.randn(M, K)
     w = torch.randn(N, K)
-    y = cpu_gemv.bgemv(x, w)
+    tiles = cpu_gemv.pack(w)
+    assert torch.equal(cpu_gemv.unpack(tiles, N), w)
+    y = cpu_gemv.bgemv(x, tiles, N)
     ref64 = x.double() @ w.double().T
     assert y.shape == (M, N) and y.dtype == torch.float32
     assert float((y.double() - ref64).norm() / ref64.norm()) < 1e-6
@@ -27,11 +29,11 @@ def test_prepared_weights_give_the_same_products(rows, cols, dtype):
     p = ref.prepare_weight(w)
     assert p.data.dtype == torch.float32 and (p.rows, p.cols) == (rows, cols)
     big = rows * cols >= ref._BGEMV_MIN_ELEMS and cpu_gemv.available()
-    assert p.transposed == (not big)
+    assert p.layout == ("tiles64" if big else "cols")
     assert torch.equal(ref.dequantize(p), data.float())
     ids = torch.tensor([0, rows - 1, 5])
     assert torch.equal(ref.embedding(ids, p), data.float()[ids])
-    for M in (1, 5, 9, 40):
+    for M in (1, 5, 9, 17, 40):
         x = torch.randn(M, cols)
         expect = x.double() @ data.double().T
         got = ref.qmatmul(x, p)
