@@ -285,7 +285,12 @@ def sample_batch(logits: torch.Tensor, states: list[SamplerState]) -> list[Sampl
     out: list[Sampled | None] = [None] * len(states)
     if greedy_rows:
         idx = torch.tensor(greedy_rows, device=rows.device)
-        toks = torch.argmax(rows.index_select(0, idx), dim=1).tolist()
+        sel = rows.index_select(0, idx)
+        for j, i in enumerate(greedy_rows):  # bias and ignore_eos touch a few entries in place
+            p = states[i].params
+            if p.logit_bias or p.ignore_eos:
+                apply_bias_and_mask(sel[j], states[i])
+        toks = torch.argmax(sel, dim=1).tolist()
         for i, t in zip(greedy_rows, toks):
             out[i] = Sampled(int(t), 0.0, [])
     cpu_rows = None
@@ -299,6 +304,5 @@ def sample_batch(logits: torch.Tensor, states: list[SamplerState]) -> list[Sampl
 
 def _is_plain_greedy(st: SamplerState) -> bool:
     p = st.params
-    return (p.temperature <= 0 and not p.logit_bias and not p.ignore_eos and st.grammar is None
-            and p.n_probs == 0 and p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0
+    return (p.temperature <= 0 and st.grammar is None and p.n_probs == 0 and p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0
             and p.presence_penalty == 0.0 and p.dry_multiplier <= 0)
