@@ -219,11 +219,12 @@ class Engine:
             path = str(ensure_default_model())
             cfg.model_path = path
         self._log("I", f"srv    load_model: loading model '{path}'")
-        lm = load_model(path)
+        lm = load_model(path, progress=lambda msg: self._log("I", f"srv    {msg}"))
         device = cfg.device
         if device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("--device cuda requested but no CUDA device is available")
         self.model = Model(lm, device)
+        self._log("I", f"cmn          init: n_threads = {torch.get_num_threads()}, device = {device}")
         self.tokenizer = load_tokenizer(path)
         src = None
         if cfg.chat_template_file:

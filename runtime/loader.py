@@ -398,11 +398,11 @@ def _config_from_gguf(md: dict[str, Any], names: dict[str, GGUFTensorInfo]) -> M
     )
 
 
-def _progress(msg: str) -> None:
+def _print_progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _load_gguf(path: Path) -> LoadedModel:
+def _load_gguf(path: Path, _progress=_print_progress) -> LoadedModel:
     t0 = time.perf_counter()
     # copy-on-write mapping: writable (no torch warning), pages shared with the page cache
     mm = np.memmap(path, dtype=np.uint8, mode="c")
@@ -513,7 +513,7 @@ def _llama3_rope_factors(cfg: dict[str, Any], head_dim: int, base: float) -> tor
     return torch.tensor(out, dtype=torch.float32)
 
 
-def _load_safetensors(folder: Path) -> LoadedModel:
+def _load_safetensors(folder: Path, _progress=_print_progress) -> LoadedModel:
     from safetensors import safe_open
 
     t0 = time.perf_counter()
@@ -598,13 +598,14 @@ def _load_safetensors(folder: Path) -> LoadedModel:
                        format="safetensors")
 
 
-def load_model(path: str | Path) -> LoadedModel:
-    """Load a GGUF file or a HF safetensors folder (config.json + *.safetensors)."""
+def load_model(path: str | Path, progress=_print_progress) -> LoadedModel:
+    """Load a GGUF file or a HF safetensors folder (config.json + *.safetensors).
+    `progress(message)` receives the progress lines (default: printed to stderr)."""
     p = Path(path)
     if p.is_dir():
-        return _load_safetensors(p)
+        return _load_safetensors(p, progress)
     if p.suffix == ".safetensors" and (p.parent / "config.json").exists():
-        return _load_safetensors(p.parent)
+        return _load_safetensors(p.parent, progress)
     if not p.exists():
         raise FileNotFoundError(f"model file not found: {p}")
-    return _load_gguf(p)
+    return _load_gguf(p, progress)
