@@ -99,3 +99,45 @@ def test_grammar_mask_and_batch_mixing():
     constrained.accept(out[1].token)
     assert constrained.grammar.seen == [out[1].token]
     assert out[2].token == 1
+
+
+def test_top_n_sigma_keeps_tokens_near_the_max():
+    row = torch.zeros(10)
+    row[3], row[5] = 10.0, 9.9
+    seen = {sample_row(row.clone(), _st(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, top_n_sigma=1.0, seed=s)).token
+            for s in range(40)}
+    assert seen == {3, 5}
+
+
+def test_typical_p_drops_atypical_tokens():
+    # one likelier token among ten equal ones: its information content (-log p = 1.2) is far from
+    # the entropy (2.22) while the others' (2.66) is close, so it is the atypical one
+    row = torch.log(torch.tensor([0.3] + [0.07] * 10))
+    seen = {sample_row(row.clone(), _st(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=0.5, seed=s)).token
+            for s in range(40)}
+    assert 0 not in seen and len(seen) > 1
+
+
+def test_xtc_removes_the_top_choices():
+    row = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05] + [1e-6] * 6))
+    p = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, xtc_probability=1.0, xtc_threshold=0.1)
+    seen = {sample_row(row.clone(), _st(seed=s, **p)).token for s in range(60)}
+    assert 0 not in seen and 1 not in seen and 2 in seen  # all above the threshold but the least likely go
+
+
+def test_dry_penalises_continuing_a_repeat():
+    row = torch.zeros(10)
+    row[4] = 1.0  # 4 would win without DRY
+    st = _st(temperature=0, dry_multiplier=2.0, dry_base=1.75, dry_allowed_length=2)
+    st.history.extend([1, 2, 3, 4, 5, 1, 2, 3])  # "1 2 3" repeats; last time it was followed by 4
+    assert sample_row(row.clone(), st).token != 4
+    st2 = _st(temperature=0, dry_multiplier=2.0, dry_base=1.75, dry_allowed_length=2)
+    st2.history.extend([7, 8, 9, 6, 5, 1, 2, 3])  # no repeat: 4 stays the best
+    assert sample_row(row.clone(), st2).token == 4
+
+
+def test_samplers_order_is_respected():
+    row = torch.log(torch.tensor([0.4, 0.35, 0.25] + [1e-9] * 7))
+    # temperature first (very sharp) then min_p keeps only the best; min_p first keeps three
+    sharp_first = _st(temperature=0.05, top_k=0, top_p=1.0, min_p=0.5, samplers=["temperature", "min_p"], seed=0)
+    assert {sample_row(row.clone(), sharp_first).token for _ in range(20)} == {0}
