@@ -196,3 +196,26 @@ def test_lazy_grammar_activates_at_trigger(engine):
     assert r.content.startswith(head + trigger)  # free text before the trigger is unconstrained
     tail = r.content[len(head) + len(trigger):]
     assert len(tail) == 3 and tail.isdigit() and r.stop_type == "eos"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_model_sampled_json_validates_against_random_schemas(engine, seed):
+    """Property: whatever the random-weight model samples under a schema's grammar parses as JSON
+    and validates against the schema (or stopped at the length limit)."""
+    import json
+    import random
+
+    import jsonschema
+
+    from grammar import json_schema_to_gbnf
+    from tests.test_grammar_json_schema import random_schema
+
+    rng = random.Random(seed)
+    schema = random_schema(rng)
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed,
+                            grammar=json_schema_to_gbnf(schema))
+    r = _run(engine, "Give JSON:", n_predict=200, params=params)
+    if r.stop_type == "eos":
+        jsonschema.validate(json.loads(r.content), schema)
+    else:
+        assert r.stop_type == "limit" and r.n_decoded == 200
