@@ -73,31 +73,35 @@ class Grammar:
 
     def is_recursive(self) -> bool:
         """True when some rule can reach itself other than by a tail self-call (non-regular)."""
-        n = len(self.rule_names)
         # a rule calling itself as the last element of an alternative (the lowered `x*`) is a
         # loop, not nesting; any other cycle may need a stack
         graph = [{e[1] for alt in alts for k, e in enumerate(alt)
                   if e[0] == "ref" and not (e[1] == r and k == len(alt) - 1)}
                  for r, alts in enumerate(self.rule_alts)]
-        state = [0] * n  # 0 new, 1 on path, 2 done
+        return _find_cycle(graph) is not None
 
-        for start in range(n):
-            if state[start]:
-                continue
-            stack = [(start, iter(graph[start]))]
-            state[start] = 1
-            while stack:
-                node, it = stack[-1]
-                nxt = next(it, None)
-                if nxt is None:
-                    state[node] = 2
-                    stack.pop()
-                elif state[nxt] == 1:
-                    return True
-                elif state[nxt] == 0:
-                    state[nxt] = 1
-                    stack.append((nxt, iter(graph[nxt])))
-        return False
+
+def _find_cycle(graph: list[set[int]]) -> tuple[list[int], int] | None:
+    """A cycle of a directed graph (node -> successors), found by iterative depth-first search:
+    (the DFS path when the cycle closed, the node it closed on), or None when acyclic."""
+    state = [0] * len(graph)  # 0 new, 1 on the current path, 2 done
+    for start in range(len(graph)):
+        if state[start]:
+            continue
+        stack = [(start, iter(graph[start]))]
+        state[start] = 1
+        while stack:
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                state[node] = 2
+                stack.pop()
+            elif state[nxt] == 1:
+                return [r for r, _ in stack], nxt
+            elif state[nxt] == 0:
+                state[nxt] = 1
+                stack.append((nxt, iter(graph[nxt])))
+    return None
 
 
 def _is_word_char(c: str) -> bool:
@@ -402,29 +406,15 @@ def _check_left_recursion(g: Grammar) -> None:
                 left[r].add(e[1])
                 if not nullable[e[1]]:
                     break
-    state = [0] * n
-    for start in range(n):
-        if state[start]:
-            continue
-        stack = [(start, iter(left[start]))]
-        state[start] = 1
-        while stack:
-            node, it = stack[-1]
-            nxt = next(it, None)
-            if nxt is None:
-                state[node] = 2
-                stack.pop()
-            elif state[nxt] == 1:
-                path = [r for r, _ in stack]
-                cycle = path[path.index(nxt):]
-                user = next((g.rule_names[r] for r in cycle if not _generated(g.rule_names[r])),
-                            next((g.rule_names[r] for r in reversed(path) if not _generated(g.rule_names[r])),
-                                 g.rule_names[nxt]))
-                raise GrammarError(f"left recursion in rule '{user}' (a rule can reach itself without consuming "
-                                   f"input; this includes repeating an item that may be empty)")
-            elif state[nxt] == 0:
-                state[nxt] = 1
-                stack.append((nxt, iter(left[nxt])))
+    found = _find_cycle(left)
+    if found is not None:
+        path, nxt = found
+        cycle = path[path.index(nxt):]
+        user = next((g.rule_names[r] for r in cycle if not _generated(g.rule_names[r])),
+                    next((g.rule_names[r] for r in reversed(path) if not _generated(g.rule_names[r])),
+                         g.rule_names[nxt]))
+        raise GrammarError(f"left recursion in rule '{user}' (a rule can reach itself without consuming "
+                           f"input; this includes repeating an item that may be empty)")
 
 
 def _generated(name: str) -> bool:

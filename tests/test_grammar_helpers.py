@@ -8,7 +8,6 @@ from functools import lru_cache
 from pathlib import Path
 
 from grammar import Grammar, Vocab
-from grammar.gbnf import parse_gbnf
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 GRAMMARS = SHARED / "grammars"
