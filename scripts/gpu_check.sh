@@ -7,7 +7,7 @@ PY=${PYTHON:-python}
 unset TRITON_INTERPRET
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device')" || exit 1
 echo "== kernel tests (native CUDA)"
-TRITIUM_KERNEL_DEVICE=cuda timeout 240 "$PY" -m pytest -q -x tests/test_kernels_triton.py tests/test_kernels_ref.py
+TRITIUM_KERNEL_DEVICE=cuda timeout 240 "$PY" -m pytest -q -x tests/test_kernels_triton.py tests/test_kernels_ref.py tests/test_model_triton.py
 rc_tests=$?
 echo "== kernel timings"
 timeout 300 "$PY" scripts/gpu_check.py
