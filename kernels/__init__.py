@@ -62,8 +62,8 @@ class Ops:
             return _triton()
         return ref
 
-    def prepare_weight(self, w: QWeight) -> QWeight:
-        return self.impl(w.data.device).prepare_weight(w)
+    def prepare_weight(self, w: QWeight, unpack_quantized: bool = False) -> QWeight:
+        return self.impl(w.data.device).prepare_weight(w, unpack_quantized)
 
     def dequantize(self, w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.impl(w.data.device).dequantize(w, dtype)
@@ -111,10 +111,11 @@ def get_backend() -> str:
     return _default.backend
 
 
-def prepare_weight(w: QWeight) -> QWeight:
-    """Repack a weight once at load into the layout the backend reads fastest (CPU: float32
-    [cols, rows] for BLAS; Triton: the GGUF block format unchanged)."""
-    return _default.prepare_weight(w)
+def prepare_weight(w: QWeight, unpack_quantized: bool = False) -> QWeight:
+    """Repack a weight once at load into the layout the backend reads fastest (CPU: float32 tiles
+    or [cols, rows]; quantized ones dequantized once when `unpack_quantized`; Triton: the GGUF
+    block format unchanged)."""
+    return _default.prepare_weight(w, unpack_quantized)
 
 
 def dequantize(w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -47,14 +47,19 @@ _BGEMV_MIN_ELEMS = 1 << 20
 _BLAS_MT_MIN_M = 32
 
 
-def prepare_weight(w: QWeight) -> QWeight:
+def prepare_weight(w: QWeight, unpack_quantized: bool = False) -> QWeight:
     """Once at load, float weights on the CPU get the layout their matmul reads fastest:
     large matrices stay [rows, cols] float32 for the batched-GEMV kernel (`kernels.cpu_gemv`,
     one pass over the weights per decode step whatever the batch), the others become float32
     [cols, rows] contiguous for BLAS (about 3x faster than [rows, cols] for small batches).
-    Quantized weights stay in their block format."""
-    if not w.is_float or w.layout != "rows" or w.data.device.type != "cpu":
+    Quantized weights stay in their block format (dequantized on every matmul) unless
+    `unpack_quantized`: then they are dequantized once here and treated as float weights."""
+    if w.layout != "rows" or w.data.device.type != "cpu":
         return w
+    if not w.is_float:
+        if not unpack_quantized:
+            return w
+        w = QWeight.from_float(dequantize(w, torch.float32))
     if w.rows * w.cols >= _BGEMV_MIN_ELEMS and cpu_gemv.available():
         return QWeight(cpu_gemv.pack(w.data.float()), GGMLQuantizationType.F32, w.rows, w.cols, "tiles64")
     return QWeight(w.data.T.to(torch.float32).contiguous(), GGMLQuantizationType.F32, w.rows, w.cols, "cols")

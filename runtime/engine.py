@@ -225,6 +225,8 @@ class Engine:
             raise RuntimeError("--device cuda requested but no CUDA device is available")
         self.model = Model(lm, device)
         self._log("I", f"cmn          init: n_threads = {torch.get_num_threads()}, device = {device}")
+        if self.model.unpacked_quantized:
+            self._log("I", "srv    load_model: quantized weights dequantized once to float32 for the CPU path")
         self.tokenizer = load_tokenizer(path)
         src = None
         if cfg.chat_template_file:

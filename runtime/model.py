@@ -8,6 +8,7 @@ matmul runs once over all T rows (weights read once per step), and attention goe
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -70,20 +71,35 @@ def rope_inv_freq(cfg) -> torch.Tensor:
     return inv.to(torch.float32)
 
 
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
 class Model:
-    def __init__(self, loaded, device: str | torch.device = "cpu"):
+    def __init__(self, loaded, device: str | torch.device = "cpu", unpack_budget: int | None = None):
+        """`unpack_budget`: on the CPU, quantized weights are dequantized once at load (fast float
+        matmuls) when their float32 size fits this many bytes (default: half the physical memory);
+        otherwise they stay in their block format and are dequantized on every matmul."""
         cfg = loaded.config
         self.cfg = cfg
         self.device = torch.device(device)
         w = loaded.weights
         dev = self.device
+        quant_f32 = sum(4 * x.rows * x.cols for x in w.values() if isinstance(x, QWeight) and not x.is_float)
+        if unpack_budget is None:
+            unpack_budget = _physical_memory() // 2
+        self.unpacked_quantized = dev.type == "cpu" and 0 < quant_f32 <= unpack_budget
+        unpack = self.unpacked_quantized
 
         def t(name):
             x = w.get(name)
             return None if x is None else x.to(dev).float()
 
         def q(name) -> QWeight:  # a matmul weight, in the layout the device's kernels read fastest
-            return kernels.prepare_weight(w[name].to(dev))
+            return kernels.prepare_weight(w[name].to(dev), unpack)
 
         if "output.weight" in w:
             self.tok_embd = w["token_embd.weight"].to(dev)  # only gathered from: keep rows contiguous
@@ -99,10 +115,10 @@ class Model:
             bqkv = torch.cat(bias) if all(b is not None for b in bias) else None
             gate_up = _cat_rows([w[p + "ffn_gate.weight"].to(dev), w[p + "ffn_up.weight"].to(dev)])
             self.layers.append(Layer(
-                attn_norm=t(p + "attn_norm.weight"), wqkv=[kernels.prepare_weight(x) for x in wqkv], bqkv=bqkv,
+                attn_norm=t(p + "attn_norm.weight"), wqkv=[kernels.prepare_weight(x, unpack) for x in wqkv], bqkv=bqkv,
                 q_norm=t(p + "attn_q_norm.weight"), k_norm=t(p + "attn_k_norm.weight"),
                 wo=q(p + "attn_output.weight"), ffn_norm=t(p + "ffn_norm.weight"),
-                w_gate_up=[kernels.prepare_weight(x) for x in gate_up], w_down=q(p + "ffn_down.weight")))
+                w_gate_up=[kernels.prepare_weight(x, unpack) for x in gate_up], w_down=q(p + "ffn_down.weight")))
         self.n_head, self.n_head_kv, self.head_dim = cfg.n_head, cfg.n_head_kv, cfg.head_dim
         self.n_ff = self.layers[0].w_down.cols
         self.eps = float(cfg.rms_eps)
