@@ -59,6 +59,7 @@ class TinyModelSpec:
     name: str = "tiny-random"
     n_vocab: int = 0  # only used without a vocabulary (0: 256)
     tie_embeddings: bool = False  # True: no output.weight (the output reuses token_embd)
+    random_blocks: bool = False  # quantized tensors as random GGUF blocks (fast for 8B shapes)
 
 
 BUILTIN_SPEC = TinyModelSpec(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=352,
@@ -137,6 +138,29 @@ def quantize(x: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     if cols % block_size:
         raise ValueError(f"{qtype.name}: row size {cols} is not a multiple of {block_size}")
     return fn(x.reshape(-1, block_size)).reshape(rows, cols // block_size * type_size)
+
+
+# byte offsets of the f16 scale fields in one block, and the scale magnitude (times init_std)
+# that gives dequantized weights of about init_std
+_SCALE_FIELDS = {
+    Q.Q8_0: ([0], 1 / 64), Q.Q4_0: ([0], 1 / 4), Q.Q4_1: ([0, 2], 1 / 8), Q.Q5_0: ([0], 1 / 8),
+    Q.Q5_1: ([0, 2], 1 / 16), Q.Q2_K: ([80, 82], 1 / 16), Q.Q3_K: ([108], 1 / 64),
+    Q.Q4_K: ([0, 2], 1 / 256), Q.Q5_K: ([0, 2], 1 / 512), Q.Q6_K: ([208], 1 / 1024),
+}
+
+
+def random_blocks(rows: int, cols: int, qtype: GGMLQuantizationType, rng: np.random.Generator,
+                  std: float) -> np.ndarray:
+    """Valid random GGUF blocks [rows, row_bytes] of `qtype` (random quants and sub-scales, small
+    positive f16 scales): a real-shaped quantized model without quantizing billions of floats."""
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    n_blocks = rows * (cols // block_size)
+    data = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
+    offsets, mag = _SCALE_FIELDS[qtype]
+    for off in offsets:
+        d = (rng.random(n_blocks, dtype=np.float32) * 0.5 + 0.75) * std * mag
+        data[:, off:off + 2] = d.astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
+    return data.reshape(rows, cols // block_size * type_size)
 
 
 # --type -> (file type, base tensor type); per-tensor choices follow llama.cpp's mixes
@@ -498,10 +522,13 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
             w.add_tensor(name, arr)
             continue
         layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
-        x = rng.standard_normal(shape, dtype=np.float32)
-        x *= spec.init_std
         qtype = _tensor_type(name, spec.wtype, layer, spec.n_layer, shape[1])
-        data = quantize(x, qtype)
+        if spec.random_blocks and qtype in _SCALE_FIELDS:
+            data = random_blocks(shape[0], shape[1], qtype, rng, spec.init_std)
+        else:
+            x = rng.standard_normal(shape, dtype=np.float32)
+            x *= spec.init_std
+            data = quantize(x, qtype)
         if qtype in (Q.F32, Q.F16):
             w.add_tensor(name, data)
         else:

@@ -43,13 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", help="general.name")
     ap.add_argument("--tied", action="store_true", default=None,
                     help="tie the output matrix to the token embeddings (no output.weight)")
+    ap.add_argument("--random-blocks", action="store_true", default=None,
+                    help="write quantized tensors as random valid GGUF blocks instead of quantizing "
+                         "random floats (seconds instead of hours for an 8B shape)")
     a = ap.parse_args(argv)
 
     base = BUILTIN_SPEC if a.builtin else TinyModelSpec()
     overrides = dict(arch=a.arch, n_layer=a.layers, n_embd=a.embd, n_head=a.heads,
                      n_head_kv=a.kv_heads, head_dim=a.head_dim, n_ff=a.ff, n_ctx=a.ctx,
                      rope_freq_base=a.rope_base, rms_eps=a.rms_eps, seed=a.seed,
-                     n_vocab=a.n_vocab, name=a.name, tie_embeddings=a.tied)
+                     n_vocab=a.n_vocab, name=a.name, tie_embeddings=a.tied, random_blocks=a.random_blocks)
     spec = replace(base, wtype=a.type, **{k: v for k, v in overrides.items() if v is not None})
     t0 = time.perf_counter()
     out = write_tiny_model(a.out, spec, vocab="builtin" if a.builtin else a.vocab)
