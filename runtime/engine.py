@@ -497,6 +497,8 @@ class Engine:
         s.prompt = list(task.prompt_tokens)
         s.n_decoded, s.generated, s.probs, s.pending = 0, [], [], None
         s.truncated, s.stop_type = False, "none"
+        s.text, s.sampler, s.n_past, s.n_cached = None, None, 0, 0  # nothing of the previous task
+        s.lazy_grammar, s.lazy_triggers = None, []
         s.t_start = time.perf_counter()
         s.t_prompt_done = 0.0
         lru, s.picked_by_lru = s.picked_by_lru, False

@@ -219,3 +219,10 @@ def test_model_sampled_json_validates_against_random_schemas(engine, seed):
         jsonschema.validate(json.loads(r.content), schema)
     else:
         assert r.stop_type == "limit" and r.n_decoded == 200
+
+
+def test_empty_prompt_gives_an_empty_result_not_the_previous_one(engine):
+    _run(engine, "something to remember", n_predict=4, id_slot=0)
+    r = engine.submit(CompletionTask([], SamplingParams(temperature=0), n_predict=2, id_slot=0)).result_sync(60)
+    assert isinstance(r, CompletionResult)
+    assert r.content == "" and r.n_decoded == 0 and r.n_prompt_tokens == 0
