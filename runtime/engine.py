@@ -262,6 +262,7 @@ class Engine:
         self.kv = KVCache(len(self.model.layers), self.model.n_head_kv, self.model.head_dim, n_blocks, bs,
                           kv_dtype, self.model.device)
         self.slots = [Slot(i, self.n_ctx_slot) for i in range(n_slots)]
+        self._warm_up()
         if cfg.cache_ram_mib != 0:
             limit = None if cfg.cache_ram_mib < 0 else cfg.cache_ram_mib * 1024 * 1024
             self.prompt_cache = PromptCache(limit, limit_tokens=n_ctx)
@@ -278,6 +279,17 @@ class Engine:
             "path": path,
         }
         self.loaded = True
+
+    def _warm_up(self) -> None:
+        """One small forward at load (as llama.cpp's warm-up run), so the first request does not
+        pay for first-touch page faults, thread pool start-up and kernel builds."""
+        seq = SeqKV()
+        try:
+            for n in (8, 1):
+                self.kv.reserve(seq, seq.n_tokens + n)
+                self.model.forward(self.kv, [SeqBatch(seq, [0] * n, seq.n_tokens)])
+        finally:
+            self.kv.clear(seq)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="tritium-engine", daemon=True)
