@@ -57,7 +57,12 @@ def _matmul_rows(x: torch.Tensor, ws: list[QWeight]) -> torch.Tensor:
 
 
 def rope_inv_freq(cfg) -> torch.Tensor:
-    """inv_freq [D/2] float32 including linear scaling and llama3 frequency factors."""
+    """inv_freq [D/2] float32 including linear scaling, llama3 frequency factors and YaRN.
+
+    YaRN (as ggml's rope): each dimension mixes the interpolated angle (freq_scale * theta) and the
+    extrapolated one (theta) with a ramp between the correction dimensions; the angle stays linear
+    in the position, so the mix folds into an effective inverse frequency. Its magnitude factor is
+    `rope_attn_scale` (applied to the attention scores)."""
     d = cfg.head_dim
     base = float(getattr(cfg, "rope_freq_base", 10000.0) or 10000.0)
     inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
@@ -65,10 +70,49 @@ def rope_inv_freq(cfg) -> torch.Tensor:
     factor = float(getattr(cfg, "rope_scaling_factor", 0.0) or 0.0)
     if scale_type == "linear" and factor > 0:
         inv = inv / factor
+    elif scale_type == "yarn" and factor > 0:
+        freq_scale = 1.0 / factor
+        ext = _yarn_ext_factor(cfg)
+        if ext != 0.0:
+            low, high = _yarn_corr_dims(cfg, d, base)
+            i0 = torch.arange(0, d, 2, dtype=torch.float64)
+            y = (i0 / 2 - low) / max(0.001, high - low)
+            mix = (1 - y.clamp(0.0, 1.0)) * ext
+        else:
+            mix = torch.zeros(d // 2, dtype=torch.float64)
+        inv = inv * (freq_scale * (1 - mix) + mix)
     freq_factors = getattr(cfg, "rope_freq_factors", None)
     if freq_factors is not None:
         inv = inv / freq_factors.to(torch.float64)
     return inv.to(torch.float32)
+
+
+def _yarn_ext_factor(cfg) -> float:
+    ext = float(getattr(cfg, "yarn_ext_factor", -1.0))
+    return 1.0 if ext < 0 else ext  # llama.cpp: -1 means 1.0 for YaRN
+
+
+def _yarn_corr_dims(cfg, n_dims: int, base: float) -> tuple[float, float]:
+    n_ctx_orig = int(getattr(cfg, "rope_scaling_orig_ctx", 0) or getattr(cfg, "n_ctx_train", 0) or 4096)
+
+    def corr_dim(n_rot: float) -> float:
+        return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+
+    start = math.floor(corr_dim(float(getattr(cfg, "yarn_beta_fast", 32.0))))
+    end = math.ceil(corr_dim(float(getattr(cfg, "yarn_beta_slow", 1.0))))
+    return max(0.0, start), min(n_dims - 1.0, end)
+
+
+def rope_attn_scale(cfg) -> float:
+    """Factor on the attention scores from YaRN's magnitude scaling (1.0 otherwise): ggml scales
+    cos and sin by mscale, i.e. both q and k, so the scores by mscale^2."""
+    if (getattr(cfg, "rope_scaling_type", None) or "none") != "yarn":
+        return 1.0
+    factor = float(getattr(cfg, "rope_scaling_factor", 0.0) or 0.0)
+    mscale = float(getattr(cfg, "yarn_attn_factor", 1.0) or 1.0)
+    if factor > 0 and _yarn_ext_factor(cfg) != 0.0:
+        mscale *= 1.0 + 0.1 * math.log(factor)
+    return mscale * mscale
 
 
 def _physical_memory() -> int:
@@ -124,7 +168,7 @@ class Model:
         self.eps = float(cfg.rms_eps)
         self.neox = bool(cfg.rope_neox)
         self.inv_freq = rope_inv_freq(cfg).to(dev)
-        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.scale = rope_attn_scale(cfg) / math.sqrt(self.head_dim)
         self.n_vocab = self.output.rows
         self.n_embd = cfg.n_embd
 

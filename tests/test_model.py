@@ -190,3 +190,33 @@ def test_quantized_weights_kept_in_blocks_give_the_same_logits(tmp_path, wtype):
         logits, _ = m.forward(kv, [SeqBatch(s, toks, 0)])
         out.append(logits)
     assert _rel(out[1], out[0].double()) < 1e-5
+
+
+def test_yarn_matches_ggml_rope_formula():
+    """Effective inverse frequencies and score scale against ggml's per-dimension YaRN angle."""
+    class C:
+        head_dim = 64
+        rope_freq_base = 1000000.0
+        rope_scaling_type = "yarn"
+        rope_scaling_factor = 4.0
+        rope_scaling_orig_ctx = 32768
+        yarn_ext_factor = -1.0
+        yarn_attn_factor = 1.0
+        yarn_beta_fast = 32.0
+        yarn_beta_slow = 1.0
+    cfg = C()
+    inv = rope_inv_freq(cfg).double()
+    # ggml_rope_yarn for one position, written out
+    d, base, fs, pos = 64, 1000000.0, 0.25, 12345.0
+
+    def corr_dim(n_rot):
+        return d * math.log(32768 / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+    low, high = max(0, math.floor(corr_dim(32.0))), min(d - 1, math.ceil(corr_dim(1.0)))
+    for i0 in range(0, d, 2):
+        theta_extrap = pos * base ** (-i0 / d)
+        y = (i0 / 2 - low) / max(0.001, high - low)
+        ramp = 1 - min(1.0, max(0.0, y))
+        theta = fs * theta_extrap * (1 - ramp) + theta_extrap * ramp
+        assert abs(pos * float(inv[i0 // 2]) - theta) <= 1e-6 * max(1.0, abs(theta))
+    from runtime.model import rope_attn_scale
+    assert abs(rope_attn_scale(cfg) - (1 + 0.1 * math.log(4.0)) ** 2) < 1e-12
