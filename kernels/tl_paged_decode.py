@@ -19,6 +19,26 @@ def _tanh(x):
 
 
 @triton.jit
+def _attend_tile(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, valid, scale, softcap, m_i, l_i, acc,
+                 SOFTCAP: tl.constexpr):
+    """One online-softmax step over a tile of cached keys/values (shared by the decode and the
+    prefill kernels). q: [R, BLOCK_D]; off: [BLOCK_N] element offsets of the tile's tokens;
+    valid: [R, BLOCK_N] score mask. Returns the updated (m_i [R], l_i [R], acc [R, BLOCK_D])."""
+    k = tl.load(kc_ptr + off[:, None] + d[None, :] * stride_cd, mask=kvmask, other=0.0)
+    sc = tl.dot(q, tl.trans(k)) * scale  # [R, BLOCK_N] float32
+    if SOFTCAP:
+        sc = softcap * _tanh(sc / softcap)
+    sc = tl.where(valid, sc, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(sc - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(vc_ptr + off[:, None] + d[None, :] * stride_cd, mask=kvmask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, lens_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr,
     scale, softcap, G, D, BS, chunk,
@@ -54,18 +74,8 @@ def _paged_decode_kernel(
             blk = tl.load(bt_ptr + s * stride_bts + tok // BS, mask=tmask, other=0).to(tl.int64)
             off = blk * stride_cb + (tok % BS) * stride_ct + kvh * stride_ch
             kvmask = tmask[:, None] & dmask[None, :]
-            k = tl.load(kc_ptr + off[:, None] + d[None, :] * stride_cd, mask=kvmask, other=0.0)
-            sc = tl.dot(q, tl.trans(k)) * scale  # [BLOCK_G, BLOCK_N] float32
-            if SOFTCAP:
-                sc = softcap * _tanh(sc / softcap)
-            sc = tl.where(tmask[None, :], sc, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(sc - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(vc_ptr + off[:, None] + d[None, :] * stride_cd, mask=kvmask, other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+            m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, tmask[None, :],
+                                         scale, softcap, m_i, l_i, acc, SOFTCAP)
         omask = gmask[:, None] & dmask[None, :]
         if NUM_SPLITS == 1:
             o = acc / l_i[:, None]

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from . import ref
-from .tl_paged_decode import _tanh
+from .tl_paged_decode import _attend_tile
 
 reference = ref.paged_attention
 
@@ -51,18 +51,9 @@ def _paged_prefill_kernel(
             blk = tl.load(bt_ptr + s * stride_bts + tok // BS, mask=tmask, other=0).to(tl.int64)
             off = blk * stride_cb + (tok % BS) * stride_ct + kvh * stride_ch
             kvmask = tmask[:, None] & dmask[None, :]
-            k = tl.load(kc_ptr + off[:, None] + d[None, :] * stride_cd, mask=kvmask, other=0.0)
-            sc = tl.dot(q, tl.trans(k)) * scale
-            if SOFTCAP:
-                sc = softcap * _tanh(sc / softcap)
-            sc = tl.where(tmask[None, :] & (tok[None, :] <= pos[:, None]), sc, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(sc - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(vc_ptr + off[:, None] + d[None, :] * stride_cd, mask=kvmask, other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+            valid = tmask[None, :] & (tok[None, :] <= pos[:, None])  # causal
+            m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, valid,
+                                         scale, softcap, m_i, l_i, acc, SOFTCAP)
         o = acc / l_i[:, None]
         optr = out_ptr + qoff[:, None] * stride_ot + h * stride_oh + d[None, :]
         tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
