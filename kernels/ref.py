@@ -41,7 +41,9 @@ def _dequantize_quant(w: QWeight, dtype: torch.dtype) -> torch.Tensor:
 
 
 # Weights at least this large (elements) use the batched-GEMV kernel for decode batches.
-_BGEMV_MIN_ELEMS = 1 << 20
+_BGEMV_MIN_ELEMS = 1 << 16
+# Tiled weights up to this size are unpacked for prefill-sized products instead.
+_UNPACK_MAX_ELEMS = 1 << 22
 # From this many rows on (prefill) a matmul goes to torch's multi-threaded BLAS; below it, numpy's
 # OpenBLAS (kept single-threaded by the engine) has less per-call overhead.
 _BLAS_MT_MIN_M = 32
@@ -49,7 +51,7 @@ _BLAS_MT_MIN_M = 32
 
 def prepare_weight(w: QWeight, unpack_quantized: bool = False) -> QWeight:
     """Once at load, float weights on the CPU get the layout their matmul reads fastest:
-    large matrices stay [rows, cols] float32 for the batched-GEMV kernel (`kernels.cpu_gemv`,
+    matrices of at least 2^16 elements go into 64-row tiles for the batched-GEMV kernel (`kernels.cpu_gemv`,
     one pass over the weights per decode step whatever the batch), the others become float32
     [cols, rows] contiguous for BLAS (about 3x faster than [rows, cols] for small batches).
     Quantized weights stay in their block format (dequantized on every matmul) unless
@@ -81,6 +83,10 @@ def _row_slice(w: QWeight, r0: int, r1: int) -> QWeight:
 def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """y[T, rows] = x[T, cols] @ W^T, output dtype = x.dtype."""
     if w.layout == "tiles64":  # one pass over the weights per 16 rows of x
+        if x.shape[0] > cpu_gemv.MAX_M and w.rows * w.cols <= _UNPACK_MAX_ELEMS:
+            # prefill through a small matrix: unpacking it (a ~1 MB copy) and one multi-threaded
+            # BLAS call beats many passes of the GEMV kernel
+            return x @ cpu_gemv.unpack(w.data, w.rows).T.to(x.dtype)
         xf = x.float()
         ys = [cpu_gemv.bgemv(xf[i:i + cpu_gemv.MAX_M], w.data, w.rows) for i in range(0, x.shape[0], cpu_gemv.MAX_M)]
         return (ys[0] if len(ys) == 1 else torch.cat(ys)).to(x.dtype)
