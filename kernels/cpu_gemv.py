@@ -152,8 +152,9 @@ def rows(tiles: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return tiles[ids // TILE, :, ids % TILE]
 
 
-def bgemv(x: torch.Tensor, tiles: torch.Tensor, n_rows: int) -> torch.Tensor:
-    """x: [M, K] float32 (M <= MAX_M) times the packed [n_rows, K] weight -> y: [M, n_rows]."""
+def bgemv(x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | None = None) -> torch.Tensor:
+    """x: [M, K] float32 (M <= MAX_M) times the packed [n_rows, K] weight -> y: [M, n_rows].
+    `n_threads`: OpenMP threads (default torch's count)."""
     lib = _get()
     assert lib is not None, "bgemv needs the compiled CPU kernel (check available())"
     M, K = x.shape
@@ -163,5 +164,5 @@ def bgemv(x: torch.Tensor, tiles: torch.Tensor, n_rows: int) -> torch.Tensor:
     xp[:M] = x
     y = torch.empty((M, n_rows), dtype=torch.float32)
     lib.bgemv_tiles64(xp.data_ptr(), tiles.data_ptr(), y.data_ptr(), M, Mp, n_rows, K, n_rows,
-                      torch.get_num_threads())
+                      n_threads or torch.get_num_threads())
     return y

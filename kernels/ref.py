@@ -42,6 +42,8 @@ def _dequantize_quant(w: QWeight, dtype: torch.dtype) -> torch.Tensor:
 
 # Weights at least this large (elements) use the batched-GEMV kernel for decode batches.
 _BGEMV_MIN_ELEMS = 1 << 16
+# Tiled weights smaller than this run the GEMV kernel on one thread.
+_BGEMV_MT_MIN_ELEMS = 1 << 20
 # Tiled weights up to this size are unpacked for prefill-sized products instead.
 _UNPACK_MAX_ELEMS = 1 << 22
 # From this many rows on (prefill) a matmul goes to torch's multi-threaded BLAS; below it, numpy's
@@ -88,7 +90,10 @@ def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
             # BLAS call beats many passes of the GEMV kernel
             return x @ cpu_gemv.unpack(w.data, w.rows).T.to(x.dtype)
         xf = x.float()
-        ys = [cpu_gemv.bgemv(xf[i:i + cpu_gemv.MAX_M], w.data, w.rows) for i in range(0, x.shape[0], cpu_gemv.MAX_M)]
+        # small matrices on one thread: an OpenMP fork per layer matmul costs more than it saves,
+        # and idle workers spinning on both cores starve the HTTP thread
+        nt = 1 if w.rows * w.cols < _BGEMV_MT_MIN_ELEMS else None
+        ys = [cpu_gemv.bgemv(xf[i:i + cpu_gemv.MAX_M], w.data, w.rows, nt) for i in range(0, x.shape[0], cpu_gemv.MAX_M)]
         return (ys[0] if len(ys) == 1 else torch.cat(ys)).to(x.dtype)
     if w.layout == "cols":
         if x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[0] < _BLAS_MT_MIN_M:
