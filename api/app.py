@@ -772,7 +772,7 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
     async def metrics():
         if not cfg.metrics:
             raise not_supported("This server does not support metrics endpoint. Start it with `--metrics`")
-        text = metrics_api.render(server.engine.metrics())
+        text = metrics_api.render(await asyncio.to_thread(server.engine.metrics))  # waits for a step boundary
         return Response(text.encode(), media_type="text/plain; version=0.0.4")
 
     return app
