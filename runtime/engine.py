@@ -723,6 +723,14 @@ class Engine:
         if not stop and s.n_predict >= 0 and s.n_decoded >= s.n_predict:
             s.stop_type = "limit"
             stop = True
+        if not stop and s.text.indent_stop(s.handle.task.n_indent):
+            s.stop_type = "limit"
+            stop = True
+        t_max = s.handle.task.t_max_predict_ms
+        if not stop and t_max > 0 and s.text.has_new_line and \
+                (time.perf_counter() - s.t_prompt_done) * 1e3 > t_max:
+            s.stop_type = "limit"  # llama.cpp's time limit: applies once a new line was generated
+            stop = True
         if is_eog:
             s.stop_type = "eos"
             stop = True

@@ -132,6 +132,7 @@ class TextState:
         self.n_sent = 0
         self.stopping_word = ""
         self.has_new_line = False
+        self._last_nl = 0  # start of the line after the last newline seen by indent_stop
         self._dec = codecs.getincrementaldecoder("utf-8")("replace")
 
     def push(self, piece: bytes, is_eog: bool = False) -> tuple[str | None, str]:
@@ -166,6 +167,24 @@ class TextState:
         delta = self.text[self.n_sent:]
         self.n_sent = len(self.text)
         return None, delta
+
+    def indent_stop(self, n_indent: int) -> bool:
+        """llama.cpp's `n_indent` rule: once a line has started after a newline, stop (and cut the
+        line's text) when its indentation is shorter than `n_indent`."""
+        if n_indent <= 0 or not self.has_new_line:
+            return False
+        if self._last_nl > 0:
+            pos = self._last_nl
+            while pos < len(self.text) and self.text[pos] in " \t":
+                pos += 1
+            if pos < len(self.text) and pos - self._last_nl < n_indent:
+                self.text = self.text[:pos]
+                self.n_sent = min(self.n_sent, len(self.text))
+                return True
+        nl = self.text.find("\n", self._last_nl)
+        if nl >= 0:
+            self._last_nl = nl + 1
+        return False
 
     def final(self) -> str:
         rest = self._dec.decode(b"", final=True)

@@ -226,3 +226,13 @@ def test_empty_prompt_gives_an_empty_result_not_the_previous_one(engine):
     r = engine.submit(CompletionTask([], SamplingParams(temperature=0), n_predict=2, id_slot=0)).result_sync(60)
     assert isinstance(r, CompletionResult)
     assert r.content == "" and r.n_decoded == 0 and r.n_prompt_tokens == 0
+
+
+def test_time_limit_stops_after_a_new_line(engine):
+    nl = engine.tokenizer.encode("\n")[0]
+    # bias the newline so it appears; with a 1 ms budget generation stops at the first token after it
+    p = SamplingParams(temperature=0, ignore_eos=True, logit_bias=[(nl, 30.0)])
+    r = _run(engine, "lines:", n_predict=50, params=p, t_max_predict_ms=1)
+    assert r.stop_type == "limit" and r.n_decoded < 50 and "\n" in r.content
+    r = _run(engine, "lines:", n_predict=5, params=SamplingParams(temperature=0, ignore_eos=True), t_max_predict_ms=0)
+    assert r.n_decoded == 5

@@ -90,3 +90,18 @@ def test_slot_file_roundtrip_and_size(tmp_path):
         raise AssertionError("accepted a bad file")
     except SlotFileError:
         pass
+
+
+def test_indent_rule_cuts_a_less_indented_line():
+    t = TextState([])
+    pieces = ["def f():\n", "    return 1\n", "x = 2"]
+    stops = []
+    for p in pieces:
+        t.push(p.encode())
+        stops.append(t.indent_stop(4))
+    assert stops == [False, False, True]
+    assert t.text == "def f():\n    return 1\n"  # the unindented line is cut
+    u = TextState([])
+    for p in pieces[:2]:
+        u.push(p.encode())
+        assert not u.indent_stop(0)
