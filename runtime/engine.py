@@ -641,7 +641,7 @@ class Engine:
         ok_batch, ok_owners = [], []
         for b, s in zip(batch, owners):
             try:
-                self.kv.reserve(s.seq, b.n_past + len(b.tokens))
+                self._reserve(s, b.n_past + len(b.tokens))
                 ok_batch.append(b)
                 ok_owners.append(s)
             except OutOfBlocks:
@@ -696,6 +696,22 @@ class Engine:
         results = sample_batch(sel, [logit_owners[i].sampler for i in keep])
         for i, r in zip(keep, results):
             self._on_token(logit_owners[i], r)
+
+    def _reserve(self, s: Slot, n_total: int) -> None:
+        """Blocks for n_total tokens of slot s; when the (unified) pool is full, idle slots' cached
+        prompts are purged, least recently used first, as llama.cpp's try_clear_idle_slots."""
+        while True:
+            try:
+                self.kv.reserve(s.seq, n_total)
+                return
+            except OutOfBlocks:
+                idle = [x for x in self.slots if not x.busy and x.tokens and x is not s]
+                if not idle:
+                    raise
+                victim = min(idle, key=lambda x: x.t_last_used)
+                self._log("W", f"srv  update_slots: purging slot {victim.id} with {len(victim.tokens)} tokens")
+                self.kv.clear(victim.seq)
+                victim.tokens = []
 
     def _on_token(self, s: Slot, r) -> None:
         tok = r.token

@@ -236,3 +236,20 @@ def test_time_limit_stops_after_a_new_line(engine):
     assert r.stop_type == "limit" and r.n_decoded < 50 and "\n" in r.content
     r = _run(engine, "lines:", n_predict=5, params=SamplingParams(temperature=0, ignore_eos=True), t_max_predict_ms=0)
     assert r.n_decoded == 5
+
+
+def test_unified_cache_purges_idle_slots_when_full(model_path):
+    """-np auto: 4 slots share one pool of n_ctx tokens; idle slots keep their prompts until a
+    new request needs the room, then the least recently used are purged (llama.cpp does the same)."""
+    e = _engine(model_path, n_ctx=256, n_parallel=-1)
+    try:
+        assert e.kv_unified and e.n_ctx_slot == 256
+        for slot in range(3):
+            r = _run(e, " ".join(["word"] * 70), n_predict=2, id_slot=slot, cache_prompt=True)
+            assert isinstance(r, CompletionResult)
+        assert sum(len(s.tokens) for s in e.slots) > 200  # the pool is mostly held by idle slots
+        r = _run(e, " ".join(["other"] * 150), n_predict=4, id_slot=3)
+        assert r.n_decoded == 4 and r.stop_type == "limit"
+        assert any(not s.tokens for s in e.slots[:3])  # an idle slot's prompt was purged for it
+    finally:
+        e.stop()
