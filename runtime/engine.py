@@ -419,7 +419,12 @@ class Engine:
         if len(tokens) > s.n_ctx:
             raise SlotError(400, "Unable to restore slot, no available space in KV cache or invalid slot save file",
                             "invalid_request_error")
-        self.kv.import_(s.seq, state)
+        try:
+            self.kv.import_(s.seq, state)
+        except OutOfBlocks:
+            s.tokens = []
+            raise SlotError(400, "Unable to restore slot, no available space in KV cache or invalid slot save file",
+                            "invalid_request_error")
         s.tokens = list(tokens)
         return {"id_slot": id_slot, "filename": filename, "n_restored": len(tokens), "n_read": n_read,
                 "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
@@ -540,8 +545,14 @@ class Engine:
                     self.prompt_cache.save(s.tokens, lambda: self.kv.export(s.seq, len(s.tokens)))
                 entry = self.prompt_cache.take_best(s.tokens, prompt)
                 if entry is not None:
-                    self.kv.import_(s.seq, entry.state)
-                    s.tokens = list(entry.tokens)
+                    self.kv.clear(s.seq)  # its content is in the RAM cache now
+                    s.tokens = []
+                    try:
+                        self._reserve(s, len(entry.tokens))  # purges idle slots if the pool is full
+                        self.kv.import_(s.seq, entry.state)
+                        s.tokens = list(entry.tokens)
+                    except OutOfBlocks:  # no room even then: the prompt is recomputed
+                        self.kv.clear(s.seq)
                 self.prompt_cache.update()
 
         n_past = 0
