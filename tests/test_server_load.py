@@ -90,3 +90,44 @@ def test_mixed_load_leaves_the_server_healthy(server):
     assert httpx.get(url + "/health").json() == {"status": "ok"}
     r = httpx.post(url + "/completion", json={"prompt": "still alive", "n_predict": 3}, timeout=60)
     assert r.status_code == 200 and r.json()["tokens_predicted"] == 3
+
+
+def test_deferred_request_is_counted_pinged_and_served(start_server):
+    """Lesson Example 8: with both slots busy a third request waits in the queue (metrics:
+    requests_processing 2, requests_deferred 1), its open stream gets `:` keep-alive comments every
+    --sse-ping-interval seconds, and it is answered once a slot frees."""
+    s = start_server("-np", "2", "-c", "8192", "--metrics", "--sse-ping-interval", "1")
+    url = s.url
+    long_body = {"prompt": "busy", "n_predict": 3000, "ignore_eos": True, "temperature": 0}
+    results: dict = {}
+
+    def long_request(i):
+        results[i] = httpx.post(url + "/completion", json=long_body, timeout=300).status_code
+
+    busy = [threading.Thread(target=long_request, args=(i,)) for i in range(2)]
+    for t in busy:
+        t.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(x["is_processing"] for x in httpx.get(url + "/slots").json()):
+        time.sleep(0.05)
+    lines: list[str] = []
+
+    def third():
+        body = {"messages": [{"role": "user", "content": "wait for me"}], "max_tokens": 3, "stream": True}
+        with httpx.Client(timeout=300) as c, c.stream("POST", url + "/v1/chat/completions", json=body) as r:
+            lines.extend(r.iter_lines())
+            results["third"] = r.status_code
+
+    t3 = threading.Thread(target=third)
+    t3.start()
+    time.sleep(0.5)
+    metrics = {line.split()[0]: float(line.split()[1]) for line in httpx.get(url + "/metrics").text.splitlines()
+               if line.startswith("llamacpp:")}
+    for t in (*busy, t3):
+        t.join(timeout=300)
+    assert metrics["llamacpp:requests_processing"] == 2 and metrics["llamacpp:requests_deferred"] == 1
+    assert results == {0: 200, 1: 200, "third": 200}
+    first_data = next(i for i, line in enumerate(lines) if line.startswith("data: "))
+    assert any(line.startswith(":") for line in lines[:first_data])  # pings while it waited
+    assert lines[-1] == "data: [DONE]" or lines[-2] == "data: [DONE]"
+    s.stop()
