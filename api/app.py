@@ -24,6 +24,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import chat as chat_api
+from api import infill as infill_api
 from api import metrics as metrics_api
 from api.errors import ApiError, context_exceeded, dumps, error_object, invalid_api_key, json_response, \
     loading_model, not_found, not_supported
@@ -524,6 +525,24 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
         return NativeRequest(task, settings, server.tokenizer.decode(prompt_tokens), params.n_probs,
                              f.boolean("post_sampling_probs", False), index)
 
+    async def native_stream(req: NativeRequest) -> Response:
+        """SSE stream of one native request: a chunk per token, then the final object."""
+        handle = server.submit(req.task)
+
+        def on_token(ev: TokenOut) -> list[dict[str, Any]]:
+            if not ev.text and not req.task.return_tokens and req.n_probs <= 0:
+                return []
+            d: dict[str, Any] = {"index": req.index, "content": ev.text,
+                                 "tokens": [ev.id] if req.task.return_tokens else [],
+                                 "stop": False, "id_slot": -1,
+                                 "tokens_predicted": 0, "tokens_evaluated": len(req.task.prompt_tokens)}
+            if req.n_probs > 0:
+                d["completion_probabilities"] = probs_json(server, [ev], req.post_sampling)
+            return [d]
+
+        return await stream_events(server, handle, on_token,
+                                   lambda res: [completion_final_json(server, req, res, [], True)], False)
+
     @app.post("/completion")
     @app.post("/completions")
     async def completion(request: Request):
@@ -540,26 +559,32 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
         if reqs[0].task.stream:
             if len(reqs) > 1:
                 raise ApiError("streaming is supported for a single prompt only")
-            req = reqs[0]
-            handle = server.submit(req.task)
-
-            def on_token(ev: TokenOut) -> list[dict[str, Any]]:
-                if not ev.text and not req.task.return_tokens and req.n_probs <= 0:
-                    return []
-                d: dict[str, Any] = {"index": req.index, "content": ev.text,
-                                     "tokens": [ev.id] if req.task.return_tokens else [],
-                                     "stop": False, "id_slot": -1,
-                                     "tokens_predicted": 0, "tokens_evaluated": len(req.task.prompt_tokens)}
-                if req.n_probs > 0:
-                    d["completion_probabilities"] = probs_json(server, [ev], req.post_sampling)
-                return [d]
-
-            return await stream_events(server, handle, on_token,
-                                       lambda res: [completion_final_json(server, req, res, [], True)], False)
+            return await native_stream(reqs[0])
         handles = [server.submit(r.task) for r in reqs]
         outs = await asyncio.gather(*(collect(h) for h in handles))
         results = [completion_final_json(server, r, res, toks or res.probs, False) for r, (toks, res) in zip(reqs, outs)]
         return json_response(results[0] if len(results) == 1 else results)
+
+    @app.post("/infill")
+    async def infill(request: Request):
+        require_generation()
+        infill_api.check_model(server.tokenizer.fim_ids)
+        body = await read_json(request)
+        extra = infill_api.parse_extra(body.get("input_extra"))
+        prefix, suffix = body.get("input_prefix", ""), body.get("input_suffix", "")
+        if not isinstance(prefix, str) or not isinstance(suffix, str):
+            raise ApiError('"input_prefix" and "input_suffix" must be strings')
+        prompt = body.get("prompt", "")
+        prompt_tokens = [] if prompt in ("", None) else list(server.tokenizer.encode(prompt, add_special=False, parse_special=True)) \
+            if isinstance(prompt, str) else server.tokenize_prompt(prompt)
+        toks = infill_api.format_infill(server.tokenizer, prefix, suffix, extra, prompt_tokens,
+                                        server.engine.cfg.n_batch, cfg.n_predict, server.engine.n_ctx_slot)
+        server.check_context(len(toks))
+        req = native_request(body, toks, 0)
+        if req.task.stream:
+            return await native_stream(req)
+        toks_out, res = await collect(server.submit(req.task))
+        return json_response(completion_final_json(server, req, res, toks_out or res.probs, False))
 
     # ---- OpenAI text completion -------------------------------------------------------------
     @app.post("/v1/completions")

@@ -240,6 +240,15 @@ _FIM_EOG_TEXTS = {  # fim pad / repo / sep tokens are EOG too
     "<|file_sep|>",
 }
 _CONTROL_LOOKING = _EOG_TEXTS | {"<|eom_id|>"}
+# Fill-in-the-middle tokens: GGUF key suffix -> texts llama.cpp auto-detects when the key is absent.
+_FIM_TEXTS = {
+    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "\u2581<PRE>"),
+    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "\u2581<SUF>"),
+    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "\u2581<MID>"),
+    "pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
+    "rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "sep": ("<|file_sep|>", "<file_sep>", "<fim-sep>", "<fim_sep>"),
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,6 +407,7 @@ class Tokenizer:
         self.model = model
         self._token_to_id: dict[bytes, int] | None = None
         self.warnings: list[str] = []    # llama.cpp's load-time vocab warnings, for the log
+        self.fim_ids: dict[str, int] = {k: -1 for k in _FIM_TEXTS}  # fill-in-the-middle tokens
         self._types = [_attr_to_type(a) for a in attrs]
         self._control_ids = frozenset(i for i, a in enumerate(attrs) if a & ATTR_CONTROL)
 
@@ -887,7 +897,20 @@ def tokenizer_from_gguf_metadata(md: Mapping[str, Any]) -> Tokenizer:
                     add_space_prefix=add_space_prefix, clean_spaces=clean_spaces,
                     chat_template=chat_template, pre=pre, model=model)
     tok.warnings = warnings
+    tok.fim_ids = _fim_ids(md, tok)
     return tok
+
+
+def _fim_ids(md: Mapping[str, Any], tok: "Tokenizer") -> dict[str, int]:
+    """Fill-in-the-middle token ids (-1 when absent): `tokenizer.ggml.fim_<kind>_token_id`, else the
+    first of llama.cpp's known texts present in the vocabulary."""
+    out = {}
+    for kind, texts in _FIM_TEXTS.items():
+        tid = md.get(f"tokenizer.ggml.fim_{kind}_token_id")
+        if tid is None:
+            tid = next((t for t in (tok.token_id(x) for x in texts) if t is not None), -1)
+        out[kind] = int(tid)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
