@@ -501,7 +501,8 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
         for t in toks:
             if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < n_vocab:
                 raise ApiError(f"invalid token id {t!r}")
-        return json_response({"content": server.tokenizer.decode(toks) if toks else ""})
+        # llama-server joins the pieces (tokens_to_str): no SPM leading-space removal
+        return json_response({"content": server.tokenizer.decode(toks, remove_leading_space=False) if toks else ""})
 
     @app.post("/apply-template")
     async def apply_template(request: Request):
