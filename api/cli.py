@@ -153,10 +153,7 @@ def engine_config(args: argparse.Namespace, scfg: ServerConfig):
     """The EngineConfig of parsed arguments (imports the engine, hence torch)."""
     from runtime.engine import EngineConfig
 
-    device = args.device
-    if device == "auto":
-        import torch
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = args.device  # "auto" is resolved by the engine
     return EngineConfig(
         model_path=args.model, n_ctx=args.ctx_size, n_parallel=args.parallel,
         kv_unified=True if args.kv_unified else None, n_threads=args.threads, device=device,

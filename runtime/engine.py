@@ -38,7 +38,7 @@ class EngineConfig:
     n_parallel: int = -1  # -1 = auto: 4 slots, unified KV
     kv_unified: bool | None = None
     n_threads: int = -1
-    device: str = "cpu"
+    device: str = "cpu"  # cpu | cuda | auto (cuda when available)
     cache_ram_mib: int = 8192  # -1 unlimited, 0 off
     cache_reuse: int = 0
     slot_prompt_similarity: float = 0.10
@@ -209,6 +209,8 @@ class Engine:
         from runtime.tokenizer import load_tokenizer
 
         cfg = self.cfg
+        if cfg.device == "auto":
+            cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
         if cfg.n_threads and cfg.n_threads > 0:
             torch.set_num_threads(cfg.n_threads)
         if cfg.device == "cpu":
