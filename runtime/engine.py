@@ -80,11 +80,10 @@ class TaskHandle:
             self._q = queue.Queue()
 
     def _emit(self, ev) -> None:
+        """Called on the engine thread: async handles are delivered in one batch per step
+        (`Engine._flush`, one wake-up of the event loop instead of one per token)."""
         if self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._q.put_nowait, ev)
-            except RuntimeError:  # loop closed: the client is gone
-                self.cancelled = True
+            self.engine._outbox.append((self, ev))
         else:
             self._q.put(ev)
 
@@ -186,6 +185,7 @@ class Engine:
         self.kv_unified = False
         self.prompt_cache: PromptCache | None = None
         self._inbox: queue.Queue = queue.Queue()
+        self._outbox: list[tuple[TaskHandle, Any]] = []  # events for asyncio handles, sent per step
         self._waiting: list[TaskHandle] = []
         self._wake = threading.Event()
         self._stop = False
@@ -446,6 +446,7 @@ class Engine:
             try:
                 self._drain_inbox()
                 self._assign()
+                self._flush()
                 if not any(s.busy for s in self.slots):
                     self._wake.wait(timeout=0.5)
                     self._wake.clear()
@@ -457,6 +458,23 @@ class Engine:
                 for s in self.slots:
                     if s.busy:
                         self._fail(s, 500, f"internal error: {e}", "server_error")
+            finally:
+                self._flush()
+
+    def _flush(self) -> None:
+        """Hand this step's events to their event loops: one thread-safe call per loop."""
+        if not self._outbox:
+            return
+        by_loop: dict[Any, list] = {}
+        for h, ev in self._outbox:
+            by_loop.setdefault(h._loop, []).append((h, ev))
+        self._outbox = []
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # loop closed: its clients are gone
+                for h, _ in items:
+                    h.cancelled = True
 
     def _drain_inbox(self) -> None:
         while True:
@@ -835,6 +853,12 @@ class Engine:
         s.pending = None
         s.t_last_used = time.perf_counter()
         s.sampler = None
+
+
+def _deliver(items: list) -> None:
+    """On the event loop: put each event in its handle's queue."""
+    for h, ev in items:
+        h._q.put_nowait(ev)
 
 
 def _single_threaded_openblas() -> None:
