@@ -542,7 +542,6 @@ class Engine:
         if isinstance(task, EmbeddingTask):
             self.kv.clear(s.seq)
             s.tokens = []
-            s.n_past = s.n_cached = 0
             s.state = "prompt"
             return
 
@@ -595,9 +594,7 @@ class Engine:
         s.sampler = SamplerState(p, self._eog)
         if p.dry_multiplier > 0:
             s.sampler.dry_breakers = frozenset(self._dry_breaker_ids(p.dry_sequence_breakers))
-        for t in prompt:
-            s.sampler.history.append(t)
-        s.lazy_grammar, s.lazy_triggers = None, []
+        s.sampler.history.extend(prompt)
         if p.grammar:
             try:
                 matcher = self._compile_grammar(p.grammar)
