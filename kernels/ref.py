@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 
-from . import cpu_gemv
+from . import cpu_attention, cpu_gemv
 from .qweight import QWeight
 
 # Dequantize at most this many weight elements at once inside qmatmul (bounds temporary memory:
@@ -286,7 +286,11 @@ def paged_attention(
     if S == 0:
         return out
     qlens = [cu[s + 1] - cu[s] for s in range(S)]
-    if S > 1 and all(n == 1 for n in qlens) and cu[0] == 0:
+    decode_only = all(n == 1 for n in qlens) and cu[0] == 0 and min(lens) > 0
+    if decode_only and cpu_attention.supported(q, k_cache):  # C kernel, reads the blocks in place
+        out[:S] = cpu_attention.paged_decode(q[:S], k_cache, v_cache, block_tables, lens, scale, softcap).to(q.dtype)
+        return out
+    if S > 1 and decode_only:
         nb = (max(lens) + BS - 1) // BS
         if S * nb * BS * KVH * D <= _BATCHED_DECODE_MAX_ELEMS and min(lens) > 0:
             o = _decode_batched(q[:S], k_cache, v_cache, block_tables, lens, scale, softcap)

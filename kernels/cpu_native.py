@@ -1,0 +1,171 @@
+"""The CPU-only C kernels (batched GEMV on tiled weights, paged decode attention), compiled on
+first use with the system compiler (gcc/cc, -O3 -march=native, OpenMP) into `$TRITIUM_CACHE`
+(default ~/.cache/tritium) and loaded with ctypes. `lib()` is None without a compiler (or with
+TRITIUM_NO_CPU_KERNELS set); callers then use the torch/BLAS paths."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+_SOURCE = r"""
+#include <math.h>
+#include <string.h>
+typedef float v16 __attribute__((vector_size(64)));
+
+static inline v16 ld(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+
+/* Batched GEMV on 64-row tiles. Wt: [nt, K, 64]; x: [Mp, K] with Mp a multiple of 4 (zero rows
+   past M); y[m * ldy + n] for m < M, n < N. For every k, x[m, k] is broadcast against the 64
+   weights of row k of the tile: 4 x 4 accumulators of 16 floats, no horizontal reductions. */
+void bgemv_tiles64(const float *restrict x, const float *restrict Wt, float *restrict y,
+                   int M, int Mp, int N, int K, long ldy, int nthreads) {
+    const int nt = (N + 63) / 64;
+    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int t = 0; t < nt; ++t) {
+        const float *restrict tile = Wt + (size_t)t * K * 64;
+        const int n0 = t * 64, nn = N - n0 < 64 ? N - n0 : 64;
+        if (M == 1) {  /* one sequence: 4 accumulators, a quarter of the arithmetic */
+            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+            for (int k = 0; k < K; ++k) {
+                const float *w = tile + (size_t)k * 64;
+                float s = x[k];
+                a0 += s * ld(w); a1 += s * ld(w + 16); a2 += s * ld(w + 32); a3 += s * ld(w + 48);
+            }
+            v16 acc[4] = {a0, a1, a2, a3};
+            memcpy(y + n0, acc, (size_t)nn * sizeof(float));
+            continue;
+        }
+        for (int m0 = 0; m0 < Mp; m0 += 4) {
+            v16 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0};
+            v16 a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
+            v16 a20 = {0}, a21 = {0}, a22 = {0}, a23 = {0};
+            v16 a30 = {0}, a31 = {0}, a32 = {0}, a33 = {0};
+            const float *x0 = x + (size_t)m0 * K, *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
+            for (int k = 0; k < K; ++k) {
+                const float *w = tile + (size_t)k * 64;
+                v16 w0 = ld(w), w1 = ld(w + 16), w2 = ld(w + 32), w3 = ld(w + 48);
+                float s0 = x0[k], s1 = x1[k], s2 = x2[k], s3 = x3[k];
+                a00 += s0 * w0; a01 += s0 * w1; a02 += s0 * w2; a03 += s0 * w3;
+                a10 += s1 * w0; a11 += s1 * w1; a12 += s1 * w2; a13 += s1 * w3;
+                a20 += s2 * w0; a21 += s2 * w1; a22 += s2 * w2; a23 += s2 * w3;
+                a30 += s3 * w0; a31 += s3 * w1; a32 += s3 * w2; a33 += s3 * w3;
+            }
+            v16 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13},
+                             {a20, a21, a22, a23}, {a30, a31, a32, a33}};
+            for (int i = 0; i < 4 && m0 + i < M; ++i) {
+                float buf[64];
+                memcpy(buf, acc[i], sizeof buf);
+                memcpy(y + (size_t)(m0 + i) * ldy + n0, buf, (size_t)nn * sizeof(float));
+            }
+        }
+    }
+}
+
+/* Paged decode attention, one query per sequence. q: [S, H, D] f32; k/v cache: [NB, BS, KVH, D]
+   of float16 (kv_f16 = 1) or float32; bt: [S, maxb] int32 block tables; lens: [S];
+   out: [S, H, D] f32; scratch: [S * KVH, G, maxL] f32 scores. Two passes per (sequence, KV head):
+   scores of its G query heads against every cached key, then softmax and the weighted V sum. */
+void paged_decode(const float *restrict q, const void *kc, const void *vc, const int *restrict bt,
+                  int maxb, const int *restrict lens, float *restrict out, float *restrict scratch,
+                  int S, int H, int KVH, int D, int BS, int maxL, float scale, float softcap,
+                  int kv_f16, int nthreads) {
+    const int G = H / KVH;
+    #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(nthreads)
+    for (int s = 0; s < S; ++s) {
+        for (int kh = 0; kh < KVH; ++kh) {
+            const int L = lens[s];
+            float *sc = scratch + ((size_t)s * KVH + kh) * G * maxL;
+            const float *qs = q + ((size_t)s * H + (size_t)kh * G) * D;
+            for (int t = 0; t < L; ++t) {
+                const size_t row = (((size_t)bt[(size_t)s * maxb + t / BS] * BS + t % BS) * KVH + kh) * D;
+                float kf[256];
+                if (kv_f16) { const _Float16 *k = (const _Float16 *)kc + row; for (int d = 0; d < D; ++d) kf[d] = (float)k[d]; }
+                else { memcpy(kf, (const float *)kc + row, (size_t)D * sizeof(float)); }
+                for (int g = 0; g < G; ++g) {
+                    float acc = 0.0f;
+                    for (int d = 0; d < D; ++d) acc += qs[(size_t)g * D + d] * kf[d];
+                    acc *= scale;
+                    if (softcap > 0.0f) acc = softcap * tanhf(acc / softcap);
+                    sc[(size_t)g * maxL + t] = acc;
+                }
+            }
+            for (int g = 0; g < G; ++g) {
+                float *p = sc + (size_t)g * maxL, mx = -INFINITY, sum = 0.0f;
+                for (int t = 0; t < L; ++t) mx = p[t] > mx ? p[t] : mx;
+                for (int t = 0; t < L; ++t) { p[t] = expf(p[t] - mx); sum += p[t]; }
+                float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+                for (int t = 0; t < L; ++t) p[t] *= inv;
+            }
+            float *os = out + ((size_t)s * H + (size_t)kh * G) * D;
+            for (int i = 0; i < G * D; ++i) os[i] = 0.0f;
+            for (int t = 0; t < L; ++t) {
+                const size_t row = (((size_t)bt[(size_t)s * maxb + t / BS] * BS + t % BS) * KVH + kh) * D;
+                float vf[256];
+                if (kv_f16) { const _Float16 *v = (const _Float16 *)vc + row; for (int d = 0; d < D; ++d) vf[d] = (float)v[d]; }
+                else { memcpy(vf, (const float *)vc + row, (size_t)D * sizeof(float)); }
+                for (int g = 0; g < G; ++g) {
+                    const float p = sc[(size_t)g * maxL + t];
+                    for (int d = 0; d < D; ++d) os[(size_t)g * D + d] += p * vf[d];
+                }
+            }
+        }
+    }
+}
+"""
+
+MAX_HEAD_DIM = 256
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("TRITIUM_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "tritium"
+
+
+def _build() -> ctypes.CDLL | None:
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if cc is None or os.environ.get("TRITIUM_NO_CPU_KERNELS"):
+        return None
+    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+    key = hashlib.sha256((_SOURCE + " ".join(flags) + platform.machine() + platform.node()).encode()).hexdigest()[:16]
+    out = _cache_dir() / f"cpu_native-{key}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            src = Path(tmp) / "cpu_native.c"
+            src.write_text(_SOURCE)
+            so = Path(tmp) / "cpu_native.so"
+            r = subprocess.run([cc, *flags, str(src), "-o", str(so), "-lm"], capture_output=True, text=True)
+            if r.returncode != 0:
+                return None
+            os.replace(so, out)  # atomic: concurrent builders see a whole file or none
+    lib = ctypes.CDLL(str(out))
+    c_int, c_long, c_float, ptr = ctypes.c_int, ctypes.c_long, ctypes.c_float, ctypes.c_void_p
+    lib.bgemv_tiles64.argtypes = [ptr, ptr, ptr, c_int, c_int, c_int, c_int, c_long, c_int]
+    lib.bgemv_tiles64.restype = None
+    lib.paged_decode.argtypes = [ptr, ptr, ptr, ptr, c_int, ptr, ptr, ptr, c_int, c_int, c_int, c_int, c_int,
+                                 c_int, c_float, c_float, c_int, c_int]
+    lib.paged_decode.restype = None
+    return lib
+
+
+def lib() -> ctypes.CDLL | None:
+    global _lib, _tried
+    if not _tried:
+        with _lock:
+            if not _tried:
+                try:
+                    _lib = _build()
+                except OSError:
+                    _lib = None
+                _tried = True
+    return _lib
