@@ -55,3 +55,24 @@ def bgemv(x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | No
     lib.bgemv_tiles64(xp.data_ptr(), tiles.data_ptr(), y.data_ptr(), M, Mp, n_rows, K, n_rows,
                       n_threads or torch.get_num_threads())
     return y
+
+
+def pack_bf16(tiles: torch.Tensor) -> torch.Tensor:
+    """float32 tiles -> the same tiles as bfloat16 bit patterns (int16 storage, round to nearest)."""
+    return tiles.to(torch.bfloat16).view(torch.int16).contiguous()
+
+
+def bgemv_bf16(x: torch.Tensor, tiles_bf16: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """`bgemv` on bfloat16 tiles: each product uses the weight rounded to bfloat16 (relative error
+    <= 2^-8 per weight), accumulated in float32."""
+    lib = cpu_native.lib()
+    assert lib is not None, "bgemv_bf16 needs the compiled CPU kernels (check available())"
+    M, K = x.shape
+    assert M <= MAX_M and tiles_bf16.shape[1] == K and x.dtype == torch.float32
+    Mp = (M + 3) // 4 * 4
+    xp = torch.zeros((Mp, K), dtype=torch.float32)
+    xp[:M] = x
+    y = torch.empty((M, n_rows), dtype=torch.float32)
+    lib.bgemv_tiles64_bf16(xp.data_ptr(), tiles_bf16.data_ptr(), y.data_ptr(), M, Mp, n_rows, K, n_rows,
+                           torch.get_num_threads())
+    return y

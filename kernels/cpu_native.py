@@ -68,6 +68,60 @@ void bgemv_tiles64(const float *restrict x, const float *restrict Wt, float *res
     }
 }
 
+/* The same on bfloat16 tiles (uint16 bit patterns, widened to float32 exactly): half the bytes to
+   read, for the approximate first pass over an output head (see kernels/cpu_gemv.py). */
+typedef unsigned short u16x16 __attribute__((vector_size(32)));
+typedef unsigned int u32x16 __attribute__((vector_size(64)));
+static inline v16 ldbf(const unsigned short *p) {
+    u16x16 h; memcpy(&h, p, sizeof h);
+    u32x16 w = __builtin_convertvector(h, u32x16) << 16;
+    v16 f; memcpy(&f, &w, sizeof f); return f;
+}
+
+void bgemv_tiles64_bf16(const float *restrict x, const unsigned short *restrict Wt, float *restrict y,
+                        int M, int Mp, int N, int K, long ldy, int nthreads) {
+    const int nt = (N + 63) / 64;
+    #pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int t = 0; t < nt; ++t) {
+        const unsigned short *restrict tile = Wt + (size_t)t * K * 64;
+        const int n0 = t * 64, nn = N - n0 < 64 ? N - n0 : 64;
+        if (M == 1) {
+            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+            for (int k = 0; k < K; ++k) {
+                const unsigned short *w = tile + (size_t)k * 64;
+                float s = x[k];
+                a0 += s * ldbf(w); a1 += s * ldbf(w + 16); a2 += s * ldbf(w + 32); a3 += s * ldbf(w + 48);
+            }
+            v16 acc[4] = {a0, a1, a2, a3};
+            memcpy(y + n0, acc, (size_t)nn * sizeof(float));
+            continue;
+        }
+        for (int m0 = 0; m0 < Mp; m0 += 4) {
+            v16 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0};
+            v16 a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
+            v16 a20 = {0}, a21 = {0}, a22 = {0}, a23 = {0};
+            v16 a30 = {0}, a31 = {0}, a32 = {0}, a33 = {0};
+            const float *x0 = x + (size_t)m0 * K, *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
+            for (int k = 0; k < K; ++k) {
+                const unsigned short *w = tile + (size_t)k * 64;
+                v16 w0 = ldbf(w), w1 = ldbf(w + 16), w2 = ldbf(w + 32), w3 = ldbf(w + 48);
+                float s0 = x0[k], s1 = x1[k], s2 = x2[k], s3 = x3[k];
+                a00 += s0 * w0; a01 += s0 * w1; a02 += s0 * w2; a03 += s0 * w3;
+                a10 += s1 * w0; a11 += s1 * w1; a12 += s1 * w2; a13 += s1 * w3;
+                a20 += s2 * w0; a21 += s2 * w1; a22 += s2 * w2; a23 += s2 * w3;
+                a30 += s3 * w0; a31 += s3 * w1; a32 += s3 * w2; a33 += s3 * w3;
+            }
+            v16 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13},
+                             {a20, a21, a22, a23}, {a30, a31, a32, a33}};
+            for (int i = 0; i < 4 && m0 + i < M; ++i) {
+                float buf[64];
+                memcpy(buf, acc[i], sizeof buf);
+                memcpy(y + (size_t)(m0 + i) * ldy + n0, buf, (size_t)nn * sizeof(float));
+            }
+        }
+    }
+}
+
 /* Paged decode attention, one query per sequence. q: [S, H, D] f32; k/v cache: [NB, BS, KVH, D]
    of float16 (kv_f16 = 1) or float32; bt: [S, maxb] int32 block tables; lens: [S];
    out: [S, H, D] f32; scratch: [S * KVH, G, maxL] f32 scores. Two passes per (sequence, KV head):
@@ -152,6 +206,8 @@ def _build() -> ctypes.CDLL | None:
     c_int, c_long, c_float, ptr = ctypes.c_int, ctypes.c_long, ctypes.c_float, ctypes.c_void_p
     lib.bgemv_tiles64.argtypes = [ptr, ptr, ptr, c_int, c_int, c_int, c_int, c_long, c_int]
     lib.bgemv_tiles64.restype = None
+    lib.bgemv_tiles64_bf16.argtypes = [ptr, ptr, ptr, c_int, c_int, c_int, c_int, c_long, c_int]
+    lib.bgemv_tiles64_bf16.restype = None
     lib.paged_decode.argtypes = [ptr, ptr, ptr, ptr, c_int, ptr, ptr, ptr, c_int, c_int, c_int, c_int, c_int,
                                  c_int, c_float, c_float, c_int, c_int]
     lib.paged_decode.restype = None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 import kernels
+from kernels import cpu_gemv
 from kernels.qweight import QWeight
 from runtime.kv_cache import KVCache, SeqKV
 
@@ -26,6 +27,10 @@ class SeqBatch:
     n_past: int  # tokens already in the cache; the first new token sits at this position
     logits: bool = True  # compute logits of the last new token
     hidden: bool = False  # return the final normed hidden states of all new tokens (embeddings)
+    # > 0: only the `topk` largest logits must be exact (the sampler keeps no more than those);
+    # the others may come back as -inf. `banned` tokens are excluded from that top-k.
+    topk: int = 0
+    banned: tuple[int, ...] = ()
 
 
 @dataclass
@@ -169,8 +174,55 @@ class Model:
         self.neox = bool(cfg.rope_neox)
         self.inv_freq = rope_inv_freq(cfg).to(dev)
         self.scale = rope_attn_scale(cfg) / math.sqrt(self.head_dim)
+        self._init_topk_head()
         self.n_vocab = self.output.rows
         self.n_embd = cfg.n_embd
+
+    def _init_topk_head(self) -> None:
+        """CPU, float32 output head in 64-row tiles: a bfloat16 copy for a first pass at half the
+        bytes, and per-row norms that bound its error (see `_topk_logits`)."""
+        self._head_bf16 = None
+        w = self.output
+        if self.device.type != "cpu" or w.layout != "tiles64" or not cpu_gemv.available():
+            return
+        self._head_bf16 = cpu_gemv.pack_bf16(w.data)
+        self._head_norm_max = float(w.data.pow(2).sum(1).sqrt().max())  # max over rows of |w_r|
+
+    def _topk_logits(self, hs: torch.Tensor, wants: list[SeqBatch]) -> torch.Tensor:
+        """Logits [n, V] where rows with topk > 0 are exact only at the candidates that can be among
+        their top-k, and -inf elsewhere; other rows are exact everywhere.
+
+        First pass with bfloat16 weights: |approx - exact| <= 2^-8 sum_k |x_k w_k| + float32
+        rounding <= c |x| max_r |w_r| (Cauchy-Schwarz, c = 2^-8 + 2^-12). A row r can only be among
+        the top-k if its upper bound reaches the k-th largest lower bound; those candidates
+        (typically tens of the 151,936) are recomputed exactly in float32 from the float32 weights."""
+        V = self.output.rows
+        out = torch.empty((hs.shape[0], V), dtype=torch.float32)
+        exact = [i for i, b in enumerate(wants) if b.topk <= 0]
+        approx = [i for i, b in enumerate(wants) if b.topk > 0]
+        if exact:
+            out[exact] = kernels.qmatmul(hs[exact], self.output).float()
+        xa = hs[approx].float()
+        first = cpu_gemv.bgemv_bf16(xa, self._head_bf16, V)  # [m, V]
+        # one bound per row: c |x| max_r |w_r| >= c |x| |w_r| for every r
+        bound = (2.0 ** -8 + 2.0 ** -12) * self._head_norm_max * xa.norm(dim=1)  # [m]
+        for j, i in enumerate(approx):
+            if wants[i].banned:
+                first[j, torch.tensor(wants[i].banned, dtype=torch.long)] = float("-inf")
+        ks = [min(wants[i].topk, V) for i in approx]
+        if max(ks) == 1:
+            kth = first.max(dim=1).values  # [m]
+        else:
+            top = torch.topk(first, max(ks), dim=1).values  # [m, kmax], descending
+            kth = top.gather(1, torch.tensor(ks)[:, None] - 1).squeeze(1)
+        # exact_r >= first_r - bound; a row can be in the top-k only if first_r + bound reaches the
+        # k-th largest lower bound, i.e. first_r >= kth(first) - 2 bound
+        for j, i in enumerate(approx):
+            cand = torch.nonzero(first[j] >= kth[j] - 2 * bound[j]).squeeze(1)
+            row = torch.full((V,), float("-inf"))
+            row[cand] = xa[j] @ cpu_gemv.rows(self.output.data, cand).T  # float32 weights
+            out[i] = row
+        return out
 
     def new_cache(self, n_tokens: int, block_size: int = 16, dtype: torch.dtype = torch.float16) -> KVCache:
         nb = (n_tokens + block_size - 1) // block_size
@@ -243,7 +295,12 @@ class Model:
         logits = None
         if rows:
             hs = h[torch.tensor(rows, device=dev)] if len(rows) != T else h
-            logits = kernels.qmatmul(kernels.rms_norm(hs, self.output_norm, self.eps), self.output).float()
+            hs = kernels.rms_norm(hs, self.output_norm, self.eps)
+            wants = [b for b in batch if b.logits]
+            if self._head_bf16 is not None and any(b.topk > 0 for b in wants):
+                logits = self._topk_logits(hs, wants)
+            else:
+                logits = kernels.qmatmul(hs, self.output).float()
         hidden: list[torch.Tensor | None] = []
         need_hidden = any(b.hidden for b in batch)
         hn = kernels.rms_norm(h, self.output_norm, self.eps) if need_hidden else None

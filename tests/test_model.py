@@ -220,3 +220,39 @@ def test_yarn_matches_ggml_rope_formula():
         assert abs(pos * float(inv[i0 // 2]) - theta) <= 1e-6 * max(1.0, abs(theta))
     from runtime.model import rope_attn_scale
     assert abs(rope_attn_scale(cfg) - (1 + 0.1 * math.log(4.0)) ** 2) < 1e-12
+
+
+@pytest.mark.parametrize("k", [1, 40])
+def test_topk_logits_match_the_exact_row(tmp_path, k):
+    """Rows that only need their top-k logits (greedy, top_k-first sampling) go through a bfloat16
+    first pass plus an exact recompute of the candidates: the top-k must equal the exact row's."""
+    from kernels import cpu_gemv
+    if not cpu_gemv.available():
+        pytest.skip("no C compiler for the CPU kernels on this machine")
+    spec = spec_with(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=5000, init_std=0.3,
+                     seed=random.randrange(1 << 20))
+    path = tmp_path / "v.gguf"
+    write_tiny_model(path, spec)
+    m = Model(load_model(path))
+    assert m._head_bf16 is not None
+    kv = m.new_cache(256, dtype=torch.float32)
+    seqs = [SeqKV() for _ in range(3)]
+    toks = [[random.randrange(5000) for _ in range(n)] for n in (5, 9, 1)]
+    for s, t in zip(seqs, toks):
+        kv.reserve(s, len(t))
+    full, _ = m.forward(kv, [SeqBatch(s, t, 0) for s, t in zip(seqs, toks)])
+    for s, t in zip(seqs, toks):
+        kv.truncate(s, 0)
+        kv.reserve(s, len(t))
+    banned = (7, int(full[0].argmax()))
+    part, _ = m.forward(kv, [SeqBatch(s, t, 0, topk=k, banned=banned if i == 0 else ())
+                             for i, (s, t) in enumerate(zip(seqs, toks))])
+    for i in range(3):
+        ref_row = full[i].clone()
+        if i == 0:
+            ref_row[list(banned)] = float("-inf")
+        tv, ti = torch.topk(ref_row, k)
+        pv, pi = torch.topk(part[i], k)
+        assert set(ti.tolist()) == set(pi.tolist())
+        assert torch.allclose(pv, tv, rtol=1e-5, atol=1e-5)
+        assert int((part[i] > float("-inf")).sum()) < 5000 // 4  # only candidates were recomputed
