@@ -44,17 +44,8 @@ def rows(tiles: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 def bgemv(x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | None = None) -> torch.Tensor:
     """x: [M, K] float32 (M <= MAX_M) times the packed [n_rows, K] weight -> y: [M, n_rows].
     `n_threads`: OpenMP threads (default torch's count)."""
-    lib = cpu_native.lib()
-    assert lib is not None, "bgemv needs the compiled CPU kernels (check available())"
-    M, K = x.shape
-    assert M <= MAX_M and tiles.shape[1] == K and tiles.dtype == torch.float32 and x.dtype == torch.float32
-    Mp = (M + 3) // 4 * 4
-    xp = torch.zeros((Mp, K), dtype=torch.float32)
-    xp[:M] = x
-    y = torch.empty((M, n_rows), dtype=torch.float32)
-    lib.bgemv_tiles64(xp.data_ptr(), tiles.data_ptr(), y.data_ptr(), M, Mp, n_rows, K, n_rows,
-                      n_threads or torch.get_num_threads())
-    return y
+    assert tiles.dtype == torch.float32
+    return _run("bgemv_tiles64", x, tiles, n_rows, n_threads)
 
 
 def pack_bf16(tiles: torch.Tensor) -> torch.Tensor:
@@ -65,14 +56,19 @@ def pack_bf16(tiles: torch.Tensor) -> torch.Tensor:
 def bgemv_bf16(x: torch.Tensor, tiles_bf16: torch.Tensor, n_rows: int) -> torch.Tensor:
     """`bgemv` on bfloat16 tiles: each product uses the weight rounded to bfloat16 (relative error
     <= 2^-8 per weight), accumulated in float32."""
+    assert tiles_bf16.dtype == torch.int16
+    return _run("bgemv_tiles64_bf16", x, tiles_bf16, n_rows, None)
+
+
+def _run(fn: str, x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | None) -> torch.Tensor:
     lib = cpu_native.lib()
-    assert lib is not None, "bgemv_bf16 needs the compiled CPU kernels (check available())"
+    assert lib is not None, "the batched GEMV needs the compiled CPU kernels (check available())"
     M, K = x.shape
-    assert M <= MAX_M and tiles_bf16.shape[1] == K and x.dtype == torch.float32
+    assert M <= MAX_M and tiles.shape[1] == K and x.dtype == torch.float32
     Mp = (M + 3) // 4 * 4
     xp = torch.zeros((Mp, K), dtype=torch.float32)
     xp[:M] = x
     y = torch.empty((M, n_rows), dtype=torch.float32)
-    lib.bgemv_tiles64_bf16(xp.data_ptr(), tiles_bf16.data_ptr(), y.data_ptr(), M, Mp, n_rows, K, n_rows,
-                           torch.get_num_threads())
+    getattr(lib, fn)(xp.data_ptr(), tiles.data_ptr(), y.data_ptr(), M, Mp, n_rows, K, n_rows,
+                     n_threads or torch.get_num_threads())
     return y

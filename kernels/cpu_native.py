@@ -21,55 +21,7 @@ typedef float v16 __attribute__((vector_size(64)));
 
 static inline v16 ld(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 
-/* Batched GEMV on 64-row tiles. Wt: [nt, K, 64]; x: [Mp, K] with Mp a multiple of 4 (zero rows
-   past M); y[m * ldy + n] for m < M, n < N. For every k, x[m, k] is broadcast against the 64
-   weights of row k of the tile: 4 x 4 accumulators of 16 floats, no horizontal reductions. */
-void bgemv_tiles64(const float *restrict x, const float *restrict Wt, float *restrict y,
-                   int M, int Mp, int N, int K, long ldy, int nthreads) {
-    const int nt = (N + 63) / 64;
-    #pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int t = 0; t < nt; ++t) {
-        const float *restrict tile = Wt + (size_t)t * K * 64;
-        const int n0 = t * 64, nn = N - n0 < 64 ? N - n0 : 64;
-        if (M == 1) {  /* one sequence: 4 accumulators, a quarter of the arithmetic */
-            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-            for (int k = 0; k < K; ++k) {
-                const float *w = tile + (size_t)k * 64;
-                float s = x[k];
-                a0 += s * ld(w); a1 += s * ld(w + 16); a2 += s * ld(w + 32); a3 += s * ld(w + 48);
-            }
-            v16 acc[4] = {a0, a1, a2, a3};
-            memcpy(y + n0, acc, (size_t)nn * sizeof(float));
-            continue;
-        }
-        for (int m0 = 0; m0 < Mp; m0 += 4) {
-            v16 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0};
-            v16 a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
-            v16 a20 = {0}, a21 = {0}, a22 = {0}, a23 = {0};
-            v16 a30 = {0}, a31 = {0}, a32 = {0}, a33 = {0};
-            const float *x0 = x + (size_t)m0 * K, *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
-            for (int k = 0; k < K; ++k) {
-                const float *w = tile + (size_t)k * 64;
-                v16 w0 = ld(w), w1 = ld(w + 16), w2 = ld(w + 32), w3 = ld(w + 48);
-                float s0 = x0[k], s1 = x1[k], s2 = x2[k], s3 = x3[k];
-                a00 += s0 * w0; a01 += s0 * w1; a02 += s0 * w2; a03 += s0 * w3;
-                a10 += s1 * w0; a11 += s1 * w1; a12 += s1 * w2; a13 += s1 * w3;
-                a20 += s2 * w0; a21 += s2 * w1; a22 += s2 * w2; a23 += s2 * w3;
-                a30 += s3 * w0; a31 += s3 * w1; a32 += s3 * w2; a33 += s3 * w3;
-            }
-            v16 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13},
-                             {a20, a21, a22, a23}, {a30, a31, a32, a33}};
-            for (int i = 0; i < 4 && m0 + i < M; ++i) {
-                float buf[64];
-                memcpy(buf, acc[i], sizeof buf);
-                memcpy(y + (size_t)(m0 + i) * ldy + n0, buf, (size_t)nn * sizeof(float));
-            }
-        }
-    }
-}
-
-/* The same on bfloat16 tiles (uint16 bit patterns, widened to float32 exactly): half the bytes to
-   read, for the approximate first pass over an output head (see kernels/cpu_gemv.py). */
+/* bfloat16 tiles are uint16 bit patterns, widened to float32 exactly. */
 typedef unsigned short u16x16 __attribute__((vector_size(32)));
 typedef unsigned int u32x16 __attribute__((vector_size(64)));
 static inline v16 ldbf(const unsigned short *p) {
@@ -78,48 +30,64 @@ static inline v16 ldbf(const unsigned short *p) {
     v16 f; memcpy(&f, &w, sizeof f); return f;
 }
 
-void bgemv_tiles64_bf16(const float *restrict x, const unsigned short *restrict Wt, float *restrict y,
-                        int M, int Mp, int N, int K, long ldy, int nthreads) {
-    const int nt = (N + 63) / 64;
-    #pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int t = 0; t < nt; ++t) {
-        const unsigned short *restrict tile = Wt + (size_t)t * K * 64;
-        const int n0 = t * 64, nn = N - n0 < 64 ? N - n0 : 64;
-        if (M == 1) {
-            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-            for (int k = 0; k < K; ++k) {
-                const unsigned short *w = tile + (size_t)k * 64;
-                float s = x[k];
-                a0 += s * ldbf(w); a1 += s * ldbf(w + 16); a2 += s * ldbf(w + 32); a3 += s * ldbf(w + 48);
-            }
-            v16 acc[4] = {a0, a1, a2, a3};
-            memcpy(y + n0, acc, (size_t)nn * sizeof(float));
-            continue;
-        }
-        for (int m0 = 0; m0 < Mp; m0 += 4) {
-            v16 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0};
-            v16 a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
-            v16 a20 = {0}, a21 = {0}, a22 = {0}, a23 = {0};
-            v16 a30 = {0}, a31 = {0}, a32 = {0}, a33 = {0};
-            const float *x0 = x + (size_t)m0 * K, *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;
-            for (int k = 0; k < K; ++k) {
-                const unsigned short *w = tile + (size_t)k * 64;
-                v16 w0 = ldbf(w), w1 = ldbf(w + 16), w2 = ldbf(w + 32), w3 = ldbf(w + 48);
-                float s0 = x0[k], s1 = x1[k], s2 = x2[k], s3 = x3[k];
-                a00 += s0 * w0; a01 += s0 * w1; a02 += s0 * w2; a03 += s0 * w3;
-                a10 += s1 * w0; a11 += s1 * w1; a12 += s1 * w2; a13 += s1 * w3;
-                a20 += s2 * w0; a21 += s2 * w1; a22 += s2 * w2; a23 += s2 * w3;
-                a30 += s3 * w0; a31 += s3 * w1; a32 += s3 * w2; a33 += s3 * w3;
-            }
-            v16 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13},
-                             {a20, a21, a22, a23}, {a30, a31, a32, a33}};
-            for (int i = 0; i < 4 && m0 + i < M; ++i) {
-                float buf[64];
-                memcpy(buf, acc[i], sizeof buf);
-                memcpy(y + (size_t)(m0 + i) * ldy + n0, buf, (size_t)nn * sizeof(float));
-            }
-        }
-    }
+/* Batched GEMV on 64-row tiles. Wt: [nt, K, 64]; x: [Mp, K] with Mp a multiple of 4 (zero rows
+   past M); y[m * ldy + n] for m < M, n < N. For every k, x[m, k] is broadcast against the 64
+   weights of row k of the tile: 4 x 4 accumulators of 16 floats, no horizontal reductions.
+   One body, instantiated for float32 tiles and for bfloat16 tiles (half the bytes to read, the
+   approximate first pass over an output head, see kernels/cpu_gemv.py). */
+#define BGEMV_TILES64(NAME, WT, LOAD)                                                          \
+void NAME(const float *restrict x, const WT *restrict Wt, float *restrict y,                   \
+          int M, int Mp, int N, int K, long ldy, int nthreads) {                               \
+    const int nt = (N + 63) / 64;                                                              \
+    _Pragma("omp parallel for schedule(static) num_threads(nthreads)")                         \
+    for (int t = 0; t < nt; ++t) {                                                             \
+        const WT *restrict tile = Wt + (size_t)t * K * 64;                                     \
+        const int n0 = t * 64, nn = N - n0 < 64 ? N - n0 : 64;                                 \
+        if (M == 1) {  /* one sequence: 4 accumulators, a quarter of the arithmetic */         \
+            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                        \
+            for (int k = 0; k < K; ++k) {                                                      \
+                const WT *w = tile + (size_t)k * 64;                                           \
+                float s = x[k];                                                                \
+                a0 += s * LOAD(w); a1 += s * LOAD(w + 16);                                     \
+                a2 += s * LOAD(w + 32); a3 += s * LOAD(w + 48);                                \
+            }                                                                                  \
+            v16 acc[4] = {a0, a1, a2, a3};                                                     \
+            memcpy(y + n0, acc, (size_t)nn * sizeof(float));                                   \
+            continue;                                                                          \
+        }                                                                                      \
+        for (int m0 = 0; m0 < Mp; m0 += 4) {                                                   \
+            v16 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0};                                    \
+            v16 a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};                                    \
+            v16 a20 = {0}, a21 = {0}, a22 = {0}, a23 = {0};                                    \
+            v16 a30 = {0}, a31 = {0}, a32 = {0}, a33 = {0};                                    \
+            const float *x0 = x + (size_t)m0 * K, *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;    \
+            for (int k = 0; k < K; ++k) {                                                      \
+                const WT *w = tile + (size_t)k * 64;                                           \
+                v16 w0 = LOAD(w), w1 = LOAD(w + 16), w2 = LOAD(w + 32), w3 = LOAD(w + 48);     \
+                float s0 = x0[k], s1 = x1[k], s2 = x2[k], s3 = x3[k];                          \
+                a00 += s0 * w0; a01 += s0 * w1; a02 += s0 * w2; a03 += s0 * w3;                \
+                a10 += s1 * w0; a11 += s1 * w1; a12 += s1 * w2; a13 += s1 * w3;                \
+                a20 += s2 * w0; a21 += s2 * w1; a22 += s2 * w2; a23 += s2 * w3;                \
+                a30 += s3 * w0; a31 += s3 * w1; a32 += s3 * w2; a33 += s3 * w3;                \
+            }                                                                                  \
+            v16 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13},                       \
+                             {a20, a21, a22, a23}, {a30, a31, a32, a33}};                      \
+            for (int i = 0; i < 4 && m0 + i < M; ++i) {                                        \
+                float buf[64];                                                                 \
+                memcpy(buf, acc[i], sizeof buf);                                               \
+                memcpy(y + (size_t)(m0 + i) * ldy + n0, buf, (size_t)nn * sizeof(float));      \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+}
+
+BGEMV_TILES64(bgemv_tiles64, float, ld)
+BGEMV_TILES64(bgemv_tiles64_bf16, unsigned short, ldbf)
+
+/* One cached K or V row as float32. */
+static inline void load_row(const void *cache, size_t row, int D, int f16, float *out) {
+    if (f16) { const _Float16 *r = (const _Float16 *)cache + row; for (int d = 0; d < D; ++d) out[d] = (float)r[d]; }
+    else { memcpy(out, (const float *)cache + row, (size_t)D * sizeof(float)); }
 }
 
 /* Paged decode attention, one query per sequence. q: [S, H, D] f32; k/v cache: [NB, BS, KVH, D]
@@ -140,8 +108,7 @@ void paged_decode(const float *restrict q, const void *kc, const void *vc, const
             for (int t = 0; t < L; ++t) {
                 const size_t row = (((size_t)bt[(size_t)s * maxb + t / BS] * BS + t % BS) * KVH + kh) * D;
                 float kf[256];
-                if (kv_f16) { const _Float16 *k = (const _Float16 *)kc + row; for (int d = 0; d < D; ++d) kf[d] = (float)k[d]; }
-                else { memcpy(kf, (const float *)kc + row, (size_t)D * sizeof(float)); }
+                load_row(kc, row, D, kv_f16, kf);
                 for (int g = 0; g < G; ++g) {
                     float acc = 0.0f;
                     for (int d = 0; d < D; ++d) acc += qs[(size_t)g * D + d] * kf[d];
@@ -162,8 +129,7 @@ void paged_decode(const float *restrict q, const void *kc, const void *vc, const
             for (int t = 0; t < L; ++t) {
                 const size_t row = (((size_t)bt[(size_t)s * maxb + t / BS] * BS + t % BS) * KVH + kh) * D;
                 float vf[256];
-                if (kv_f16) { const _Float16 *v = (const _Float16 *)vc + row; for (int d = 0; d < D; ++d) vf[d] = (float)v[d]; }
-                else { memcpy(vf, (const float *)vc + row, (size_t)D * sizeof(float)); }
+                load_row(vc, row, D, kv_f16, vf);
                 for (int g = 0; g < G; ++g) {
                     const float p = sc[(size_t)g * maxL + t];
                     for (int d = 0; d < D; ++d) os[(size_t)g * D + d] += p * vf[d];
