@@ -45,22 +45,32 @@ def bgemv(x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | No
     """x: [M, K] float32 (M <= MAX_M) times the packed [n_rows, K] weight -> y: [M, n_rows].
     `n_threads`: OpenMP threads (default torch's count)."""
     assert tiles.dtype == torch.float32
-    return _run("bgemv_tiles64", x, tiles, n_rows, n_threads)
+    return _run("bgemv_tiles64", x, tiles, n_rows, n_threads, None)
 
 
-def pack_bf16(tiles: torch.Tensor) -> torch.Tensor:
-    """float32 tiles -> the same tiles as bfloat16 bit patterns (int16 storage, round to nearest)."""
-    return tiles.to(torch.bfloat16).view(torch.int16).contiguous()
+def pack_i8(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float32 tiles [nt, K, 64] -> (int8 tiles [nt, K, 64], row scales [nt * 64] float32,
+    row error norms [nt * 64] float64): row r is approximated by scale_r * q_r with
+    q_r = round(w_r / scale_r), scale_r = max |w_r| / 127, and err_r = |w_r - scale_r q_r|_2
+    (computed in float64), which bounds the error of any dot product with that row."""
+    nt, K, _ = tiles.shape
+    scale = (tiles.abs().amax(dim=1) / 127.0).reshape(-1)  # [nt * 64]
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    s3 = scale.view(nt, 1, TILE)
+    q = torch.round(tiles / s3).clamp_(-127, 127).to(torch.int8).contiguous()
+    err = (tiles.double() - q.double() * s3.double()).pow(2).sum(dim=1).sqrt().reshape(-1)
+    return q, scale.contiguous(), err
 
 
-def bgemv_bf16(x: torch.Tensor, tiles_bf16: torch.Tensor, n_rows: int) -> torch.Tensor:
-    """`bgemv` on bfloat16 tiles: each product uses the weight rounded to bfloat16 (relative error
-    <= 2^-8 per weight), accumulated in float32."""
-    assert tiles_bf16.dtype == torch.int16
-    return _run("bgemv_tiles64_bf16", x, tiles_bf16, n_rows, None)
+def bgemv_i8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """`bgemv` on int8 tiles with row scales (`pack_i8`): y[m, r] = scale_r * sum_k x[m, k] q[r, k]
+    in float32."""
+    assert q.dtype == torch.int8 and scale.dtype == torch.float32
+    return _run("bgemv_tiles64_i8", x, q, n_rows, None, scale)
 
 
-def _run(fn: str, x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | None) -> torch.Tensor:
+def _run(fn: str, x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | None,
+         scale: torch.Tensor | None) -> torch.Tensor:
     lib = cpu_native.lib()
     assert lib is not None, "the batched GEMV needs the compiled CPU kernels (check available())"
     M, K = x.shape
@@ -69,6 +79,7 @@ def _run(fn: str, x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: 
     xp = torch.zeros((Mp, K), dtype=torch.float32)
     xp[:M] = x
     y = torch.empty((M, n_rows), dtype=torch.float32)
-    getattr(lib, fn)(xp.data_ptr(), tiles.data_ptr(), y.data_ptr(), M, Mp, n_rows, K, n_rows,
-                     n_threads or torch.get_num_threads())
+    assert scale is None or scale.numel() >= tiles.shape[0] * TILE
+    getattr(lib, fn)(xp.data_ptr(), tiles.data_ptr(), None if scale is None else scale.data_ptr(),
+                     y.data_ptr(), M, Mp, n_rows, K, n_rows, n_threads or torch.get_num_threads())
     return y

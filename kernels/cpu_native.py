@@ -21,23 +21,30 @@ typedef float v16 __attribute__((vector_size(64)));
 
 static inline v16 ld(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 
-/* bfloat16 tiles are uint16 bit patterns, widened to float32 exactly. */
-typedef unsigned short u16x16 __attribute__((vector_size(32)));
-typedef unsigned int u32x16 __attribute__((vector_size(64)));
-static inline v16 ldbf(const unsigned short *p) {
-    u16x16 h; memcpy(&h, p, sizeof h);
-    u32x16 w = __builtin_convertvector(h, u32x16) << 16;
-    v16 f; memcpy(&f, &w, sizeof f); return f;
+/* int8 tiles are widened to float32 exactly; their per-row scales are applied to the sums. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+static inline v16 ldi8(const signed char *p) {
+    return (v16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
+#else
+typedef signed char i8x16 __attribute__((vector_size(16)));
+typedef int i32x16 __attribute__((vector_size(64)));
+static inline v16 ldi8(const signed char *p) {
+    i8x16 h; memcpy(&h, p, sizeof h);
+    return __builtin_convertvector(__builtin_convertvector(h, i32x16), v16);
+}
+#endif
 
 /* Batched GEMV on 64-row tiles. Wt: [nt, K, 64]; x: [Mp, K] with Mp a multiple of 4 (zero rows
    past M); y[m * ldy + n] for m < M, n < N. For every k, x[m, k] is broadcast against the 64
    weights of row k of the tile: 4 x 4 accumulators of 16 floats, no horizontal reductions.
-   One body, instantiated for float32 tiles and for bfloat16 tiles (half the bytes to read, the
-   approximate first pass over an output head, see kernels/cpu_gemv.py). */
+   rs: NULL, or one scale per tile row ([nt * 64]) multiplied into the sums.
+   One body, instantiated for float32 tiles and for int8 tiles with row scales (a quarter of the
+   bytes to read: the approximate first pass over an output head, see kernels/cpu_gemv.py). */
 #define BGEMV_TILES64(NAME, WT, LOAD)                                                          \
-void NAME(const float *restrict x, const WT *restrict Wt, float *restrict y,                   \
-          int M, int Mp, int N, int K, long ldy, int nthreads) {                               \
+void NAME(const float *restrict x, const WT *restrict Wt, const float *restrict rs,            \
+          float *restrict y, int M, int Mp, int N, int K, long ldy, int nthreads) {            \
     const int nt = (N + 63) / 64;                                                              \
     _Pragma("omp parallel for schedule(static) num_threads(nthreads)")                         \
     for (int t = 0; t < nt; ++t) {                                                             \
@@ -50,6 +57,10 @@ void NAME(const float *restrict x, const WT *restrict Wt, float *restrict y,    
                 float s = x[k];                                                                \
                 a0 += s * LOAD(w); a1 += s * LOAD(w + 16);                                     \
                 a2 += s * LOAD(w + 32); a3 += s * LOAD(w + 48);                                \
+            }                                                                                  \
+            if (rs) {                                                                          \
+                a0 *= ld(rs + n0); a1 *= ld(rs + n0 + 16);                                     \
+                a2 *= ld(rs + n0 + 32); a3 *= ld(rs + n0 + 48);                                \
             }                                                                                  \
             v16 acc[4] = {a0, a1, a2, a3};                                                     \
             memcpy(y + n0, acc, (size_t)nn * sizeof(float));                                   \
@@ -73,6 +84,8 @@ void NAME(const float *restrict x, const WT *restrict Wt, float *restrict y,    
             v16 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13},                       \
                              {a20, a21, a22, a23}, {a30, a31, a32, a33}};                      \
             for (int i = 0; i < 4 && m0 + i < M; ++i) {                                        \
+                if (rs)                                                                        \
+                    for (int j = 0; j < 4; ++j) acc[i][j] *= ld(rs + n0 + 16 * j);             \
                 float buf[64];                                                                 \
                 memcpy(buf, acc[i], sizeof buf);                                               \
                 memcpy(y + (size_t)(m0 + i) * ldy + n0, buf, (size_t)nn * sizeof(float));      \
@@ -82,7 +95,7 @@ void NAME(const float *restrict x, const WT *restrict Wt, float *restrict y,    
 }
 
 BGEMV_TILES64(bgemv_tiles64, float, ld)
-BGEMV_TILES64(bgemv_tiles64_bf16, unsigned short, ldbf)
+BGEMV_TILES64(bgemv_tiles64_i8, signed char, ldi8)
 
 /* One cached K or V row as float32. */
 static inline void load_row(const void *cache, size_t row, int D, int f16, float *out) {
@@ -170,10 +183,9 @@ def _build() -> ctypes.CDLL | None:
             os.replace(so, out)  # atomic: concurrent builders see a whole file or none
     lib = ctypes.CDLL(str(out))
     c_int, c_long, c_float, ptr = ctypes.c_int, ctypes.c_long, ctypes.c_float, ctypes.c_void_p
-    lib.bgemv_tiles64.argtypes = [ptr, ptr, ptr, c_int, c_int, c_int, c_int, c_long, c_int]
-    lib.bgemv_tiles64.restype = None
-    lib.bgemv_tiles64_bf16.argtypes = [ptr, ptr, ptr, c_int, c_int, c_int, c_int, c_long, c_int]
-    lib.bgemv_tiles64_bf16.restype = None
+    for fn in (lib.bgemv_tiles64, lib.bgemv_tiles64_i8):
+        fn.argtypes = [ptr, ptr, ptr, ptr, c_int, c_int, c_int, c_int, c_long, c_int]
+        fn.restype = None
     lib.paged_decode.argtypes = [ptr, ptr, ptr, ptr, c_int, ptr, ptr, ptr, c_int, c_int, c_int, c_int, c_int,
                                  c_int, c_float, c_float, c_int, c_int]
     lib.paged_decode.restype = None

@@ -11,6 +11,7 @@ import math
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 import kernels
@@ -127,6 +128,25 @@ def _physical_memory() -> int:
         return 0
 
 
+def kth_largest(r: np.ndarray, k: int) -> float:
+    """The k-th largest value of r [V] (1 <= k <= V) without sorting all of r: the k largest
+    maxima of >= k chunks are k distinct elements, so the k-th largest of r is at least the k-th
+    largest chunk maximum; only the elements above that are partitioned."""
+    n = r.size
+    if k == 1:
+        return float(r.max())
+    n_chunks = max(4 * k, 256)
+    size = n // n_chunks
+    if size < 4:
+        return float(np.partition(r, n - k)[n - k])
+    maxima = r[: n_chunks * size].reshape(n_chunks, size).max(axis=1)
+    if n_chunks * size < n:
+        maxima = np.append(maxima, r[n_chunks * size:].max())
+    t0 = np.partition(maxima, maxima.size - k)[maxima.size - k]
+    above = r[r >= t0]  # holds the k largest of r
+    return float(np.partition(above, above.size - k)[above.size - k])
+
+
 class Model:
     def __init__(self, loaded, device: str | torch.device = "cpu", unpack_budget: int | None = None):
         """`unpack_budget`: on the CPU, quantized weights are dequantized once at load (fast float
@@ -179,49 +199,45 @@ class Model:
         self.n_embd = cfg.n_embd
 
     def _init_topk_head(self) -> None:
-        """CPU, float32 output head in 64-row tiles: a bfloat16 copy for a first pass at half the
-        bytes, and per-row norms that bound its error (see `_topk_logits`)."""
-        self._head_bf16 = None
+        """CPU, float32 output head in 64-row tiles: an int8 copy with row scales for a first pass at
+        a quarter of the bytes, and the constant that bounds its error (see `_topk_logits`)."""
+        self._head_i8 = None
         w = self.output
         if self.device.type != "cpu" or w.layout != "tiles64" or not cpu_gemv.available():
             return
-        self._head_bf16 = cpu_gemv.pack_bf16(w.data)
-        self._head_norm_max = float(w.data.pow(2).sum(1).sqrt().max())  # max over rows of |w_r|
+        self._head_i8, self._head_scale, err = cpu_gemv.pack_i8(w.data)
+        K = w.cols
+        gamma = K * 2.0 ** -24 / (1 - K * 2.0 ** -24)  # float32 dot products of length K
+        w_max = float(w.data.double().pow(2).sum(1).sqrt().max())  # max_r |w_r|
+        e_max = float(err.max())  # max_r |w_r - scale_r q_r|
+        self._head_err = (e_max + (2 * gamma + 2.0 ** -23) * (w_max + e_max)) * (1 + 1e-6)
 
     def _topk_logits(self, hs: torch.Tensor, wants: list[SeqBatch]) -> torch.Tensor:
         """Logits [n, V] where rows with topk > 0 are exact only at the candidates that can be among
         their top-k, and -inf elsewhere; other rows are exact everywhere.
 
-        First pass with bfloat16 weights: |approx - exact| <= 2^-8 sum_k |x_k w_k| + float32
-        rounding <= c |x| max_r |w_r| (Cauchy-Schwarz, c = 2^-8 + 2^-12). A row r can only be among
-        the top-k if its upper bound reaches the k-th largest lower bound; those candidates
-        (typically tens of the 151,936) are recomputed exactly in float32 from the float32 weights."""
+        First pass with the int8 head: for every row r, the first-pass value a_r and the float32
+        value c_r (x . w_r) differ by at most |x| (e_r + (2 gamma_K + 2^-23) |w_r + e_r|)
+        (Cauchy-Schwarz on the quantization error e_r, plus float32 rounding of both dot
+        products), bounded for all rows by b = |x| `_head_err`. A row can be among the top-k only if
+        a_r + b reaches the k-th largest a - b; those candidates (typically a handful of the
+        151,936) are recomputed exactly in float32 from the float32 weights."""
         V = self.output.rows
-        out = torch.empty((hs.shape[0], V), dtype=torch.float32)
         exact = [i for i, b in enumerate(wants) if b.topk <= 0]
         approx = [i for i, b in enumerate(wants) if b.topk > 0]
+        out = torch.full((hs.shape[0], V), float("-inf"), dtype=torch.float32)
         if exact:
             out[exact] = kernels.qmatmul(hs[exact], self.output).float()
         xa = hs[approx].float()
-        first = cpu_gemv.bgemv_bf16(xa, self._head_bf16, V)  # [m, V]
-        # one bound per row: c |x| max_r |w_r| >= c |x| |w_r| for every r
-        bound = (2.0 ** -8 + 2.0 ** -12) * self._head_norm_max * xa.norm(dim=1)  # [m]
+        first = cpu_gemv.bgemv_i8(xa, self._head_i8, self._head_scale, V).numpy()  # [m, V]
+        bound = self._head_err * xa.double().norm(dim=1).numpy()  # [m]
         for j, i in enumerate(approx):
+            r = first[j]
             if wants[i].banned:
-                first[j, torch.tensor(wants[i].banned, dtype=torch.long)] = float("-inf")
-        ks = [min(wants[i].topk, V) for i in approx]
-        if max(ks) == 1:
-            kth = first.max(dim=1).values  # [m]
-        else:
-            top = torch.topk(first, max(ks), dim=1).values  # [m, kmax], descending
-            kth = top.gather(1, torch.tensor(ks)[:, None] - 1).squeeze(1)
-        # exact_r >= first_r - bound; a row can be in the top-k only if first_r + bound reaches the
-        # k-th largest lower bound, i.e. first_r >= kth(first) - 2 bound
-        for j, i in enumerate(approx):
-            cand = torch.nonzero(first[j] >= kth[j] - 2 * bound[j]).squeeze(1)
-            row = torch.full((V,), float("-inf"))
-            row[cand] = xa[j] @ cpu_gemv.rows(self.output.data, cand).T  # float32 weights
-            out[i] = row
+                r[list(wants[i].banned)] = -np.inf
+            kth = kth_largest(r, min(wants[i].topk, V))
+            cand = torch.from_numpy(np.flatnonzero(r >= kth - 2 * bound[j]))
+            out[i, cand] = xa[j] @ cpu_gemv.rows(self.output.data, cand).T  # float32 weights
         return out
 
     def new_cache(self, n_tokens: int, block_size: int = 16, dtype: torch.dtype = torch.float16) -> KVCache:
@@ -297,7 +313,7 @@ class Model:
             hs = h[torch.tensor(rows, device=dev)] if len(rows) != T else h
             hs = kernels.rms_norm(hs, self.output_norm, self.eps)
             wants = [b for b in batch if b.logits]
-            if self._head_bf16 is not None and any(b.topk > 0 for b in wants):
+            if self._head_i8 is not None and any(b.topk > 0 for b in wants):
                 logits = self._topk_logits(hs, wants)
             else:
                 logits = kernels.qmatmul(hs, self.output).float()

@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from runtime.tasks import SamplingParams
@@ -283,7 +284,10 @@ def sample_batch(logits: torch.Tensor, states: list[SamplerState]) -> list[Sampl
     rows = logits.float()
     greedy_rows = [i for i, st in enumerate(states) if _is_plain_greedy(st)]
     out: list[Sampled | None] = [None] * len(states)
-    if greedy_rows:
+    if greedy_rows and rows.device.type == "cpu":
+        for i in greedy_rows:  # numpy's argmax is ~10x torch's on one long row
+            out[i] = Sampled(_greedy_cpu(rows[i].numpy(), states[i]), 0.0, [])
+    elif greedy_rows:
         idx = torch.tensor(greedy_rows, device=rows.device)
         sel = rows.index_select(0, idx)
         for j, i in enumerate(greedy_rows):  # bias and ignore_eos touch a few entries in place
@@ -300,6 +304,25 @@ def sample_batch(logits: torch.Tensor, states: list[SamplerState]) -> list[Sampl
                 cpu_rows = rows.cpu()
             out[i] = sample_row(cpu_rows[i].clone(), st)
     return out  # type: ignore[return-value]
+
+
+def _greedy_cpu(row: np.ndarray, st: SamplerState) -> int:
+    """argmax of one logit row [V] after logit bias and ignore_eos, leaving the row as it was."""
+    p = st.params
+    touched = [t for t, _ in p.logit_bias if 0 <= t < row.size]
+    if p.ignore_eos:
+        touched += [t for t in st.eog_ids if t < row.size]
+    if not touched:
+        return int(row.argmax())
+    saved = row[touched].copy()
+    for tok, bias in p.logit_bias:
+        if 0 <= tok < row.size:
+            row[tok] = NEG_INF if bias == NEG_INF else row[tok] + bias
+    if p.ignore_eos:
+        row[[t for t in st.eog_ids if t < row.size]] = NEG_INF
+    tok = int(row.argmax())
+    row[touched] = saved
+    return tok
 
 
 def _is_plain_greedy(st: SamplerState) -> bool:

@@ -21,6 +21,41 @@ def test_bgemv_matches_float64(M, N, K):
     assert float((y.double() - ref64).norm() / ref64.norm()) < 1e-6
 
 
+@pytest.mark.skipif(not cpu_gemv.available(), reason="no C compiler on this machine")
+@pytest.mark.parametrize("M,N,K", [(1, 1000, 256), (3, 777, 130), (8, 4097, 64), (16, 50, 7)])
+def test_bgemv_i8_within_its_error_bound(M, N, K):
+    """The int8 first pass of the top-k output head: every value within |x| |e_r| (+ float32
+    rounding) of the float64 product, e_r being the row's quantization error that pack_i8 reports."""
+    x = torch.randn(M, K)
+    w = torch.randn(N, K) * torch.rand(N, 1) * 3  # rows of different scales
+    w[3] = 0.0  # an all-zero row keeps a finite scale
+    tiles = cpu_gemv.pack(w)
+    q, scale, err = cpu_gemv.pack_i8(tiles)
+    assert q.dtype == torch.int8 and q.shape == tiles.shape and scale.shape == err.shape == (tiles.shape[0] * 64,)
+    deq = cpu_gemv.unpack(q.double() * scale.double().view(-1, 1, 64), N)
+    assert torch.allclose((w.double() - deq).norm(dim=1), err[:N], rtol=1e-6, atol=1e-9)
+    assert float(err[3]) == 0.0 and bool((deq[3] == 0).all())
+    y = cpu_gemv.bgemv_i8(x, q, scale, N)
+    assert y.shape == (M, N) and y.dtype == torch.float32
+    exact = x.double() @ w.double().T
+    slack = x.double().norm(dim=1, keepdim=True) * (err[:N][None, :] + 1e-5 * w.double().norm(dim=1)[None, :])
+    assert bool(((y.double() - exact).abs() <= slack).all())
+    assert float((y.double() - exact).norm() / exact.norm()) < 0.02  # and it is a useful approximation
+
+
+def test_kth_largest_matches_a_sort():
+    import numpy as np
+    from runtime.model import kth_largest
+    rng = np.random.default_rng()
+    for n in (1, 5, 300, 20000):
+        r = rng.standard_normal(n).astype(np.float32)
+        r[rng.integers(0, n, 2)] = -np.inf
+        r[rng.integers(0, n, 2)] = r.max()  # ties at the top
+        desc = np.sort(r)[::-1]
+        for k in {k for k in (1, 2, 40, n) if k <= n}:
+            assert kth_largest(r, k) == desc[k - 1], (n, k)
+
+
 @pytest.mark.parametrize("rows,cols", [(300, 64), (4096, 512)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_prepared_weights_give_the_same_products(rows, cols, dtype):

@@ -224,7 +224,7 @@ def test_yarn_matches_ggml_rope_formula():
 
 @pytest.mark.parametrize("k", [1, 40])
 def test_topk_logits_match_the_exact_row(tmp_path, k):
-    """Rows that only need their top-k logits (greedy, top_k-first sampling) go through a bfloat16
+    """Rows that only need their top-k logits (greedy, top_k-first sampling) go through an int8
     first pass plus an exact recompute of the candidates: the top-k must equal the exact row's."""
     from kernels import cpu_gemv
     if not cpu_gemv.available():
@@ -234,7 +234,7 @@ def test_topk_logits_match_the_exact_row(tmp_path, k):
     path = tmp_path / "v.gguf"
     write_tiny_model(path, spec)
     m = Model(load_model(path))
-    assert m._head_bf16 is not None
+    assert m._head_i8 is not None
     kv = m.new_cache(256, dtype=torch.float32)
     seqs = [SeqKV() for _ in range(3)]
     toks = [[random.randrange(5000) for _ in range(n)] for n in (5, 9, 1)]
