@@ -48,6 +48,13 @@ def bgemv(x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | No
     return _run("bgemv_tiles64", x, tiles, n_rows, n_threads, None)
 
 
+def i8_fast() -> bool:
+    """Whether the int8 GEMV widens with vector instructions (AVX-512 or AVX2 builds); elsewhere it
+    is slower than the float32 one and callers should not use it."""
+    lib = cpu_native.lib()
+    return lib is not None and bool(lib.i8_widening_is_vectorized())
+
+
 def pack_i8(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """float32 tiles [nt, K, 64] -> (int8 tiles [nt, K, 64], row scales [nt * 64] float32,
     row error norms [nt * 64] float64): row r is approximated by scale_r * q_r with

@@ -16,6 +16,7 @@ import torch
 
 import kernels
 from kernels import cpu_gemv
+from kernels.cpu_topk import kth_largest
 from kernels.qweight import QWeight
 from runtime.kv_cache import KVCache, SeqKV
 
@@ -128,25 +129,6 @@ def _physical_memory() -> int:
         return 0
 
 
-def kth_largest(r: np.ndarray, k: int) -> float:
-    """The k-th largest value of r [V] (1 <= k <= V) without sorting all of r: the k largest
-    maxima of >= k chunks are k distinct elements, so the k-th largest of r is at least the k-th
-    largest chunk maximum; only the elements above that are partitioned."""
-    n = r.size
-    if k == 1:
-        return float(r.max())
-    n_chunks = max(4 * k, 256)
-    size = n // n_chunks
-    if size < 4:
-        return float(np.partition(r, n - k)[n - k])
-    maxima = r[: n_chunks * size].reshape(n_chunks, size).max(axis=1)
-    if n_chunks * size < n:
-        maxima = np.append(maxima, r[n_chunks * size:].max())
-    t0 = np.partition(maxima, maxima.size - k)[maxima.size - k]
-    above = r[r >= t0]  # holds the k largest of r
-    return float(np.partition(above, above.size - k)[above.size - k])
-
-
 class Model:
     def __init__(self, loaded, device: str | torch.device = "cpu", unpack_budget: int | None = None):
         """`unpack_budget`: on the CPU, quantized weights are dequantized once at load (fast float
@@ -203,7 +185,7 @@ class Model:
         a quarter of the bytes, and the constant that bounds its error (see `_topk_logits`)."""
         self._head_i8 = None
         w = self.output
-        if self.device.type != "cpu" or w.layout != "tiles64" or not cpu_gemv.available():
+        if self.device.type != "cpu" or w.layout != "tiles64" or not cpu_gemv.i8_fast():
             return
         self._head_i8, self._head_scale, err = cpu_gemv.pack_i8(w.data)
         K = w.cols

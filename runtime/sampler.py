@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kernels import cpu_topk
 from runtime.tasks import SamplingParams
 
 NEG_INF = float("-inf")
@@ -138,7 +139,10 @@ def _top_k(vals, ids, p: SamplingParams, st):
     if k <= 0 or k >= vals.numel():
         return vals, ids
     k = max(k, p.min_keep)
-    top_v, top_i = torch.topk(vals, k)
+    if vals.device.type == "cpu" and vals.dtype == torch.float32 and vals.numel() > 4096:
+        top_v, top_i = cpu_topk.topk(vals, k)
+    else:
+        top_v, top_i = torch.topk(vals, k)
     return top_v, (top_i if ids is None else ids[top_i])
 
 

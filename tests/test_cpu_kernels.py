@@ -43,9 +43,26 @@ def test_bgemv_i8_within_its_error_bound(M, N, K):
     assert float((y.double() - exact).norm() / exact.norm()) < 0.02  # and it is a useful approximation
 
 
+@pytest.mark.skipif(not cpu_gemv.available(), reason="no C compiler on this machine")
+@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2")])
+def test_bgemv_i8_narrower_builds_agree(flags, monkeypatch, tmp_path):
+    """The AVX2 and the generic int8 widening give the same sums as the native build."""
+    from kernels import cpu_native
+    monkeypatch.setenv("TRITIUM_CACHE", str(tmp_path))
+    lib = cpu_native._build(flags)
+    assert lib is not None
+    assert lib.i8_widening_is_vectorized() == (0 if "-mno-avx2" in flags else 1)
+    x = torch.randn(5, 96)
+    q, scale, _ = cpu_gemv.pack_i8(cpu_gemv.pack(torch.randn(200, 96)))
+    want = cpu_gemv.bgemv_i8(x, q, scale, 200)
+    monkeypatch.setattr(cpu_native, "_lib", lib)
+    got = cpu_gemv.bgemv_i8(x, q, scale, 200)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
 def test_kth_largest_matches_a_sort():
     import numpy as np
-    from runtime.model import kth_largest
+    from kernels.cpu_topk import kth_largest
     rng = np.random.default_rng()
     for n in (1, 5, 300, 20000):
         r = rng.standard_normal(n).astype(np.float32)
@@ -54,6 +71,19 @@ def test_kth_largest_matches_a_sort():
         desc = np.sort(r)[::-1]
         for k in {k for k in (1, 2, 40, n) if k <= n}:
             assert kth_largest(r, k) == desc[k - 1], (n, k)
+
+
+def test_cpu_topk_matches_torch_topk():
+    from kernels.cpu_topk import topk
+    for n, k in ((10, 3), (151936, 40), (151936, 1), (5000, 5000)):
+        row = torch.randn(n)
+        row[torch.randint(0, n, (n // 2,))] = float("-inf")  # a sparse row, as the top-k head returns
+        v, i = topk(row, k)
+        tv, ti = torch.topk(row, k)
+        assert torch.equal(v, tv) and torch.equal(row[i], v) and len(set(i.tolist())) == k
+    row = torch.tensor([1.0, 3.0, 3.0, 2.0, 3.0])
+    v, i = topk(row, 2)
+    assert i.tolist() == [1, 2] and v.tolist() == [3.0, 3.0]  # ties: lower index first
 
 
 @pytest.mark.parametrize("rows,cols", [(300, 64), (4096, 512)])
