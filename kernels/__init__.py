@@ -90,10 +90,11 @@ class Ops:
         return self.impl(k_cache.device).write_kv(k, v, k_cache, v_cache, slot_mapping)
 
     def paged_attention(
-        self, q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0
+        self, q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,
+        max_q_len: int | None = None,
     ) -> torch.Tensor:
         return self.impl(q.device).paged_attention(
-            q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap
+            q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap, max_q_len
         )
 
 
@@ -150,5 +151,7 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
     return _default.write_kv(k, v, k_cache, v_cache, slot_mapping)
 
 
-def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0):
-    return _default.paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap)
+def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,
+                    max_q_len: int | None = None):
+    return _default.paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap,
+                                    max_q_len)

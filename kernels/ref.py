@@ -271,8 +271,11 @@ def paged_attention(
     kv_lens: torch.Tensor,
     scale: float,
     softcap: float = 0.0,
+    max_q_len: int | None = None,
 ) -> torch.Tensor:
     """q[T, H, D] over paged k/v_cache[NB, BS, KVH, D] -> [T, H, D] (see docs/DESIGN.md).
+    `max_q_len` (the longest query run, when the caller knows it) lets device kernels skip a host
+    sync; this reference reads the lengths on the host anyway.
 
     Sequence s owns query rows cu[s]:cu[s+1]; query j sits at position kv_lens[s] - q_len + j and
     attends causally to keys 0..pos. Softmax in float32; optional tanh soft-capping of the scores.

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 
+from runtime.cuda_graphs import DecodeGraphs
 from runtime.kv_cache import KVCache, OutOfBlocks, SeqKV
 from runtime.model import Model, SeqBatch
 from runtime.sampler import SamplerState, sample_batch
@@ -175,6 +176,7 @@ class Engine:
         self.loaded = False
         self.model: Model | None = None
         self.kv: KVCache | None = None
+        self._graphs: DecodeGraphs | None = None  # CUDA: decode steps replayed from graphs
         self.tokenizer = None
         self.chat_template = None
         self.model_info: dict[str, Any] = {}
@@ -264,6 +266,11 @@ class Engine:
         self.kv = KVCache(len(self.model.layers), self.model.n_head_kv, self.model.head_dim, n_blocks, bs,
                           kv_dtype, self.model.device)
         self.slots = [Slot(i, self.n_ctx_slot) for i in range(n_slots)]
+        self._graphs = None
+        graphs = os.environ.get("TRITIUM_CUDA_GRAPHS", "1")  # "0": off; "eager": static buffers, no capture
+        if graphs == "eager" or (graphs != "0" and self.model.device.type == "cuda"):
+            self._graphs = DecodeGraphs(self.model, self.kv, n_slots, self.kv.blocks_needed(self.n_ctx_slot) + 1,
+                                        capture=graphs != "eager")
         self._warm_up()
         if cfg.cache_ram_mib != 0:
             limit = None if cfg.cache_ram_mib < 0 else cfg.cache_ram_mib * 1024 * 1024
@@ -290,6 +297,20 @@ class Engine:
             for n in (8, 1):
                 self.kv.reserve(seq, seq.n_tokens + n)
                 self.model.forward(self.kv, [SeqBatch(seq, [0] * n, seq.n_tokens)])
+            if self._graphs is not None:  # capture every bucket now rather than on a request's time
+                t0 = time.perf_counter()
+                try:
+                    for B in self._graphs.buckets:
+                        self.kv.reserve(seq, seq.n_tokens + 1)
+                        n_past = seq.n_tokens
+                        self._graphs.run([SeqBatch(seq, [0], n_past) for _ in range(B)])
+                        seq.n_tokens = n_past + 1
+                except Exception as e:  # an untested GPU/driver combination: stay eager
+                    self._log("W", f"srv    load_model: CUDA graph capture failed ({e!r}), decoding eagerly")
+                    self._graphs = None
+                else:
+                    self._log("I", f"srv    load_model: CUDA graphs captured for decode batches of "
+                                   f"{', '.join(map(str, self._graphs.buckets))} in {time.perf_counter() - t0:.1f} s")
         finally:
             self.kv.clear(seq)
 
@@ -683,7 +704,10 @@ class Engine:
                     self._fail(s, 500, "failed to find free space in the KV cache", "server_error")
         if not ok_batch:
             return
-        logits, hidden = self.model.forward(self.kv, ok_batch)
+        if self._graphs is not None and self._graphs.supports(ok_batch):
+            logits, hidden = self._graphs.run(ok_batch), [None] * len(ok_batch)
+        else:
+            logits, hidden = self.model.forward(self.kv, ok_batch)
         m = self._m
         m.n_decode_total += 1
         m.n_decode += 1

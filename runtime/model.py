@@ -226,6 +226,52 @@ class Model:
         nb = (n_tokens + block_size - 1) // block_size
         return KVCache(len(self.layers), self.n_head_kv, self.head_dim, nb, block_size, dtype, self.device)
 
+    def _layers(self, kv: KVCache, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
+                tables: torch.Tensor, cu: torch.Tensor, kv_lens_t: torch.Tensor,
+                max_q_len: int | None) -> torch.Tensor:
+        """Embedding and every layer for T new tokens (device tensors: ids/pos/slot [T], tables
+        [S, max_blocks] int32, cu [S + 1] int32, kv_lens [S] int32); new K/V are written to their
+        slots (negative: skipped). Returns the final residual stream [T, C]. With `max_q_len`
+        given, no op waits on the device (what a CUDA graph capture needs)."""
+        T = ids_t.shape[0]
+        H, KVH, D = self.n_head, self.n_head_kv, self.head_dim
+        h = kernels.embedding(ids_t, self.tok_embd)  # [T, C]
+        residual = None
+        for li, L in enumerate(self.layers):
+            if residual is None:
+                x, residual = kernels.rms_norm(h, L.attn_norm, self.eps), h
+            else:
+                x, residual = kernels.add_rms_norm(h, residual, L.attn_norm, self.eps)
+            qkv = _matmul_rows(x, L.wqkv)  # [T, (H + 2 KVH) D]
+            if L.bqkv is not None:
+                qkv = qkv + L.bqkv
+            q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=1)
+            q = q.reshape(T, H, D)
+            k = k.reshape(T, KVH, D)
+            v = v.reshape(T, KVH, D)
+            if L.q_norm is not None:
+                q = kernels.rms_norm(q.reshape(T * H, D), L.q_norm, self.eps).view(T, H, D)
+                k = kernels.rms_norm(k.reshape(T * KVH, D), L.k_norm, self.eps).view(T, KVH, D)
+            q = kernels.rope(q, pos_t, self.inv_freq, self.neox)
+            k = kernels.rope(k, pos_t, self.inv_freq, self.neox)
+            kernels.write_kv(k, v, kv.k[li], kv.v[li], slot_t)
+            attn = kernels.paged_attention(q, kv.k[li], kv.v[li], tables, cu, kv_lens_t, self.scale,
+                                           max_q_len=max_q_len)
+            h = kernels.qmatmul(attn.reshape(T, H * D), L.wo)
+            x, residual = kernels.add_rms_norm(h, residual, L.ffn_norm, self.eps)
+            gu = _matmul_rows(x, L.w_gate_up)  # [T, 2F]
+            gate, up = gu.split([self.n_ff, self.n_ff], dim=1)
+            h = kernels.qmatmul(kernels.silu_mul(gate, up), L.w_down)
+        return h + residual  # [T, C] final residual stream
+
+    def decode_logits(self, kv: KVCache, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
+                      tables: torch.Tensor, cu: torch.Tensor, kv_lens_t: torch.Tensor) -> torch.Tensor:
+        """One new token per sequence (B rows, cu = arange(B + 1)): full logits [B, V] float32,
+        with no host synchronisation and no per-call Python state, so that it can be captured in
+        a CUDA graph (`runtime.cuda_graphs`). n_tokens of the sequences is not touched."""
+        h = self._layers(kv, ids_t, pos_t, slot_t, tables, cu, kv_lens_t, 1)
+        return kernels.qmatmul(kernels.rms_norm(h, self.output_norm, self.eps), self.output).float()
+
     @torch.inference_mode()
     def forward(self, kv: KVCache, batch: list[SeqBatch]) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
         """Run the batch; returns (logits [n_rows_with_logits, n_vocab] float32 in batch order,
@@ -254,34 +300,7 @@ class Model:
         cu = cu.to(dev)
         kv_lens_t = torch.tensor(kv_lens, dtype=torch.int32, device=dev)
 
-        H, KVH, D = self.n_head, self.n_head_kv, self.head_dim
-        h = kernels.embedding(ids_t, self.tok_embd)  # [T, C]
-        residual = None
-        for li, L in enumerate(self.layers):
-            if residual is None:
-                x, residual = kernels.rms_norm(h, L.attn_norm, self.eps), h
-            else:
-                x, residual = kernels.add_rms_norm(h, residual, L.attn_norm, self.eps)
-            qkv = _matmul_rows(x, L.wqkv)  # [T, (H + 2 KVH) D]
-            if L.bqkv is not None:
-                qkv = qkv + L.bqkv
-            q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=1)
-            q = q.reshape(T, H, D)
-            k = k.reshape(T, KVH, D)
-            v = v.reshape(T, KVH, D)
-            if L.q_norm is not None:
-                q = kernels.rms_norm(q.reshape(T * H, D), L.q_norm, self.eps).view(T, H, D)
-                k = kernels.rms_norm(k.reshape(T * KVH, D), L.k_norm, self.eps).view(T, KVH, D)
-            q = kernels.rope(q, pos_t, self.inv_freq, self.neox)
-            k = kernels.rope(k, pos_t, self.inv_freq, self.neox)
-            kernels.write_kv(k, v, kv.k[li], kv.v[li], slot_t)
-            attn = kernels.paged_attention(q, kv.k[li], kv.v[li], tables, cu, kv_lens_t, self.scale)
-            h = kernels.qmatmul(attn.reshape(T, H * D), L.wo)
-            x, residual = kernels.add_rms_norm(h, residual, L.ffn_norm, self.eps)
-            gu = _matmul_rows(x, L.w_gate_up)  # [T, 2F]
-            gate, up = gu.split([self.n_ff, self.n_ff], dim=1)
-            h = kernels.qmatmul(kernels.silu_mul(gate, up), L.w_down)
-        h = h + residual  # [T, C] final residual stream
+        h = self._layers(kv, ids_t, pos_t, slot_t, tables, cu, kv_lens_t, max(q_lens))
 
         for b in batch:
             b.seq.n_tokens = b.n_past + len(b.tokens)

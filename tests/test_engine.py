@@ -111,6 +111,23 @@ def test_continuous_batching_matches_one_at_a_time(engine):
     assert m["n_busy_slots_per_decode"] > 1.0  # the two requests shared forward steps
 
 
+def test_decode_graph_path_gives_the_same_tokens(model_path, engine, monkeypatch):
+    """TRITIUM_CUDA_GRAPHS=eager: decode steps through the static buffers CUDA graphs replay
+    (runtime.cuda_graphs, run eagerly here), three requests at once, bucket padding included."""
+    prompts = ["first request", "second request here", "and a third one"]
+    params = SamplingParams(temperature=0, ignore_eos=True)
+    alone = [_run(engine, p, n_predict=10, params=params).tokens for p in prompts]
+    monkeypatch.setenv("TRITIUM_CUDA_GRAPHS", "eager")
+    e = _engine(model_path, n_ctx=2048, n_parallel=3)
+    try:
+        assert e._graphs is not None and e._graphs.buckets == [1, 2, 3]
+        handles = [e.submit(CompletionTask(e.tokenizer.encode(p, add_special=True, parse_special=True), params,
+                                           n_predict=10, cache_prompt=False)) for p in prompts]
+        assert [h.result_sync(timeout=120).tokens for h in handles] == alone
+    finally:
+        e.stop()
+
+
 def test_streaming_events_and_stop_word(engine):
     ids = engine.tokenizer.encode("Count: one two three", add_special=True)
     h = engine.submit(CompletionTask(ids, SamplingParams(temperature=0, ignore_eos=True), n_predict=6, stream=True))

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import kernels
+from runtime.cuda_graphs import DecodeGraphs
 from runtime.kv_cache import SeqKV
 from runtime.loader import load_model
 from runtime.model import Model, SeqBatch
@@ -22,7 +23,9 @@ from runtime.tiny_model import spec_with, write_tiny_model
 DEVICE = os.environ.get("TRITIUM_KERNEL_DEVICE", "cpu")
 
 
-def _run(lm, backend: str, seqs: list[list[int]], n_decode: int):
+def _run(lm, backend: str, seqs: list[list[int]], n_decode: int, graphs: bool = False):
+    """Prefill `seqs` together, then n_decode greedy steps (through `DecodeGraphs` when `graphs`:
+    captured CUDA graphs on a GPU, the same static buffers run eagerly on the CPU)."""
     prev = kernels.get_backend()
     kernels.set_backend(backend)
     try:
@@ -34,6 +37,7 @@ def _run(lm, backend: str, seqs: list[list[int]], n_decode: int):
             kv.reserve(s, len(toks))
             batch.append(SeqBatch(s, toks, 0))
         logits, _ = model.forward(kv, batch)
+        runner = DecodeGraphs(model, kv, max_batch=4, max_blocks=4, capture=DEVICE == "cuda") if graphs else None
         all_logits = [logits.float().cpu()]
         tokens = [logits.argmax(-1).tolist()]
         for _ in range(n_decode):
@@ -41,7 +45,11 @@ def _run(lm, backend: str, seqs: list[list[int]], n_decode: int):
             for s, t in zip(states, tokens[-1]):
                 kv.reserve(s, s.n_tokens + 1)
                 batch.append(SeqBatch(s, [t], s.n_tokens))
-            logits, _ = model.forward(kv, batch)
+            if runner is not None:
+                assert runner.supports(batch)
+                logits = runner.run(batch)
+            else:
+                logits, _ = model.forward(kv, batch)
             all_logits.append(logits.float().cpu())
             tokens.append(logits.argmax(-1).tolist())
         return torch.stack(all_logits), tokens
@@ -62,6 +70,23 @@ def test_triton_path_matches_reference_path(tmp_path, arch, wtype):
     tl_logits, tl_tokens = _run(lm, "triton", seqs, 3)
     import sys
     assert "kernels.triton_ops" in sys.modules  # the Triton kernels really ran
+    rel = float((tl_logits - ref_logits).norm() / ref_logits.norm())
+    assert rel < 2e-3, rel
+    assert tl_tokens == ref_tokens
+
+
+def test_decode_graphs_through_triton_match_reference_path(tmp_path):
+    """Decode steps from the static buffers of `runtime.cuda_graphs` (3 sequences padded to a
+    bucket of 4; real graph capture and replay when TRITIUM_KERNEL_DEVICE=cuda)."""
+    spec = spec_with(arch="qwen2", wtype="q4_k", n_layer=1, n_embd=256, n_head=4, n_head_kv=2, n_ff=256,
+                     n_vocab=128, init_std=0.2, seed=random.randrange(1 << 20))
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, spec)
+    lm = load_model(path)
+    rng = random.Random(spec.seed)
+    seqs = [[rng.randrange(128) for _ in range(n)] for n in (9, 3, 17)]
+    ref_logits, ref_tokens = _run(lm, "torch", seqs, 3)
+    tl_logits, tl_tokens = _run(lm, "triton", seqs, 3, graphs=True)
     rel = float((tl_logits - ref_logits).norm() / ref_logits.norm())
     assert rel < 2e-3, rel
     assert tl_tokens == ref_tokens
