@@ -25,7 +25,7 @@ import torch
 from runtime.cuda_graphs import DecodeGraphs
 from runtime.kv_cache import KVCache, OutOfBlocks, SeqKV
 from runtime.model import Model, SeqBatch
-from runtime.sampler import SamplerState, sample_batch
+from runtime.sampler import SamplerState, sample_batch, topk_needed
 from runtime.scheduler import (PromptCache, SlotFileError, TextState, cache_reuse_plan,
                                common_prefix, read_slot_file, write_slot_file)
 from runtime.tasks import (CompletionResult, CompletionTask, EmbeddingTask, SamplingParams,
@@ -670,7 +670,7 @@ class Engine:
         prefilling = [s for s in self.slots if s.busy and s.state == "prompt"]
         budget = cfg.n_batch
         for s in decoding:
-            k, banned = _logits_topk(s.sampler)
+            k, banned = topk_needed(s.sampler)
             batch.append(SeqBatch(s.seq, [s.pending], len(s.tokens), logits=True, topk=k, banned=banned))
             owners.append(s)
             budget -= 1
@@ -683,7 +683,7 @@ class Engine:
             toks = s.prompt[s.n_past:s.n_past + n]
             last = s.n_past + n == len(s.prompt)
             emb = isinstance(s.handle.task, EmbeddingTask)
-            k, banned = _logits_topk(s.sampler) if last and not emb else (0, ())
+            k, banned = topk_needed(s.sampler) if last and not emb else (0, ())
             batch.append(SeqBatch(s.seq, toks, s.n_past, logits=last and not emb, hidden=emb, topk=k, banned=banned))
             owners.append(s)
             budget -= n
@@ -876,29 +876,6 @@ class Engine:
         s.pending = None
         s.t_last_used = time.perf_counter()
         s.sampler = None
-
-
-def _logits_topk(st: SamplerState | None) -> tuple[int, tuple[int, ...]]:
-    """How many of a row's largest logits the sampler can look at, when that is all it looks at:
-    (1, …) for plain greedy, (top_k, …) when top_k comes first among the active samplers; (0, ())
-    when it needs the whole row (grammar, logit bias, penalties, n_probs, other orders). The second
-    value lists the tokens ignore_eos bans."""
-    if st is None:
-        return 0, ()
-    p = st.params
-    if st.grammar is not None or p.logit_bias or p.n_probs > 0 or p.dry_multiplier > 0 or \
-            p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
-        return 0, ()
-    banned = tuple(sorted(st.eog_ids)) if p.ignore_eos else ()
-    if p.temperature <= 0:
-        return 1, banned
-    for name in p.samplers:
-        if name == "top_k":
-            return (p.top_k, banned) if p.top_k > 0 else (0, ())
-        if name in ("penalties", "dry") or (name == "top_n_sigma" and p.top_n_sigma <= 0):
-            continue  # inactive (checked above)
-        return 0, ()
-    return 0, ()
 
 
 def _deliver(items: list) -> None:

@@ -260,27 +260,65 @@ def sample_row(row: torch.Tensor, st: SamplerState) -> Sampled:
         lp = torch.log_softmax(row, 0)
         tv, ti = torch.topk(lp, min(p.n_probs, lp.numel()))
         top = list(zip(ti.tolist(), tv.tolist()))
-    vals, ids = row, None
     simple_greedy = p.temperature <= 0 and p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 \
         and p.presence_penalty == 0.0 and p.dry_multiplier <= 0
     if simple_greedy:
         tok = int(torch.argmax(row).item())
     else:
-        for name in p.samplers:
-            fn = SAMPLERS.get(name)
-            if fn is not None:
-                vals, ids = fn(vals, ids, p, st)
-        vals, ids = _ensure_ids(vals, ids)
-        if vals.numel() == 1:
-            tok = int(ids[0].item())
-        else:
-            probs = torch.softmax(vals, 0)
-            if not torch.isfinite(probs).all() or probs.sum() <= 0:
-                tok = int(ids[torch.argmax(vals)].item())
-            else:
-                tok = int(ids[torch.multinomial(probs, 1, generator=st.rng)].item())
+        tok = _chain_and_draw(row, None, st)
     logprob = float(torch.log_softmax(row, 0)[tok].item()) if p.n_probs > 0 else 0.0
     return Sampled(tok, logprob, top)
+
+
+def _chain_and_draw(vals: torch.Tensor, ids: torch.Tensor | None, st: SamplerState) -> int:
+    """Run the sampler chain in `samplers` order over vals (ids None: vals is the whole row) and
+    draw one token from what is left."""
+    p = st.params
+    for name in p.samplers:
+        fn = SAMPLERS.get(name)
+        if fn is not None:
+            vals, ids = fn(vals, ids, p, st)
+    vals, ids = _ensure_ids(vals, ids)
+    if vals.numel() == 1:
+        return int(ids[0].item())
+    probs = torch.softmax(vals, 0)
+    if not torch.isfinite(probs).all() or probs.sum() <= 0:
+        return int(ids[torch.argmax(vals)].item())
+    return int(ids[torch.multinomial(probs, 1, generator=st.rng)].item())
+
+
+def sample_candidates(vals: torch.Tensor, ids: torch.Tensor, st: SamplerState) -> Sampled:
+    """Sample from a row's top-k candidates (CPU vals [k] descending, ids [k]) for a state whose
+    chain starts with top_k (`topk_needed`): the same chain as `sample_row` on the whole row, since
+    its top_k step keeps exactly these."""
+    return Sampled(_chain_and_draw(vals, ids, st), 0.0, [])
+
+
+def topk_rows(rows: torch.Tensor, picks: list[tuple[int, int, tuple[int, ...]]],
+              batched: bool | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(values [k] descending, ids [k]) on the CPU for each (row, k, banned) of `picks`; banned
+    tokens are excluded. `batched` (default: rows on a device): one batched top-k where the rows
+    are, so that only [n, k] values cross to the host; otherwise numpy selection row by row."""
+    V = rows.shape[1]
+    if not (rows.device.type != "cpu" if batched is None else batched):
+        out = []
+        for i, k, banned in picks:
+            r = rows[i].numpy()  # banned entries set and restored through numpy: rows may be inference tensors
+            if banned:
+                saved = r[list(banned)].copy()
+                r[list(banned)] = NEG_INF
+            out.append(cpu_topk.topk(rows[i], min(k, V)))
+            if banned:
+                r[list(banned)] = saved
+        return out
+    sel = rows.index_select(0, torch.tensor([i for i, _, _ in picks], device=rows.device))
+    for j, (_, _, banned) in enumerate(picks):
+        if banned:
+            sel[j, torch.tensor(banned, device=rows.device)] = NEG_INF
+    kmax = min(max(k for _, k, _ in picks), V)
+    vals, ids = torch.topk(sel, kmax, dim=1)
+    vals, ids = vals.cpu(), ids.cpu()
+    return [(vals[j, :min(k, V)], ids[j, :min(k, V)]) for j, (_, k, _) in enumerate(picks)]
 
 
 def sample_batch(logits: torch.Tensor, states: list[SamplerState]) -> list[Sampled]:
@@ -301,6 +339,15 @@ def sample_batch(logits: torch.Tensor, states: list[SamplerState]) -> list[Sampl
         toks = torch.argmax(sel, dim=1).tolist()
         for i, t in zip(greedy_rows, toks):
             out[i] = Sampled(int(t), 0.0, [])
+    picks = []
+    for i, st in enumerate(states):
+        if out[i] is None:
+            k, banned = topk_needed(st)
+            if k > 0:
+                picks.append((i, k, banned))
+    if picks:  # top_k-first chains: only k candidates per row go through the chain
+        for (i, _, _), (vals, ids) in zip(picks, topk_rows(rows, picks)):
+            out[i] = sample_candidates(vals, ids, states[i])
     cpu_rows = None
     for i, st in enumerate(states):
         if out[i] is None:
@@ -308,6 +355,29 @@ def sample_batch(logits: torch.Tensor, states: list[SamplerState]) -> list[Sampl
                 cpu_rows = rows.cpu()
             out[i] = sample_row(cpu_rows[i].clone(), st)
     return out  # type: ignore[return-value]
+
+
+def topk_needed(st: SamplerState | None) -> tuple[int, tuple[int, ...]]:
+    """How many of a row's largest logits the sampler can look at, when that is all it looks at:
+    (1, …) for plain greedy, (top_k, …) when top_k comes first among the active samplers; (0, ())
+    when it needs the whole row (grammar, logit bias, penalties, n_probs, other orders). The second
+    value lists the tokens ignore_eos bans."""
+    if st is None:
+        return 0, ()
+    p = st.params
+    if st.grammar is not None or p.logit_bias or p.n_probs > 0 or p.dry_multiplier > 0 or \
+            p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+        return 0, ()
+    banned = tuple(sorted(st.eog_ids)) if p.ignore_eos else ()
+    if p.temperature <= 0:
+        return 1, banned
+    for name in p.samplers:
+        if name == "top_k":
+            return (max(p.top_k, p.min_keep), banned) if p.top_k > 0 else (0, ())
+        if name in ("penalties", "dry") or (name == "top_n_sigma" and p.top_n_sigma <= 0):
+            continue  # inactive (checked above)
+        return 0, ()
+    return 0, ()
 
 
 def _greedy_cpu(row: np.ndarray, st: SamplerState) -> int:

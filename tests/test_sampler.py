@@ -141,3 +141,41 @@ def test_samplers_order_is_respected():
     # temperature first (very sharp) then min_p keeps only the best; min_p first keeps three
     sharp_first = _st(temperature=0.05, top_k=0, top_p=1.0, min_p=0.5, samplers=["temperature", "min_p"], seed=0)
     assert {sample_row(row.clone(), sharp_first).token for _ in range(20)} == {0}
+
+
+def test_topk_first_rows_sample_from_candidates_like_the_full_row():
+    """Rows whose chain starts with top_k are sampled from their k candidates (numpy selection on
+    the CPU, one batched top-k on a device): with the same seed, the same tokens as `sample_row`
+    over the whole row, ignore_eos and min_keep included."""
+    import random
+    from runtime.sampler import topk_needed
+    V = 5000
+    for trial in range(30):
+        params = SamplingParams(temperature=random.choice([0.5, 1.0, 1.5]), top_k=random.choice([5, 40]),
+                                top_p=random.choice([0.9, 1.0]), min_p=random.choice([0.0, 0.05]),
+                                min_keep=random.choice([0, 50]), ignore_eos=trial % 2 == 0, seed=1000 + trial)
+        rows = torch.randn(3, V) * 3
+        rows[:, 7] = 30.0  # an EOG token that ignore_eos must ban
+        want = [sample_row(rows[i].clone(), SamplerState(params, frozenset({7}))).token for i in range(3)]
+        states = [SamplerState(params, frozenset({7})) for _ in range(3)]
+        assert topk_needed(states[0])[0] == max(params.top_k, params.min_keep)
+        got = [s.token for s in sample_batch(rows.clone(), states)]
+        assert got == want
+        if params.ignore_eos:
+            assert 7 not in got
+
+
+def test_topk_rows_batched_and_per_row_agree():
+    from runtime.sampler import topk_rows
+    with torch.inference_mode():  # as the model's logits are
+        rows = torch.randn(4, 3000)
+    picks = [(0, 5, ()), (2, 40, (int(rows[2].argmax()),)), (3, 1, ())]
+    before = rows.clone()
+    a = topk_rows(rows, picks, batched=True)
+    b = topk_rows(rows, picks, batched=False)
+    assert torch.equal(rows, before)  # banned entries restored
+    for (i, k, banned), (va, ia), (vb, ib) in zip(picks, a, b):
+        assert torch.equal(va, vb) and torch.equal(ia, ib) and len(ia) == k
+        assert not set(banned) & set(ia.tolist())
+        assert torch.equal(va, torch.topk(rows[i].index_fill(0, torch.tensor(list(banned), dtype=torch.long),
+                                                               float("-inf")) if banned else rows[i], k).values)
