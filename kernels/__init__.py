@@ -62,8 +62,8 @@ class Ops:
             return _triton()
         return ref
 
-    def prepare_weight(self, w: QWeight, unpack_quantized: bool = False) -> QWeight:
-        return self.impl(w.data.device).prepare_weight(w, unpack_quantized)
+    def prepare_weight(self, w: QWeight, unpack_quantized: bool = False, pack_quantized: bool = True) -> QWeight:
+        return self.impl(w.data.device).prepare_weight(w, unpack_quantized, pack_quantized)
 
     def dequantize(self, w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return self.impl(w.data.device).dequantize(w, dtype)
@@ -112,11 +112,12 @@ def get_backend() -> str:
     return _default.backend
 
 
-def prepare_weight(w: QWeight, unpack_quantized: bool = False) -> QWeight:
+def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: bool = True) -> QWeight:
     """Repack a weight once at load into the layout the backend reads fastest (CPU: float32 tiles
-    or [cols, rows]; quantized ones dequantized once when `unpack_quantized`; Triton: the GGUF
-    block format unchanged)."""
-    return _default.prepare_weight(w, unpack_quantized)
+    or [cols, rows]; quantized ones into exact integer tiles when `pack_quantized` and the CPU
+    kernel exists, else dequantized once when `unpack_quantized`; Triton: the GGUF block format
+    unchanged)."""
+    return _default.prepare_weight(w, unpack_quantized, pack_quantized)
 
 
 def dequantize(w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:

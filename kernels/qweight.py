@@ -14,6 +14,11 @@ linear layer computes `y[T, rows] = x[T, cols] @ W^T`.
 - "cols": `data` is `[cols, rows]` contiguous, what BLAS reads fastest for small batches;
 - "tiles64": `data` is `[ceil(rows / 64), cols, 64]`, rows zero-padded to a multiple of 64: each
   tile of 64 output rows is one contiguous stream, what the CPU batched-GEMV kernel reads.
+
+Quantized types on the CPU path may instead be repacked by `kernels.cpu_qgemv.pack` (same values)
+into "tiles64_c8" / "tiles64_c4": `data` holds integer codes in 64-row tiles, `scales` and
+`offsets` the per-group factors A and B ([ceil(rows / 64), cols / group, 64] float32), `group` the
+group size, with W[r, k] = A * code + B (see that module).
 """
 from __future__ import annotations
 
@@ -35,7 +40,10 @@ class QWeight:
     qtype: GGMLQuantizationType
     rows: int  # output features
     cols: int  # input features
-    layout: str = "rows"  # "rows" | "cols" | "tiles64" (see the module docstring)
+    layout: str = "rows"  # "rows" | "cols" | "tiles64" | "tiles64_c8" | "tiles64_c4" (module docstring)
+    scales: torch.Tensor | None = None  # tiles64_c*: A [tiles, cols / group, 64]
+    offsets: torch.Tensor | None = None  # tiles64_c*: B
+    group: int = 0  # tiles64_c*: weights per (A, B) pair along a row
 
     @property
     def is_float(self) -> bool:
@@ -51,10 +59,14 @@ class QWeight:
 
     @property
     def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size()
+        extra = [t for t in (self.scales, self.offsets) if t is not None]
+        return sum(t.numel() * t.element_size() for t in [self.data, *extra])
 
     def to(self, device: torch.device | str) -> "QWeight":
-        return QWeight(self.data.to(device), self.qtype, self.rows, self.cols, self.layout)
+        def mv(t):
+            return None if t is None else t.to(device)
+        return QWeight(self.data.to(device), self.qtype, self.rows, self.cols, self.layout,
+                       mv(self.scales), mv(self.offsets), self.group)
 
     @staticmethod
     def from_float(t: torch.Tensor) -> "QWeight":

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 
-from . import cpu_attention, cpu_gemv
+from . import cpu_attention, cpu_gemv, cpu_qgemv
 from .qweight import QWeight
 
 # Dequantize at most this many weight elements at once inside qmatmul (bounds temporary memory:
@@ -51,15 +51,19 @@ _UNPACK_MAX_ELEMS = 1 << 22
 _BLAS_MT_MIN_M = 32
 
 
-def prepare_weight(w: QWeight, unpack_quantized: bool = False) -> QWeight:
+def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: bool = True) -> QWeight:
     """Once at load, float weights on the CPU get the layout their matmul reads fastest:
     matrices of at least 2^16 elements go into 64-row tiles for the batched-GEMV kernel (`kernels.cpu_gemv`,
     one pass over the weights per decode step whatever the batch), the others become float32
     [cols, rows] contiguous for BLAS (about 3x faster than [rows, cols] for small batches).
-    Quantized weights stay in their block format (dequantized on every matmul) unless
-    `unpack_quantized`: then they are dequantized once here and treated as float weights."""
+    Quantized weights are repacked, value for value, into the affine-integer tiles of
+    `kernels.cpu_qgemv` when `pack_quantized` and its C kernel is available (vectorized); otherwise they stay in their
+    block format (dequantized on every matmul) unless `unpack_quantized`: then they are
+    dequantized once here and treated as float weights."""
     if w.layout != "rows" or w.data.device.type != "cpu":
         return w
+    if not w.is_float and pack_quantized and cpu_qgemv.supports(w) and cpu_qgemv.available():
+        return cpu_qgemv.pack(w)
     if not w.is_float:
         if not unpack_quantized:
             return w
@@ -71,6 +75,8 @@ def prepare_weight(w: QWeight, unpack_quantized: bool = False) -> QWeight:
 
 def dequantize(w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """[rows, cols] matrix of `w` in `dtype`."""
+    if w.layout in cpu_qgemv.LAYOUTS:
+        return cpu_qgemv.unpack(w).to(dtype)
     if w.is_float:
         if w.layout == "tiles64":
             return cpu_gemv.unpack(w.data, w.rows).to(dtype)
@@ -84,6 +90,9 @@ def _row_slice(w: QWeight, r0: int, r1: int) -> QWeight:
 
 def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """y[T, rows] = x[T, cols] @ W^T, output dtype = x.dtype."""
+    if w.layout in cpu_qgemv.LAYOUTS:  # any T: the kernel beats BLAS on dequantized rows here
+        nt = 1 if x.shape[0] <= cpu_gemv.MAX_M and w.rows * w.cols < _BGEMV_MT_MIN_ELEMS else None
+        return cpu_qgemv.qgemv(x.float(), w, nt).to(x.dtype)
     if w.layout == "tiles64":  # one pass over the weights per 16 rows of x
         if x.shape[0] > cpu_gemv.MAX_M and w.rows * w.cols <= _UNPACK_MAX_ELEMS:
             # prefill through a small matrix: unpacking it (a ~1 MB copy) and one multi-threaded
@@ -120,6 +129,8 @@ def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
 def embedding(ids: torch.Tensor, w: QWeight) -> torch.Tensor:
     """[T, cols] float32 rows `ids` of `w` (only the gathered rows are dequantized)."""
     ids = ids.to(device=w.data.device, dtype=torch.long)
+    if w.layout in cpu_qgemv.LAYOUTS:
+        return cpu_qgemv.rows(w, ids)
     if w.layout == "tiles64":
         return cpu_gemv.rows(w.data, ids).float()
     if w.layout == "cols":

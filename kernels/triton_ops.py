@@ -8,6 +8,6 @@ from .tl_write_kv import write_kv  # noqa: F401
 from .qweight import QWeight
 
 
-def prepare_weight(w: QWeight, unpack_quantized: bool = False) -> QWeight:
+def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: bool = True) -> QWeight:
     """The Triton kernels read the GGUF block format as it is: nothing to prepare."""
     return w

@@ -231,6 +231,8 @@ class Engine:
         self._log("I", f"cmn          init: n_threads = {torch.get_num_threads()}, device = {device}")
         if self.model.unpacked_quantized:
             self._log("I", "srv    load_model: quantized weights dequantized once to float32 for the CPU path")
+        elif self.model.packed_quantized:
+            self._log("I", "srv    load_model: quantized weights repacked into integer tiles for the CPU kernels")
         self.tokenizer = load_tokenizer(path)
         src = None
         if cfg.chat_template_file:

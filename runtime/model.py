@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 import kernels
-from kernels import cpu_gemv
+from kernels import cpu_gemv, cpu_qgemv
 from kernels.cpu_topk import kth_largest
 from kernels.qweight import QWeight
 from runtime.kv_cache import KVCache, SeqKV
@@ -130,10 +130,13 @@ def _physical_memory() -> int:
 
 
 class Model:
-    def __init__(self, loaded, device: str | torch.device = "cpu", unpack_budget: int | None = None):
-        """`unpack_budget`: on the CPU, quantized weights are dequantized once at load (fast float
-        matmuls) when their float32 size fits this many bytes (default: half the physical memory);
-        otherwise they stay in their block format and are dequantized on every matmul."""
+    def __init__(self, loaded, device: str | torch.device = "cpu", unpack_budget: int | None = None,
+                 pack_quantized: bool | None = None):
+        """On the CPU, quantized weights are repacked into the exact integer tiles of
+        `kernels.cpu_qgemv` (`pack_quantized`, default: when its vectorized C kernel exists).
+        Otherwise they are dequantized once at load when their float32 size fits `unpack_budget`
+        bytes (default: half the physical memory), or else stay in their block format and are
+        dequantized on every matmul."""
         cfg = loaded.config
         self.cfg = cfg
         self.device = torch.device(device)
@@ -142,15 +145,23 @@ class Model:
         quant_f32 = sum(4 * x.rows * x.cols for x in w.values() if isinstance(x, QWeight) and not x.is_float)
         if unpack_budget is None:
             unpack_budget = _physical_memory() // 2
-        self.unpacked_quantized = dev.type == "cpu" and 0 < quant_f32 <= unpack_budget
+        # CPU: quantized weights go into the exact integer tiles of kernels.cpu_qgemv when its
+        # vectorized kernel exists; only without it are they dequantized to float32 (if they fit)
+        if pack_quantized is None:
+            pack_quantized = cpu_qgemv.available()
+        self.packed_quantized = dev.type == "cpu" and quant_f32 > 0 and pack_quantized
+        self.unpacked_quantized = dev.type == "cpu" and 0 < quant_f32 <= unpack_budget and not self.packed_quantized
         unpack = self.unpacked_quantized
 
         def t(name):
             x = w.get(name)
             return None if x is None else x.to(dev).float()
 
-        def q(name) -> QWeight:  # a matmul weight, in the layout the device's kernels read fastest
-            return kernels.prepare_weight(w[name].to(dev), unpack)
+        def prep(x: QWeight) -> QWeight:  # a matmul weight, in the layout the device's kernels read fastest
+            return kernels.prepare_weight(x, unpack, self.packed_quantized)
+
+        def q(name) -> QWeight:
+            return prep(w[name].to(dev))
 
         if "output.weight" in w:
             self.tok_embd = w["token_embd.weight"].to(dev)  # only gathered from: keep rows contiguous
@@ -166,10 +177,10 @@ class Model:
             bqkv = torch.cat(bias) if all(b is not None for b in bias) else None
             gate_up = _cat_rows([w[p + "ffn_gate.weight"].to(dev), w[p + "ffn_up.weight"].to(dev)])
             self.layers.append(Layer(
-                attn_norm=t(p + "attn_norm.weight"), wqkv=[kernels.prepare_weight(x, unpack) for x in wqkv], bqkv=bqkv,
+                attn_norm=t(p + "attn_norm.weight"), wqkv=[prep(x) for x in wqkv], bqkv=bqkv,
                 q_norm=t(p + "attn_q_norm.weight"), k_norm=t(p + "attn_k_norm.weight"),
                 wo=q(p + "attn_output.weight"), ffn_norm=t(p + "ffn_norm.weight"),
-                w_gate_up=[kernels.prepare_weight(x, unpack) for x in gate_up], w_down=q(p + "ffn_down.weight")))
+                w_gate_up=[prep(x) for x in gate_up], w_down=q(p + "ffn_down.weight")))
         self.n_head, self.n_head_kv, self.head_dim = cfg.n_head, cfg.n_head_kv, cfg.head_dim
         self.n_ff = self.layers[0].w_down.cols
         self.eps = float(cfg.rms_eps)

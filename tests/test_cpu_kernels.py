@@ -52,12 +52,53 @@ def test_bgemv_i8_narrower_builds_agree(flags, monkeypatch, tmp_path):
     lib = cpu_native._build(flags)
     assert lib is not None
     assert lib.i8_widening_is_vectorized() == (0 if "-mno-avx2" in flags else 1)
+    from gguf import GGMLQuantizationType
+    from kernels import cpu_qgemv
+    from kernels.testing import random_qweight
     x = torch.randn(5, 96)
     q, scale, _ = cpu_gemv.pack_i8(cpu_gemv.pack(torch.randn(200, 96)))
     want = cpu_gemv.bgemv_i8(x, q, scale, 200)
+    xq = torch.randn(3, 256)
+    packed = [cpu_qgemv.pack(random_qweight(GGMLQuantizationType[t], 70, 256)) for t in ("Q4_K", "Q6_K", "Q4_1")]
+    want_q = [cpu_qgemv.qgemv(xq, p) for p in packed]
     monkeypatch.setattr(cpu_native, "_lib", lib)
     got = cpu_gemv.bgemv_i8(x, q, scale, 200)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-4)
+    for p, w in zip(packed, want_q):  # 4-bit (with offsets), 8-bit (without), 4-bit
+        assert torch.allclose(cpu_qgemv.qgemv(xq, p), w, rtol=1e-5, atol=1e-4)
+
+
+QUANT_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+
+
+@pytest.mark.parametrize("qtype", QUANT_TYPES)
+def test_qgemv_tiles_hold_the_exact_gguf_values(qtype):
+    """kernels.cpu_qgemv repacks every quantized type into integer tiles without changing a value
+    (unpack, row gathers and row ranges equal the GGUF dequantizer bit for bit); its GEMV matches a
+    float64 product for decode-sized and prefill-sized batches, through ref.qmatmul too."""
+    from gguf import GGMLQuantizationType
+    from kernels import cpu_qgemv, dequant_ref
+    from kernels.testing import random_qweight
+    if not cpu_qgemv.available():
+        pytest.skip("no vectorized C kernels on this machine")
+    qt = GGMLQuantizationType[qtype]
+    N, K = 131, 512  # rows not a multiple of the 64-row tile
+    w = random_qweight(qt, N, K)
+    want = dequant_ref.dequantize(w)
+    p = ref.prepare_weight(w)
+    assert p.layout in cpu_qgemv.LAYOUTS and (p.rows, p.cols) == (N, K)
+    assert torch.equal(cpu_qgemv.unpack(p), want)
+    assert torch.equal(ref.dequantize(p), want)
+    assert torch.equal(cpu_qgemv.unpack(p, 60, 130), want[60:130])
+    ids = torch.tensor([130, 0, 64, 31, 32, 63, 99])
+    assert torch.equal(ref.embedding(ids, p), want[ids])
+    for M in (1, 2, 5, 17, 40):
+        x = torch.randn(M, K)
+        expect = x.double() @ want.double().T
+        got = ref.qmatmul(x, p)
+        assert got.shape == (M, N) and got.dtype == torch.float32
+        assert float((got.double() - expect).norm() / expect.norm()) < 1e-6
+    assert p.nbytes < 1.3 * K * 64 * 3  # at most ~1.25 bytes per weight (3 tiles of 64 rows)
 
 
 def test_kth_largest_matches_a_sort():

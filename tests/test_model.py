@@ -171,25 +171,33 @@ def test_rope_inv_freq_linear_scaling():
 
 @pytest.mark.parametrize("wtype", ["q4_k", "q8_0"])
 def test_quantized_weights_kept_in_blocks_give_the_same_logits(tmp_path, wtype):
-    """On the CPU, quantized weights are dequantized once at load when they fit the memory budget;
-    with no budget they stay in GGUF blocks and are dequantized per matmul: same numbers."""
+    """On the CPU, quantized weights are repacked into integer tiles (kernels.cpu_qgemv) or, without
+    that, dequantized once at load when they fit the memory budget, or else kept in GGUF blocks
+    and dequantized per matmul: the same numbers all three ways."""
     spec = spec_with(wtype=wtype, n_layer=1, n_embd=256, n_head=4, n_head_kv=2, n_ff=256, n_vocab=300,
                      init_std=0.15, seed=5)
     path = tmp_path / "q.gguf"
     write_tiny_model(path, spec)
     lm = load_model(path)
-    unpacked, blocks = Model(lm), Model(lm, unpack_budget=0)
+    unpacked, blocks = Model(lm, pack_quantized=False), Model(lm, unpack_budget=0, pack_quantized=False)
     assert unpacked.unpacked_quantized and not blocks.unpacked_quantized
     assert not blocks.layers[0].w_down.is_float and unpacked.layers[0].w_down.is_float
+    models = [unpacked, blocks]
+    from kernels import cpu_qgemv
+    if cpu_qgemv.available():
+        packed = Model(lm)
+        assert packed.packed_quantized and packed.layers[0].w_down.layout in cpu_qgemv.LAYOUTS
+        models.append(packed)
     toks = list(range(1, 20))
     out = []
-    for m in (unpacked, blocks):
+    for m in models:
         kv = m.new_cache(64, dtype=torch.float32)
         s = SeqKV()
         kv.reserve(s, len(toks))
         logits, _ = m.forward(kv, [SeqBatch(s, toks, 0)])
         out.append(logits)
-    assert _rel(out[1], out[0].double()) < 1e-5
+    for o in out[1:]:
+        assert _rel(o, out[0].double()) < 1e-5
 
 
 def test_yarn_matches_ggml_rope_formula():
