@@ -27,7 +27,7 @@ class ArgError(Exception):
 def build_parser() -> argparse.ArgumentParser:
     d = SamplingParams()
     p = argparse.ArgumentParser(
-        prog="tritium-server",
+        prog="tritium-server", allow_abbrev=False,
         description="A llama-server compatible LLM inference server (OpenAI-compatible and native endpoints).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("model and context")
@@ -43,8 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
                    help="number of tokens to predict (-1 = until end of generation or context)")
     g.add_argument("-t", "--threads", type=int, default=-1, metavar="N", help="CPU threads (-1 = torch default)")
-    g.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                   help="where the model runs (auto = cuda when available)")
+    g.add_argument("-dev", "--device", default="auto", type=_device, metavar="{auto,cpu,cuda}",
+                   help="where the model runs (auto = cuda when available); llama-server's device lists are "
+                        "understood too: none = cpu, CUDA0 = cuda")
     g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", default=None, metavar="N",
                    help="accepted for compatibility; the whole model runs on --device")
 
@@ -63,6 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty, metavar="N")
     g.add_argument("--samplers", default=None, metavar="SAMPLERS",
                    help="samplers in order, separated by ';' (default: " + ";".join(d.samplers) + ")")
+    g.add_argument("--min-keep", type=int, default=d.min_keep, metavar="N")
+    g.add_argument("--top-nsigma", "--top-n-sigma", type=float, default=d.top_n_sigma, metavar="N")
+    g.add_argument("--xtc-probability", type=float, default=d.xtc_probability, metavar="N")
+    g.add_argument("--xtc-threshold", type=float, default=d.xtc_threshold, metavar="N")
+    g.add_argument("--dynatemp-range", type=float, default=d.dynatemp_range, metavar="N")
+    g.add_argument("--dynatemp-exp", type=float, default=d.dynatemp_exponent, metavar="N")
+    g.add_argument("--dry-multiplier", type=float, default=d.dry_multiplier, metavar="N")
+    g.add_argument("--dry-base", type=float, default=d.dry_base, metavar="N")
+    g.add_argument("--dry-allowed-length", type=int, default=d.dry_allowed_length, metavar="N")
+    g.add_argument("--dry-penalty-last-n", type=int, default=d.dry_penalty_last_n, metavar="N")
+    g.add_argument("--ignore-eos", action="store_true", help="ignore end of generation tokens by default")
 
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="IP address to listen on")
@@ -110,7 +122,145 @@ def build_parser() -> argparse.ArgumentParser:
                    help="thinking tokens allowed (-1 = unlimited, 0 = end thinking at once)")
     g.add_argument("--reasoning", "-rea", default=None, choices=("on", "off", "auto"),
                    help="set enable_thinking for every request")
+    _add_llama_server_flags(p)
     return p
+
+
+def _device(v: str) -> str:
+    """--device: tritium's auto|cpu|cuda, or a llama-server device list (none, CUDA0, ...)."""
+    low = v.strip().lower()
+    if low in ("auto", "cpu", "cuda"):
+        return low
+    if low in ("none", ""):
+        return "cpu"
+    if low.startswith("cuda"):
+        return "cuda"
+    raise argparse.ArgumentTypeError(f"unknown device {v!r} (auto, cpu, cuda, none, CUDA0)")
+
+
+# llama-server flags that tritium accepts without a change in what it computes (memory mapping,
+# NUMA, batch threads, multi-GPU splits, web UI, logging cosmetics, ...): (names, takes a value)
+_NO_EFFECT = [
+    (("-tb", "--threads-batch"), True), (("-fa", "--flash-attn"), True), (("-cb", "--cont-batching"), False),
+    (("-nocb", "--no-cont-batching"), False), (("--mlock",), False), (("--mmap",), False),
+    (("--no-mmap",), False), (("--numa",), True), (("-sm", "--split-mode"), True), (("-mg", "--main-gpu"), True),
+    (("-ts", "--tensor-split"), True), (("-fit", "--fit"), True), (("-dt", "--defrag-thold"), True),
+    (("--threads-http",), True), (("--keep",), True), (("--context-shift",), False),
+    (("--no-context-shift",), False), (("--swa-full",), False), (("--ctx-checkpoints", "--swa-checkpoints"), True),
+    (("--offline",), False), (("--webui",), False), (("--no-webui",), False), (("--spm-infill",), False),
+    (("--no-prefill-assistant",), False), (("-lcs", "--lookup-cache-static"), True),
+    (("-lcd", "--lookup-cache-dynamic"), True), (("--reuse-port",), False), (("-e", "--escape"), False),
+    (("--no-escape",), False), (("--log-colors",), True), (("--log-prefix",), False), (("--log-timestamps",), False),
+    (("--no-perf",), False), (("--perf",), False), (("-kvo", "--kv-offload"), False),
+    (("-nkvo", "--no-kv-offload"), False), (("--repack",), False), (("-nr", "--no-repack"), False),
+    (("--no-host",), False), (("-sp", "--special"), False), (("--poll",), True), (("--poll-batch",), True),
+    (("--cpu-strict",), True), (("--cpu-strict-batch",), True), (("-Cb", "--cpu-mask-batch"), True),
+    (("-Crb", "--cpu-range-batch"), True), (("--prio-batch",), True), (("-ub", "--ubatch-size"), True),
+]
+# accepted with a warning: the output is the same, only the speed differs (no speculative decoding)
+_SPECULATIVE = [
+    (("-md", "--model-draft"), True), (("--draft", "--draft-n", "--draft-max"), True), (("--draft-min",), True),
+    (("--draft-p-min",), True), (("-cd", "--ctx-size-draft"), True), (("-devd", "--device-draft"), True),
+    (("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft"), True), (("--spec-replace",), True),
+]
+# refused: they would change what the server computes or serves, and tritium does not implement them
+_UNSUPPORTED = [
+    (("--lora",), True), (("--lora-scaled",), True), (("--lora-init-without-apply",), False),
+    (("--control-vector",), True), (("--control-vector-scaled",), True), (("-hf", "-hfr", "--hf-repo"), True),
+    (("-hff", "--hf-file"), True), (("-mu", "--model-url"), True), (("--rerank", "--reranking"), False),
+    (("--api-prefix",), True), (("--grammar",), True), (("--grammar-file",), True),
+    (("-j", "--json-schema"), True), (("-jf", "--json-schema-file"), True), (("--mirostat",), True),
+    (("-l", "--logit-bias"), True), (("--path",), True), (("--ssl-key-file",), True), (("--ssl-cert-file",), True),
+]
+
+
+def _add_llama_server_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("llama-server compatibility")
+    g.add_argument("-b", "--batch-size", type=int, default=2048, metavar="N",
+                   help="logical maximum batch size: prompt tokens evaluated per step")
+    g.add_argument("-C", "--cpu-mask", default=None, metavar="M",
+                   help="CPU affinity mask, hex (e.g. ff): the process and every thread it starts are pinned to it")
+    g.add_argument("-Cr", "--cpu-range", default=None, metavar="LO-HI", help="CPU affinity range (e.g. 0-3)")
+    g.add_argument("--prio", type=int, default=0, metavar="N",
+                   help="process priority: -1 low, 0 normal, 1 medium, 2 high, 3 realtime (nice values)")
+    g.add_argument("--no-warmup", dest="warmup", action="store_false", default=True,
+                   help="skip the warm-up forward at load")
+    g.add_argument("--warmup", dest="warmup", action="store_true")
+    g.add_argument("-ctk", "--cache-type-k", default="f16", metavar="TYPE", help="KV cache type (f32, f16, bf16)")
+    g.add_argument("-ctv", "--cache-type-v", default="f16", metavar="TYPE", help="KV cache type (f32, f16, bf16)")
+    g.add_argument("--rope-scaling", choices=("none", "linear", "yarn"), default=None,
+                   help="RoPE frequency scaling (default: the model's)")
+    g.add_argument("--rope-scale", type=float, default=None, metavar="N", help="RoPE context scaling factor")
+    g.add_argument("--rope-freq-base", type=float, default=None, metavar="N", help="RoPE base frequency")
+    g.add_argument("--rope-freq-scale", type=float, default=None, metavar="N",
+                   help="RoPE frequency scaling factor (1 / --rope-scale)")
+    g.add_argument("--yarn-orig-ctx", type=int, default=None, metavar="N", help="YaRN original context size")
+    g.add_argument("--yarn-ext-factor", type=float, default=None, metavar="N")
+    g.add_argument("--yarn-attn-factor", type=float, default=None, metavar="N")
+    g.add_argument("--yarn-beta-slow", type=float, default=None, metavar="N")
+    g.add_argument("--yarn-beta-fast", type=float, default=None, metavar="N")
+    g.add_argument("--log-disable", action="store_true", help="no log output")
+    g.add_argument("--log-file", default=None, metavar="FNAME", help="also write the log to this file")
+    for prefix, table in (("_noeffect_", _NO_EFFECT), ("_spec_", _SPECULATIVE), ("_unsupported_", _UNSUPPORTED)):
+        for names, value in table:
+            kw = {} if value else {"action": "store_const", "const": True}
+            g.add_argument(*names, dest=_dest(prefix, names), default=None, help=argparse.SUPPRESS, **kw)
+
+
+def _dest(prefix: str, names: tuple[str, ...]) -> str:
+    return prefix + names[-1].lstrip("-").replace("-", "_")
+
+
+def _cpu_set(args: argparse.Namespace) -> set[int] | None:
+    """The CPUs of -C/--cpu-mask (hex) and -Cr/--cpu-range (lo-hi), None when neither is given."""
+    cpus: set[int] = set()
+    if args.cpu_mask:
+        try:
+            mask = int(args.cpu_mask, 16)
+        except ValueError:
+            raise ArgError("--cpu-mask", f"invalid hex mask: {args.cpu_mask}")
+        cpus |= {i for i in range(mask.bit_length()) if mask >> i & 1}
+    if args.cpu_range:
+        try:
+            lo, hi = (int(x) for x in args.cpu_range.split("-"))
+        except ValueError:
+            raise ArgError("--cpu-range", f"expected LO-HI, got: {args.cpu_range}")
+        cpus |= set(range(lo, hi + 1))
+    return cpus or None
+
+
+def _unsupported(args: argparse.Namespace) -> str | None:
+    for names, _ in _UNSUPPORTED:
+        if getattr(args, _dest("_unsupported_", names)) is not None:
+            return names[-1]
+    return None
+
+
+def _kv_dtype(args: argparse.Namespace) -> str:
+    types = {args.cache_type_k.lower(), args.cache_type_v.lower()}
+    if len(types) != 1 or not types <= {"f16", "f32", "bf16"}:
+        raise ArgError("--cache-type-k", f"unsupported KV cache types {args.cache_type_k}/{args.cache_type_v}: "
+                                         "tritium keeps K and V alike in f16, f32 or bf16")
+    return types.pop()
+
+
+def _rope_overrides(args: argparse.Namespace) -> dict:
+    """Model config fields the RoPE flags override (as llama.cpp's cparams do)."""
+    o: dict = {}
+    if args.rope_scaling is not None:
+        o["rope_scaling_type"] = args.rope_scaling
+    if args.rope_freq_base:
+        o["rope_freq_base"] = args.rope_freq_base
+    if args.rope_scale:
+        o["rope_scaling_factor"] = args.rope_scale
+    if args.rope_freq_scale:
+        o["rope_scaling_factor"] = 1.0 / args.rope_freq_scale
+    for flag, key in (("yarn_orig_ctx", "rope_scaling_orig_ctx"), ("yarn_ext_factor", "yarn_ext_factor"),
+                      ("yarn_attn_factor", "yarn_attn_factor"), ("yarn_beta_slow", "yarn_beta_slow"),
+                      ("yarn_beta_fast", "yarn_beta_fast")):
+        if getattr(args, flag) is not None:
+            o[key] = getattr(args, flag)
+    return o
 
 
 def _api_keys(args: argparse.Namespace) -> list[str]:
@@ -130,14 +280,22 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         raise ArgError("--slot-save-path", f"not a directory: {args.slot_save_path}")
     if args.chat_template_file is not None and not os.path.isfile(args.chat_template_file):
         raise ArgError("--chat-template-file", f"error: failed to open file '{args.chat_template_file}'")
+    flag = _unsupported(args)
+    if flag is not None:
+        raise ArgError(flag, "not supported by tritium")
+    _kv_dtype(args)
+    _cpu_set(args)
     d = SamplingParams()
     defaults = SamplingParams(
         temperature=f32(args.temp), top_k=args.top_k, top_p=f32(args.top_p), min_p=f32(args.min_p),
         typical_p=f32(args.typical), seed=args.seed & 0xFFFFFFFF, repeat_penalty=f32(args.repeat_penalty),
         repeat_last_n=args.repeat_last_n, presence_penalty=f32(args.presence_penalty),
         frequency_penalty=f32(args.frequency_penalty),
-        dynatemp_range=f32(d.dynatemp_range), dynatemp_exponent=f32(d.dynatemp_exponent),
-        xtc_probability=f32(d.xtc_probability), xtc_threshold=f32(d.xtc_threshold), dry_base=f32(d.dry_base),
+        dynatemp_range=f32(args.dynatemp_range), dynatemp_exponent=f32(args.dynatemp_exp),
+        xtc_probability=f32(args.xtc_probability), xtc_threshold=f32(args.xtc_threshold),
+        top_n_sigma=f32(args.top_nsigma), min_keep=args.min_keep, ignore_eos=args.ignore_eos,
+        dry_multiplier=f32(args.dry_multiplier), dry_base=f32(args.dry_base),
+        dry_allowed_length=args.dry_allowed_length, dry_penalty_last_n=args.dry_penalty_last_n,
         samplers=[s for s in args.samplers.split(";") if s] if args.samplers else list(d.samplers))
     return ServerConfig(
         model_path=args.model or "", alias=args.alias, host=args.host, port=args.port, api_keys=_api_keys(args),
@@ -161,11 +319,35 @@ def engine_config(args: argparse.Namespace, scfg: ServerConfig):
         slot_prompt_similarity=args.slot_prompt_similarity, slot_save_path=args.slot_save_path,
         embeddings=args.embeddings, pooling=args.pooling, n_predict=args.n_predict, defaults=scfg.defaults,
         chat_template=args.chat_template, chat_template_file=args.chat_template_file,
-        verbosity=verbosity(args))
+        verbosity=verbosity(args), n_batch=max(1, args.batch_size), kv_dtype=_kv_dtype(args), warmup=args.warmup,
+        config_overrides=_rope_overrides(args))
 
 
 def verbosity(args: argparse.Namespace) -> int:
+    if args.log_disable:
+        return -1
     return 4 if args.verbose else args.verbosity
+
+
+def _pin_and_prioritise(args: argparse.Namespace, log: Logger) -> None:
+    """-C/-Cr: pin the process (threads started later, torch's and the kernels' OpenMP pools
+    included, inherit it); --prio: its nice value."""
+    cpus = _cpu_set(args)
+    if cpus is not None:
+        try:
+            os.sched_setaffinity(0, cpus)
+            log.srv("I", "llama_server", f"pinned to CPUs {','.join(map(str, sorted(cpus)))}")
+        except (OSError, AttributeError, ValueError) as e:
+            log.srv("W", "llama_server", f"could not set the CPU affinity: {e}")
+    if args.prio:
+        nice = {-1: 10, 1: -5, 2: -10, 3: -20}.get(args.prio, 0)
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        except (OSError, AttributeError) as e:
+            log.srv("W", "llama_server", f"could not set the process priority {args.prio}: {e}")
+    if any(getattr(args, _dest("_spec_", names)) is not None for names, _ in _SPECULATIVE):
+        log.srv("W", "llama_server", "speculative decoding is not supported: the draft model options are ignored "
+                                     "(same output, decoded without a draft)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     except ArgError as e:
         print(str(e), file=sys.stderr, flush=True)
         return 1
-    log = Logger(verbosity(args))
+    log = Logger(verbosity(args), log_file=args.log_file)
+    _pin_and_prioritise(args, log)
     log.srv("I", "llama_server", "initializing ...")
     log.log("I", "cmn", "common_params_print_info",
             f"common_params_print_info: verbosity = {log.verbosity} (adjust with the `-lv N` CLI arg)")

@@ -17,9 +17,12 @@ LEVELS = {"D": 4, "I": 3, "W": 2, "E": 1}
 class Logger:
     """Writes llama.cpp-formatted lines to a stream; `verbosity` follows `-lv` (3 = info, 4 = debug)."""
 
-    def __init__(self, verbosity: int = 3, stream: TextIO | None = None, t0: float | None = None):
+    def __init__(self, verbosity: int = 3, stream: TextIO | None = None, t0: float | None = None,
+                 log_file: str | None = None):
+        """verbosity < 0 (--log-disable): nothing at all. `log_file`: every line is appended there too."""
         self.verbosity = verbosity
         self.stream = stream if stream is not None else sys.stderr
+        self.file = open(log_file, "a", encoding="utf-8") if log_file else None
         self.t0 = time.monotonic() if t0 is None else t0
         self._lock = threading.Lock()
 
@@ -30,17 +33,20 @@ class Logger:
     def log(self, level: str, component: str, func: str, msg: str, min_verbosity: int | None = None) -> None:
         # errors and warnings always print; info at -lv >= 3, debug at -lv >= 4
         need = LEVELS[level] if min_verbosity is None else min_verbosity
-        if need > max(self.verbosity, 2):
+        if self.verbosity < 0 or need > max(self.verbosity, 2):
             return
         self.raw(level, f"{component:<4} {func[:12]:>12}: {msg}")
 
     def raw(self, level: str, msg: str) -> None:
         """One line already formatted after the level letter (the engine's `log` callback)."""
-        if LEVELS.get(level, 3) > max(self.verbosity, 2):
+        if self.verbosity < 0 or LEVELS.get(level, 3) > max(self.verbosity, 2):
             return
+        line = f"{self.stamp()} {level} {msg}\n"
         with self._lock:
-            self.stream.write(f"{self.stamp()} {level} {msg}\n")
-            self.stream.flush()
+            for out in (self.stream, self.file):
+                if out is not None:
+                    out.write(line)
+                    out.flush()
 
     def srv(self, level: str, func: str, msg: str, min_verbosity: int | None = None) -> None:
         self.log(level, "srv", func, msg, min_verbosity)

@@ -56,6 +56,8 @@ class EngineConfig:
     chat_template_file: str | None = None
     verbosity: int = 3
     log: Callable[[str, str], None] | None = None  # (level letter, message)
+    warmup: bool = True  # one forward at load (--no-warmup: off)
+    config_overrides: dict[str, Any] = field(default_factory=dict)  # model config fields (RoPE flags)
 
 
 class SlotError(Exception):
@@ -224,6 +226,11 @@ class Engine:
             cfg.model_path = path
         self._log("I", f"srv    load_model: loading model '{path}'")
         lm = load_model(path, progress=lambda msg: self._log("I", f"srv    {msg}"))
+        for key, value in cfg.config_overrides.items():
+            if not hasattr(lm.config, key):
+                raise ValueError(f"unknown model config field {key!r}")
+            self._log("I", f"srv    load_model: {key} = {value} (command line)")
+            setattr(lm.config, key, value)
         device = cfg.device
         if device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("--device cuda requested but no CUDA device is available")
@@ -294,6 +301,8 @@ class Engine:
     def _warm_up(self) -> None:
         """One small forward at load (as llama.cpp's warm-up run), so the first request does not
         pay for first-touch page faults, thread pool start-up and kernel builds."""
+        if not self.cfg.warmup:
+            return
         seq = SeqKV()
         try:
             for n in (8, 1):

@@ -129,3 +129,34 @@ def test_metrics_text_format():
     assert "# TYPE llamacpp:n_busy_slots_per_decode gauge\n" in text
     assert len(list(text_string_to_metric_families(text))) == 15
     assert format_value(1234567) == "1.23457e+06"
+
+
+def test_llama_server_script_flags_are_accepted(start_server, tmp_path):
+    """A typical llama-server launch line works unchanged: accepted flags (GPU offload, flash
+    attention, batch sizes, mmap/mlock, NUMA, continuous batching, draft model), the ones with an
+    effect here (-C pins the process, --log-file, --no-warmup, -ctk/-ctv, -b, RoPE overrides)."""
+    import os
+    log_file = tmp_path / "server.log"
+    srv = start_server("-ngl", "99", "-fa", "on", "-b", "1024", "-ub", "512", "-tb", "2", "--mlock", "--no-mmap",
+                       "--numa", "distribute", "-cb", "--no-warmup", "-C", "1", "-ctk", "f32", "-ctv", "f32",
+                       "--rope-freq-base", "20000", "-sm", "none", "-mg", "0", "--threads-http", "4",
+                       "-dt", "0.1", "--no-webui", "-md", "draft.gguf", "--draft-max", "8", "--log-file", str(log_file),
+                       "-dev", "none", "--top-nsigma", "-1", "--ignore-eos")
+    assert os.sched_getaffinity(srv.proc.pid) == {0}
+    r = httpx.post(srv.url + "/completion", json={"prompt": "hello", "n_predict": 4}, timeout=60)
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 4
+    assert r.json()["generation_settings"]["ignore_eos"] is True  # a sampling default from the command line
+    text = log_file.read_text()
+    assert "listening on" in text and "rope_freq_base = 20000.0 (command line)" in text
+    assert "speculative decoding is not supported" in srv.log()
+
+
+@pytest.mark.parametrize("flag,value", [("--lora", "x.gguf"), ("-hf", "org/model"), ("-ctk", "q8_0"),
+                                        ("--grammar-file", "g.gbnf")])
+def test_unsupported_llama_server_flags_fail_clearly(flag, value):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "api.cli", flag, value], capture_output=True, text=True, timeout=60,
+                       cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert r.returncode == 1
+    assert r.stderr.startswith('error while handling argument "') and ("not supported" in r.stderr or "unsupported" in r.stderr)
