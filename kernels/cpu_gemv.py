@@ -21,11 +21,15 @@ def available() -> bool:
     return cpu_native.lib() is not None
 
 
+_KERNELS = {torch.float32: "bgemv_tiles64", torch.float16: "bgemv_tiles64_f16", torch.bfloat16: "bgemv_tiles64_bf16"}
+
+
 def pack(w: torch.Tensor) -> torch.Tensor:
-    """[N, K] -> [ceil(N / 64), K, 64] float32 tiles (rows past N are zero)."""
+    """[N, K] -> [ceil(N / 64), K, 64] tiles of the same dtype (float32, float16 or bfloat16;
+    rows past N are zero)."""
     N, K = w.shape
     nt = (N + TILE - 1) // TILE
-    out = torch.zeros((nt * TILE, K), dtype=torch.float32)
+    out = torch.zeros((nt * TILE, K), dtype=w.dtype)
     out[:N] = w
     return out.view(nt, TILE, K).transpose(1, 2).contiguous()
 
@@ -42,10 +46,10 @@ def rows(tiles: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def bgemv(x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | None = None) -> torch.Tensor:
-    """x: [M, K] float32 (M <= MAX_M) times the packed [n_rows, K] weight -> y: [M, n_rows].
-    `n_threads`: OpenMP threads (default torch's count)."""
-    assert tiles.dtype == torch.float32
-    return _run("bgemv_tiles64", x, tiles, n_rows, n_threads, None)
+    """x: [M, K] float32 (M <= MAX_M) times the packed [n_rows, K] weight (float32, float16 or
+    bfloat16 tiles, widened exactly) -> y: [M, n_rows] float32. `n_threads`: OpenMP threads
+    (default torch's count)."""
+    return _run(_KERNELS[tiles.dtype], x, tiles, n_rows, n_threads, None)
 
 
 def i8_fast() -> bool:
@@ -56,17 +60,26 @@ def i8_fast() -> bool:
 
 
 def pack_i8(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """float32 tiles [nt, K, 64] -> (int8 tiles [nt, K, 64], row scales [nt * 64] float32,
+    """float tiles [nt, K, 64] -> (int8 tiles [nt, K, 64], row scales [nt * 64] float32,
     row error norms [nt * 64] float64): row r is approximated by scale_r * q_r with
     q_r = round(w_r / scale_r), scale_r = max |w_r| / 127, and err_r = |w_r - scale_r q_r|_2
     (computed in float64), which bounds the error of any dot product with that row."""
     nt, K, _ = tiles.shape
-    scale = (tiles.abs().amax(dim=1) / 127.0).reshape(-1)  # [nt * 64]
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    s3 = scale.view(nt, 1, TILE)
-    q = torch.round(tiles / s3).clamp_(-127, 127).to(torch.int8).contiguous()
-    err = (tiles.double() - q.double() * s3.double()).pow(2).sum(dim=1).sqrt().reshape(-1)
-    return q, scale.contiguous(), err
+    q = torch.empty((nt, K, TILE), dtype=torch.int8)
+    scale = torch.empty(nt * TILE, dtype=torch.float32)
+    err = torch.empty(nt * TILE, dtype=torch.float64)
+    step = max(1, (1 << 22) // max(1, K * TILE))  # tiles per chunk: bounded float64 temporaries
+    for t0 in range(0, nt, step):
+        t1 = min(nt, t0 + step)
+        w = tiles[t0:t1].float()
+        s = w.abs().amax(dim=1) / 127.0  # [tiles, 64]
+        s = torch.where(s > 0, s, torch.ones_like(s))
+        qc = torch.round(w / s[:, None, :]).clamp_(-127, 127)
+        q[t0:t1] = qc.to(torch.int8)
+        scale[t0 * TILE:t1 * TILE] = s.reshape(-1)
+        e = w.double() - qc.double() * s.double()[:, None, :]
+        err[t0 * TILE:t1 * TILE] = e.pow(2).sum(dim=1).sqrt().reshape(-1)
+    return q, scale, err
 
 
 def bgemv_i8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, n_rows: int) -> torch.Tensor:

@@ -17,6 +17,9 @@ from pathlib import Path
 _SOURCE = r"""
 #include <math.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 typedef float v16 __attribute__((vector_size(64)));
 
 static inline v16 ld(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
@@ -47,12 +50,37 @@ static inline v16 ldi8(const signed char *p) {
 int i8_widening_is_vectorized(void) { return 0; }
 #endif
 
+/* float16 / bfloat16 tiles widened to float32 exactly (16 at a time). */
+#if defined(__AVX512F__)
+static inline v16 ldh(const unsigned short *p) { return (v16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+#elif defined(__F16C__) && defined(__AVX__)
+static inline v16 ldh(const unsigned short *p) {
+    __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
+    v16 v; memcpy(&v, &lo, 32); memcpy((char *)&v + 32, &hi, 32); return v;
+}
+#else
+static inline v16 ldh(const unsigned short *p) {
+    _Float16 h[16]; float f[16]; memcpy(h, p, sizeof h);
+    for (int i = 0; i < 16; ++i) f[i] = (float)h[i];
+    v16 v; memcpy(&v, f, sizeof v); return v;
+}
+#endif
+typedef unsigned short u16x16 __attribute__((vector_size(32)));
+typedef unsigned int u32x16 __attribute__((vector_size(64)));
+static inline v16 ldbf(const unsigned short *p) {
+    u16x16 h; memcpy(&h, p, sizeof h);
+    u32x16 w = __builtin_convertvector(h, u32x16) << 16;
+    v16 f; memcpy(&f, &w, sizeof f); return f;
+}
+
 /* Batched GEMV on 64-row tiles. Wt: [nt, K, 64]; x: [Mp, K] with Mp a multiple of 4 (zero rows
    past M); y[m * ldy + n] for m < M, n < N. For every k, x[m, k] is broadcast against the 64
    weights of row k of the tile: 4 x 4 accumulators of 16 floats, no horizontal reductions.
    rs: NULL, or one scale per tile row ([nt * 64]) multiplied into the sums.
-   One body, instantiated for float32 tiles and for int8 tiles with row scales (a quarter of the
-   bytes to read: the approximate first pass over an output head, see kernels/cpu_gemv.py). */
+   One body, instantiated for float32, float16 and bfloat16 tiles (weights kept in their file type)
+   and for int8 tiles with row scales (a quarter of the bytes to read: the approximate first pass
+   over an output head, see kernels/cpu_gemv.py). */
 #define BGEMV_TILES64(NAME, WT, LOAD)                                                          \
 void NAME(const float *restrict x, const WT *restrict Wt, const float *restrict rs,            \
           float *restrict y, int M, int Mp, int N, int K, long ldy, int nthreads) {            \
@@ -107,6 +135,8 @@ void NAME(const float *restrict x, const WT *restrict Wt, const float *restrict 
 
 BGEMV_TILES64(bgemv_tiles64, float, ld)
 BGEMV_TILES64(bgemv_tiles64_i8, signed char, ldi8)
+BGEMV_TILES64(bgemv_tiles64_f16, unsigned short, ldh)
+BGEMV_TILES64(bgemv_tiles64_bf16, unsigned short, ldbf)
 
 /* 64 weight codes of one k as 4 x 16 floats: signed 8-bit codes (64 bytes) or 4-bit codes
    (32 bytes: byte j holds row j in its low nibble and row j + 32 in its high nibble). */
@@ -310,7 +340,7 @@ def _build(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
             os.replace(so, out)  # atomic: concurrent builders see a whole file or none
     lib = ctypes.CDLL(str(out))
     c_int, c_long, c_float, ptr = ctypes.c_int, ctypes.c_long, ctypes.c_float, ctypes.c_void_p
-    for fn in (lib.bgemv_tiles64, lib.bgemv_tiles64_i8):
+    for fn in (lib.bgemv_tiles64, lib.bgemv_tiles64_i8, lib.bgemv_tiles64_f16, lib.bgemv_tiles64_bf16):
         fn.argtypes = [ptr, ptr, ptr, ptr, c_int, c_int, c_int, c_int, c_long, c_int]
         fn.restype = None
     lib.paged_decode.argtypes = [ptr, ptr, ptr, ptr, c_int, ptr, ptr, ptr, c_int, c_int, c_int, c_int, c_int,

@@ -69,7 +69,11 @@ def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: b
             return w
         w = QWeight.from_float(dequantize(w, torch.float32))
     if w.rows * w.cols >= _BGEMV_MIN_ELEMS and cpu_gemv.available():
-        return QWeight(cpu_gemv.pack(w.data.float()), GGMLQuantizationType.F32, w.rows, w.cols, "tiles64")
+        # float16 / bfloat16 stay in their type (half the bytes per step; widened exactly in C)
+        keep = w.data.dtype in (torch.float16, torch.bfloat16) and cpu_gemv.i8_fast()
+        data = w.data if keep else w.data.float()
+        qtype = w.qtype if keep else GGMLQuantizationType.F32
+        return QWeight(cpu_gemv.pack(data), qtype, w.rows, w.cols, "tiles64")
     return QWeight(w.data.T.to(torch.float32).contiguous(), GGMLQuantizationType.F32, w.rows, w.cols, "cols")
 
 

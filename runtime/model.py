@@ -201,7 +201,7 @@ class Model:
         self._head_i8, self._head_scale, err = cpu_gemv.pack_i8(w.data)
         K = w.cols
         gamma = K * 2.0 ** -24 / (1 - K * 2.0 ** -24)  # float32 dot products of length K
-        w_max = float(w.data.double().pow(2).sum(1).sqrt().max())  # max_r |w_r|
+        w_max = max(float(t.double().pow(2).sum(1).sqrt().max()) for t in w.data.split(256))  # max_r |w_r|
         e_max = float(err.max())  # max_r |w_r - scale_r q_r|
         self._head_err = (e_max + (2 * gamma + 2.0 ** -23) * (w_max + e_max)) * (1 + 1e-6)
 
@@ -230,7 +230,7 @@ class Model:
                 r[list(wants[i].banned)] = -np.inf
             kth = kth_largest(r, min(wants[i].topk, V))
             cand = torch.from_numpy(np.flatnonzero(r >= kth - 2 * bound[j]))
-            out[i, cand] = xa[j] @ cpu_gemv.rows(self.output.data, cand).T  # float32 weights
+            out[i, cand] = xa[j] @ cpu_gemv.rows(self.output.data, cand).float().T  # the file's weights
         return out
 
     def new_cache(self, n_tokens: int, block_size: int = 16, dtype: torch.dtype = torch.float16) -> KVCache:

@@ -10,11 +10,13 @@ from kernels.qweight import QWeight
 
 @pytest.mark.skipif(not cpu_gemv.available(), reason="no C compiler on this machine")
 @pytest.mark.parametrize("M,N,K", [(1, 1000, 256), (3, 777, 130), (8, 4097, 64), (16, 50, 7)])
-def test_bgemv_matches_float64(M, N, K):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_bgemv_matches_float64(M, N, K, dtype):
     x = torch.randn(M, K)
-    w = torch.randn(N, K)
+    w = torch.randn(N, K).to(dtype)
     tiles = cpu_gemv.pack(w)
     assert torch.equal(cpu_gemv.unpack(tiles, N), w)
+    assert tiles.dtype == dtype
     y = cpu_gemv.bgemv(x, tiles, N)
     ref64 = x.double() @ w.double().T
     assert y.shape == (M, N) and y.dtype == torch.float32
@@ -61,7 +63,11 @@ def test_bgemv_i8_narrower_builds_agree(flags, monkeypatch, tmp_path):
     xq = torch.randn(3, 256)
     packed = [cpu_qgemv.pack(random_qweight(GGMLQuantizationType[t], 70, 256)) for t in ("Q4_K", "Q6_K", "Q4_1")]
     want_q = [cpu_qgemv.qgemv(xq, p) for p in packed]
+    halves = [cpu_gemv.pack(torch.randn(100, 96).to(dt)) for dt in (torch.float16, torch.bfloat16)]
+    want_h = [cpu_gemv.bgemv(x, t, 100) for t in halves]
     monkeypatch.setattr(cpu_native, "_lib", lib)
+    for t, w in zip(halves, want_h):
+        assert torch.allclose(cpu_gemv.bgemv(x, t, 100), w, rtol=1e-5, atol=1e-4)
     got = cpu_gemv.bgemv_i8(x, q, scale, 200)
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-4)
     for p, w in zip(packed, want_q):  # 4-bit (with offsets), 8-bit (without), 4-bit
@@ -128,14 +134,17 @@ def test_cpu_topk_matches_torch_topk():
 
 
 @pytest.mark.parametrize("rows,cols", [(300, 64), (4096, 512)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_prepared_weights_give_the_same_products(rows, cols, dtype):
+    """Float weights on the CPU: big ones in 64-row tiles (float16/bfloat16 kept in their type
+    where the C kernels widen them with vector instructions), small ones transposed for BLAS."""
     data = torch.randn(rows, cols).to(dtype)
     w = QWeight.from_float(data)
     p = ref.prepare_weight(w)
-    assert p.data.dtype == torch.float32 and (p.rows, p.cols) == (rows, cols)
     big = rows * cols >= ref._BGEMV_MIN_ELEMS and cpu_gemv.available()
-    assert p.layout == ("tiles64" if big else "cols")
+    assert p.layout == ("tiles64" if big else "cols") and (p.rows, p.cols) == (rows, cols)
+    kept = big and dtype != torch.float32 and cpu_gemv.i8_fast()
+    assert p.data.dtype == (dtype if kept else torch.float32)
     assert torch.equal(ref.dequantize(p), data.float())
     ids = torch.tensor([0, rows - 1, 5])
     assert torch.equal(ref.embedding(ids, p), data.float()[ids])
