@@ -75,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dry-allowed-length", type=int, default=d.dry_allowed_length, metavar="N")
     g.add_argument("--dry-penalty-last-n", type=int, default=d.dry_penalty_last_n, metavar="N")
     g.add_argument("--ignore-eos", action="store_true", help="ignore end of generation tokens by default")
+    g.add_argument("--grammar", default=None, metavar="GRAMMAR",
+                   help="GBNF grammar for every request that brings no grammar or json_schema of its own")
+    g.add_argument("--grammar-file", default=None, metavar="FNAME", help="file holding that GBNF grammar")
+    g.add_argument("-j", "--json-schema", default=None, metavar="SCHEMA",
+                   help="JSON schema for every request that brings no grammar or json_schema of its own")
+    g.add_argument("-jf", "--json-schema-file", default=None, metavar="FNAME", help="file holding that JSON schema")
 
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="IP address to listen on")
@@ -168,8 +174,7 @@ _UNSUPPORTED = [
     (("--lora",), True), (("--lora-scaled",), True), (("--lora-init-without-apply",), False),
     (("--control-vector",), True), (("--control-vector-scaled",), True), (("-hf", "-hfr", "--hf-repo"), True),
     (("-hff", "--hf-file"), True), (("-mu", "--model-url"), True), (("--rerank", "--reranking"), False),
-    (("--api-prefix",), True), (("--grammar",), True), (("--grammar-file",), True),
-    (("-j", "--json-schema"), True), (("-jf", "--json-schema-file"), True), (("--mirostat",), True),
+    (("--api-prefix",), True), (("--mirostat",), True),
     (("-l", "--logit-bias"), True), (("--path",), True), (("--ssl-key-file",), True), (("--ssl-cert-file",), True),
 ]
 
@@ -229,6 +234,38 @@ def _cpu_set(args: argparse.Namespace) -> set[int] | None:
     return cpus or None
 
 
+def _read(flag: str, path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise ArgError(flag, f"error: failed to open file '{path}': {e.strerror}")
+
+
+def _default_grammar(args: argparse.Namespace) -> str:
+    """GBNF text of --grammar / --grammar-file / --json-schema / --json-schema-file ("" = none),
+    checked at start-up so that a bad one stops the server rather than failing every request."""
+    import json
+
+    from grammar import GrammarError, json_schema_to_gbnf, parse_gbnf
+    given = [(f, v) for f, v in (("--grammar", args.grammar), ("--grammar-file", args.grammar_file),
+                                 ("--json-schema", args.json_schema), ("--json-schema-file", args.json_schema_file))
+             if v is not None]
+    if not given:
+        return ""
+    if len(given) > 1:
+        raise ArgError(given[1][0], "only one of --grammar, --grammar-file, --json-schema, --json-schema-file")
+    flag, value = given[0]
+    text = _read(flag, value) if flag.endswith("-file") else value
+    try:
+        if flag.startswith("--json-schema"):
+            text = json_schema_to_gbnf(json.loads(text))
+        parse_gbnf(text)
+    except (GrammarError, ValueError) as e:
+        raise ArgError(flag, str(e))
+    return text
+
+
 def _unsupported(args: argparse.Namespace) -> str | None:
     for names, _ in _UNSUPPORTED:
         if getattr(args, _dest("_unsupported_", names)) is not None:
@@ -285,6 +322,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         raise ArgError(flag, "not supported by tritium")
     _kv_dtype(args)
     _cpu_set(args)
+    grammar = _default_grammar(args)
     d = SamplingParams()
     defaults = SamplingParams(
         temperature=f32(args.temp), top_k=args.top_k, top_p=f32(args.top_p), min_p=f32(args.min_p),
@@ -296,7 +334,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         top_n_sigma=f32(args.top_nsigma), min_keep=args.min_keep, ignore_eos=args.ignore_eos,
         dry_multiplier=f32(args.dry_multiplier), dry_base=f32(args.dry_base),
         dry_allowed_length=args.dry_allowed_length, dry_penalty_last_n=args.dry_penalty_last_n,
-        samplers=[s for s in args.samplers.split(";") if s] if args.samplers else list(d.samplers))
+        samplers=[s for s in args.samplers.split(";") if s] if args.samplers else list(d.samplers),
+        grammar=grammar)
     return ServerConfig(
         model_path=args.model or "", alias=args.alias, host=args.host, port=args.port, api_keys=_api_keys(args),
         cors_origins=[o.strip() for o in args.cors_origins.split(",") if o.strip()] or ["*"],

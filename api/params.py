@@ -175,13 +175,15 @@ def parse_sampling(body: dict[str, Any], defaults: SamplingParams, tokenizer: An
         p.samplers = samplers
     if body.get("logit_bias") is not None:
         p.logit_bias = _parse_logit_bias(body["logit_bias"], tokenizer, tokenizer.n_vocab)
-    grammar = f.string("grammar", p.grammar)
+    grammar = f.string("grammar", "")
     schema = body.get("json_schema")
     if schema is not None and grammar:
         raise ApiError('Either "json_schema" or "grammar" can be specified, but not both')
     if schema is not None:
-        grammar = schema_to_grammar_or_400(schema, schema_to_grammar)
-    p.grammar = grammar
+        p.grammar = schema_to_grammar_or_400(schema, schema_to_grammar)
+    elif body.get("grammar") is not None:
+        p.grammar = grammar
+    # else: the server's --grammar / --json-schema default ("" without one)
     p.grammar_lazy = f.boolean("grammar_lazy", p.grammar_lazy)
     return p
 

@@ -152,7 +152,7 @@ def test_llama_server_script_flags_are_accepted(start_server, tmp_path):
 
 
 @pytest.mark.parametrize("flag,value", [("--lora", "x.gguf"), ("-hf", "org/model"), ("-ctk", "q8_0"),
-                                        ("--grammar-file", "g.gbnf")])
+                                        ("--api-prefix", "/v1")])
 def test_unsupported_llama_server_flags_fail_clearly(flag, value):
     import subprocess
     import sys
@@ -160,3 +160,29 @@ def test_unsupported_llama_server_flags_fail_clearly(flag, value):
                        cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     assert r.returncode == 1
     assert r.stderr.startswith('error while handling argument "') and ("not supported" in r.stderr or "unsupported" in r.stderr)
+
+
+def test_server_grammar_flag_is_every_request_default(start_server, tmp_path):
+    """--grammar-file (as llama-server scripts use it): requests without a grammar of their own
+    are constrained by it; a request's own grammar or json_schema replaces it."""
+    g = tmp_path / "yes.gbnf"
+    g.write_text('root ::= "yes" | "no"\n')
+    srv = start_server("--grammar-file", str(g))
+    r = httpx.post(srv.url + "/completion", json={"prompt": "answer:", "n_predict": 8, "temperature": 1.0}, timeout=60)
+    assert r.status_code == 200 and r.json()["content"] in ("yes", "no")
+    r = httpx.post(srv.url + "/completion", json={"prompt": "answer:", "n_predict": 8, "grammar": 'root ::= "maybe"'},
+                   timeout=60)
+    assert r.json()["content"] == "maybe"
+    r = httpx.post(srv.url + "/completion", json={"prompt": "x", "n_predict": 20, "json_schema": {"type": "integer"}},
+                   timeout=60)
+    assert r.json()["content"].strip().lstrip("-").isdigit()
+
+
+def test_bad_server_grammar_stops_at_start(tmp_path):
+    import subprocess
+    import sys
+    g = tmp_path / "bad.gbnf"
+    g.write_text("root ::= \"unterminated\n")
+    r = subprocess.run([sys.executable, "-m", "api.cli", "--grammar-file", str(g)], capture_output=True, text=True,
+                       timeout=60, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert r.returncode == 1 and r.stderr.startswith('error while handling argument "--grammar-file"')
