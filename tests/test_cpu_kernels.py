@@ -158,12 +158,13 @@ def test_prepared_weights_give_the_same_products(rows, cols, dtype):
 @pytest.mark.skipif(not cpu_gemv.available(), reason="no C compiler on this machine")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("softcap", [0.0, 7.0])
-def test_cpu_paged_decode_matches_float64(dtype, softcap):
+@pytest.mark.parametrize("head_dim", [40, 32, 128])  # 40: the scalar path; multiples of 16: the vector one
+def test_cpu_paged_decode_matches_float64(dtype, softcap, head_dim):
     from kernels import cpu_attention
     from kernels.testing import attention_oracle, make_paged_case
 
-    # GQA 8/2, a single-token sequence, one spanning many out-of-order blocks, odd head dim
-    case = make_paged_case([1, 1, 1, 1], [1, 17, 300, 64], 8, 2, 40, 16, dtype=dtype)
+    # GQA 8/2, a single-token sequence, one spanning many out-of-order blocks
+    case = make_paged_case([1, 1, 1, 1], [1, 17, 300, 64], 8, 2, head_dim, 16, dtype=dtype)
     assert cpu_attention.supported(case.q, case.k_cache)
     out = cpu_attention.paged_decode(case.q, case.k_cache, case.v_cache, case.block_tables,
                                      case.kv_lens.tolist(), 0.15, softcap)
