@@ -393,25 +393,36 @@ async def stream_completion(client: httpx.AsyncClient, url: str, prompt: str,
     body = {"prompt": prompt, "n_predict": n_predict, "stream": True, "temperature": 0,
             "ignore_eos": True, "cache_prompt": False, "return_tokens": True}
     res = RequestResult(ok=False, n_predict=n_predict)
-    parser = SSEParser()
-    st = CompletionStream()
-    res.t_start = time.perf_counter()
-    try:
-        async with client.stream("POST", url + "/completion", json=body) as r:
-            if r.status_code != 200:
-                text = (await r.aread()).decode("utf-8", "replace")
-                raise StreamError(f"HTTP {r.status_code}: {text[:200]}")
-            async for chunk in r.aiter_bytes():
-                now = time.perf_counter()
-                for ev in parser.feed(chunk):
-                    st.on_event(ev, now)
-            for ev in parser.close():
-                st.on_event(ev, time.perf_counter())
-        if not st.stopped:
-            raise StreamError("stream ended without a chunk with stop=true")
-        res.ok = True
-    except (StreamError, httpx.HTTPError, UnicodeDecodeError) as e:
-        res.error = f"{type(e).__name__}: {e}"
+    for attempt in (1, 2):
+        # a keep-alive connection the server closed while idle fails before any byte comes back:
+        # that one attempt is repeated on a fresh connection (llama-server does this now and then)
+        parser = SSEParser()
+        st = CompletionStream()
+        got_bytes = False
+        res.t_start = time.perf_counter()
+        try:
+            async with client.stream("POST", url + "/completion", json=body) as r:
+                got_bytes = True
+                if r.status_code != 200:
+                    text = (await r.aread()).decode("utf-8", "replace")
+                    raise StreamError(f"HTTP {r.status_code}: {text[:200]}")
+                async for chunk in r.aiter_bytes():
+                    now = time.perf_counter()
+                    for ev in parser.feed(chunk):
+                        st.on_event(ev, now)
+                for ev in parser.close():
+                    st.on_event(ev, time.perf_counter())
+            if not st.stopped:
+                raise StreamError("stream ended without a chunk with stop=true")
+            res.ok, res.error = True, ""
+            break
+        except (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError) as e:
+            res.error = f"{type(e).__name__}: {e}"
+            if got_bytes or attempt == 2:
+                break
+        except (StreamError, httpx.HTTPError, UnicodeDecodeError) as e:
+            res.error = f"{type(e).__name__}: {e}"
+            break
     res.t_end = time.perf_counter()
     res.t_first, res.t_last = st.t_first, st.t_last
     res.n_gen, res.n_prompt = st.n_gen, st.n_prompt

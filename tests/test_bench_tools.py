@@ -40,7 +40,8 @@ def fake_count(text: str, add_special: bool) -> int:
 
 
 class FakeLlamaServer(ThreadingHTTPServer):
-    """mode: "good", "no_done" (chat streams lack [DONE]), "malformed" (bad JSON mid-stream)."""
+    """mode: "good", "no_done" (chat streams lack [DONE]), "malformed" (bad JSON mid-stream),
+    "drop_first" (the first /completion connection is closed without a response)."""
     daemon_threads = True
 
     def __init__(self, mode: str = "good", token_delay: float = 0.0) -> None:
@@ -110,7 +111,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._json({"tokens": toks})
         elif self.path == "/completion":
             with srv.lock:
-                srv.completion_bodies.append(body)
+                drop = srv.mode == "drop_first" and not getattr(srv, "dropped", False)
+                srv.dropped = True
+                if not drop:
+                    srv.completion_bodies.append(body)
+            if drop:  # as a server closing an idle keep-alive connection: no status line at all
+                self.close_connection = True
+                return
             self._completion(body, srv)
         elif self.path == "/v1/chat/completions":
             self._chat(body, srv)
@@ -385,6 +392,14 @@ def test_bench_compare_and_errors(capsys):
     assert broken["gen_tokens_per_s"] == 0.0 and broken["ttft_ms_median"] is None
     assert ratio["ratio"] == "fake-1 fake-good / fake-1 fake-malformed"
     assert ratio["gen_tokens_per_s"] is None and ratio["errors"] == [0, 2]
+
+
+def test_bench_retries_a_connection_closed_before_any_response(capsys):
+    with FakeLlamaServer(mode="drop_first", token_delay=0.001) as srv:
+        rc, lines = _run_bench([srv.url, "--concurrency", "1", "--requests-per-level", "3", "--prompt-tokens",
+                                "20-40", "--gen-tokens", "4-4", "--no-warmup"], capsys)
+        assert srv.dropped and len(srv.completion_bodies) == 3
+    assert rc == 0 and lines[0]["errors"] == 0 and lines[0]["gen_tokens"] == 12
 
 
 # ----------------------------------------------------------------------------- locust
