@@ -433,9 +433,13 @@ class Engine:
         t0 = time.perf_counter()
         path = os.path.join(self.cfg.slot_save_path, filename)
         state = self.kv.export(s.seq, len(s.tokens))
-        n_written = write_slot_file(path, s.tokens, state)
+        n_written = write_slot_file(path, s.tokens, state, id_slot, self._kv_streams())
         return {"id_slot": id_slot, "filename": filename, "n_saved": len(s.tokens), "n_written": n_written,
                 "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
+
+    def _kv_streams(self) -> int:
+        """llama.cpp's KV streams: one per slot unless the cache is unified."""
+        return 1 if self.kv_unified else self.n_slots
 
     def _slot_restore(self, id_slot: int, filename: str) -> dict:
         s = self.slots[id_slot]
@@ -446,7 +450,7 @@ class Engine:
         if not os.path.isfile(path):
             raise SlotError(400, "failed to restore slot", "invalid_request_error")
         try:
-            tokens, state, n_read = read_slot_file(path, self.kv)
+            tokens, state, n_read = read_slot_file(path, self.kv, self._kv_streams())
         except SlotFileError as e:
             raise SlotError(400, f"Unable to restore slot, no available space in KV cache or invalid slot save file: {e}",
                             "invalid_request_error")

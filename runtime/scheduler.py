@@ -196,7 +196,9 @@ class TextState:
 # ---- slot files --------------------------------------------------------------------------------
 
 SEQ_MAGIC = 0x67677371  # 'ggsq', llama.cpp's LLAMA_STATE_SEQ_MAGIC
-SEQ_VERSION = 2
+SEQ_VERSION = 3  # LLAMA_STATE_SEQ_VERSION of b1-0c1e570
+TOKENS_NULL = -1  # LLAMA_TOKEN_NULL: marks a packed server_tokens state instead of a plain token list
+TOKENS_STATE_VERSION = 1  # SERVER_TOKENS_STATE_VERSION
 GGML_TYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 30}
 
 
@@ -204,67 +206,109 @@ class SlotFileError(ValueError):
     pass
 
 
-def write_slot_file(path: str, tokens: list[int], state: dict) -> int:
-    """Header (magic, version, n_tokens), token ids, then the KV section as llama.cpp's
-    llama_kv_cache::state_write lays it out for one sequence: n_stream (1), cell count, per-cell
-    (pos, n_seq_id, seq_id), v_trans, n_layer, per layer K (type, row bytes, rows), per layer V.
-    Returns the number of bytes written."""
+def write_slot_file(path: str, tokens: list[int], state: dict, seq_id: int = 0, n_stream: int = 1) -> int:
+    """A slot file as llama-server b1-0c1e570 writes it (checked byte for byte against its output):
+    header (magic, version, word count), the slot's tokens packed as server_tokens::serialize does
+    (LLAMA_TOKEN_NULL, state version, token count, ids, media count 0), then the KV section of
+    llama_kv_cache::state_write: n_stream, and per stream a cell count; the sequence's own stream
+    (stream seq_id when every slot has its own, else 0) holds per-cell (pos, n_seq_id, seq_id),
+    v_trans, n_layer, per layer K (type, row bytes, rows), per layer V. Returns the bytes written."""
     k, v = state["k"], state["v"]  # [L, n, KVH, D]
     n_layer, n = k.shape[0], k.shape[1]
-    parts = [struct.pack("<III", SEQ_MAGIC, SEQ_VERSION, len(tokens)),
-             np.asarray(tokens, dtype=np.int32).tobytes(),
-             struct.pack("<II", 1, n)]
-    cells = np.zeros((n, 3), dtype=np.int32)
-    cells[:, 0] = np.arange(n)
-    cells[:, 1] = 1
-    parts.append(cells.tobytes())
-    parts.append(struct.pack("<II", 0, n_layer))
-    for t in (k, v):
-        gtype = GGML_TYPE[t.dtype]
-        for layer in range(n_layer):
-            rows = t[layer].reshape(n, -1).contiguous()
-            row_bytes = rows.shape[1] * rows.element_size()
-            parts.append(struct.pack("<iQ", gtype, row_bytes))
-            parts.append(rows.view(torch.uint8).numpy().tobytes() if n else b"")
+    packed = [TOKENS_NULL, TOKENS_STATE_VERSION, len(tokens), *tokens, 0]
+    parts = [struct.pack("<III", SEQ_MAGIC, SEQ_VERSION, len(packed)), np.asarray(packed, dtype=np.int32).tobytes(),
+             struct.pack("<I", n_stream)]
+    own = seq_id if n_stream > 1 else 0
+    for stream in range(n_stream):
+        if stream != own:
+            parts.append(struct.pack("<I", 0))
+            continue
+        parts.append(struct.pack("<I", n))
+        if n == 0:
+            continue
+        cells = np.zeros((n, 3), dtype=np.int32)
+        cells[:, 0] = np.arange(n)
+        cells[:, 1] = 1
+        cells[:, 2] = seq_id
+        parts.append(cells.tobytes())
+        parts.append(struct.pack("<II", 0, n_layer))
+        for t in (k, v):
+            gtype = GGML_TYPE[t.dtype]
+            for layer in range(n_layer):
+                rows = t[layer].reshape(n, -1).contiguous()
+                row_bytes = rows.shape[1] * rows.element_size()
+                parts.append(struct.pack("<iQ", gtype, row_bytes))
+                parts.append(rows.view(torch.uint8).numpy().tobytes())
     data = b"".join(parts)
     with open(path, "wb") as f:
         f.write(data)
     return len(data)
 
 
-def read_slot_file(path: str, kv) -> tuple[list[int], dict, int]:
-    """Read a slot file written by `write_slot_file` for a cache shaped like `kv`."""
+def _unpack_tokens(words: list[int]) -> list[int]:
+    """server_tokens::deserialize: a packed state, or a plain token list (older llama-server)."""
+    if not words or words[0] != TOKENS_NULL:
+        return words
+    if len(words) < 4 or words[1] != TOKENS_STATE_VERSION:
+        raise SlotFileError("Unsupported server tokens state version")
+    n = words[2]
+    if n < 0 or 3 + n + 1 > len(words):
+        raise SlotFileError("Unexpected end of server tokens state")
+    if words[3 + n] != 0:
+        raise SlotFileError("Cannot restore media tokens without an mmproj")
+    return words[3:3 + n]
+
+
+def read_slot_file(path: str, kv, n_stream: int = 1) -> tuple[list[int], dict, int]:
+    """Read a slot file (as `write_slot_file` or llama-server writes it) for a cache shaped like
+    `kv` whose slots use `n_stream` streams; the cells of the one stream that has any are restored."""
     with open(path, "rb") as f:
         data = f.read()
     try:
-        magic, version, n_tok = struct.unpack_from("<III", data, 0)
+        magic, version, n_words = struct.unpack_from("<III", data, 0)
         if magic != SEQ_MAGIC or version != SEQ_VERSION:
             raise SlotFileError("bad magic or version")
         off = 12
-        tokens = np.frombuffer(data, dtype=np.int32, count=n_tok, offset=off).tolist()
-        off += 4 * n_tok
-        n_stream, n = struct.unpack_from("<II", data, off)
-        if n_stream != 1:
+        tokens = _unpack_tokens(np.frombuffer(data, dtype=np.int32, count=n_words, offset=off).tolist())
+        off += 4 * n_words
+        (file_streams,) = struct.unpack_from("<I", data, off)
+        off += 4
+        if file_streams != n_stream:
             raise SlotFileError("n_stream mismatch")
-        off += 8 + 12 * n
-        v_trans, n_layer = struct.unpack_from("<II", data, off)
-        off += 8
-        if n_layer != kv.n_layers or v_trans != 0:
-            raise SlotFileError("layer count mismatch")
         dtype = {val: key for key, val in GGML_TYPE.items()}
-        out = {}
-        for name in ("k", "v"):
-            layers = []
-            for _ in range(n_layer):
-                gtype, row_bytes = struct.unpack_from("<iQ", data, off)
-                off += 12
-                if gtype not in dtype or row_bytes != kv.n_kv_heads * kv.head_dim * torch.empty((), dtype=dtype[gtype]).element_size():
-                    raise SlotFileError("KV shape mismatch")
-                raw = torch.frombuffer(bytearray(data[off: off + n * row_bytes]), dtype=torch.uint8)
-                off += n * row_bytes
-                layers.append(raw.view(dtype[gtype]).view(n, kv.n_kv_heads, kv.head_dim))
-            out[name] = torch.stack(layers)
-        if n != n_tok:
+        out = None
+        n = 0
+        for _ in range(file_streams):
+            (count,) = struct.unpack_from("<I", data, off)
+            off += 4
+            if count == 0:
+                continue
+            if out is not None:
+                raise SlotFileError("cells of more than one stream")
+            n = count
+            off += 12 * n
+            v_trans, n_layer = struct.unpack_from("<II", data, off)
+            off += 8
+            if n_layer != kv.n_layers or v_trans != 0:
+                raise SlotFileError("layer count mismatch")
+            out = {}
+            for name in ("k", "v"):
+                layers = []
+                for _ in range(n_layer):
+                    gtype, row_bytes = struct.unpack_from("<iQ", data, off)
+                    off += 12
+                    if gtype not in dtype or row_bytes != kv.n_kv_heads * kv.head_dim * torch.empty((), dtype=dtype[gtype]).element_size():
+                        raise SlotFileError("KV shape mismatch")
+                    if off + n * row_bytes > len(data):
+                        raise SlotFileError("truncated file")
+                    raw = torch.frombuffer(bytearray(data[off: off + n * row_bytes]), dtype=torch.uint8)
+                    off += n * row_bytes
+                    layers.append(raw.view(dtype[gtype]).view(n, kv.n_kv_heads, kv.head_dim))
+                out[name] = torch.stack(layers)
+        if out is None:
+            shape = (kv.n_layers, 0, kv.n_kv_heads, kv.head_dim)
+            out = {"k": torch.empty(shape, dtype=kv.dtype), "v": torch.empty(shape, dtype=kv.dtype)}
+        if n != len(tokens):
             raise SlotFileError("token count mismatch")
     except struct.error as e:
         raise SlotFileError(str(e)) from e

@@ -1,6 +1,7 @@
 """Pure scheduler policies: prefix match, --cache-reuse plan, RAM prompt cache, stop strings, slot files."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from runtime.kv_cache import KVCache, SeqKV
@@ -77,10 +78,11 @@ def test_slot_file_roundtrip_and_size(tmp_path):
     kv.scatter(s, 0, ks, ks)
     s.n_tokens = 28
     path = tmp_path / "x.bin"
-    n = write_slot_file(str(path), list(range(28)), kv.export(s))
-    # 1,024 bytes of KV + 4 token id + 12 cell metadata per token, as llama.cpp's files
-    assert n == path.stat().st_size and (n - 124) == 28 * 1040
-    tokens, state, n_read = read_slot_file(str(path), kv)
+    n = write_slot_file(str(path), list(range(28)), kv.export(s), seq_id=0, n_stream=2)
+    # 1,024 bytes of KV + 4 token id + 12 cell metadata per token and 144 fixed bytes with two
+    # slots, as the lesson's llama-server files (29,264 bytes for 28 tokens)
+    assert n == path.stat().st_size == 29264
+    tokens, state, n_read = read_slot_file(str(path), kv, n_stream=2)
     assert tokens == list(range(28)) and n_read == n
     assert torch.equal(state["k"], kv.export(s)["k"])
     bad = tmp_path / "bad.bin"
@@ -90,6 +92,24 @@ def test_slot_file_roundtrip_and_size(tmp_path):
         raise AssertionError("accepted a bad file")
     except SlotFileError:
         pass
+
+
+@pytest.mark.parametrize("name,seq_id,n_tok", [("llama-server-b1-0c1e570-slot0-of-2.bin", 0, 6),
+                                                ("llama-server-b1-0c1e570-slot1-of-2.bin", 1, 4)])
+def test_slot_files_are_byte_identical_to_llama_server(tmp_path, name, seq_id, n_tok):
+    """Files saved by llama-server b1-0c1e570 (scripts/build_llama_server.sh) from slot 0 and slot 1
+    of a `-np 2` server on the lesson's tiny model (4 layers, 2 KV heads of 32, f16 cache): read
+    back, and written again from what was read, byte for byte the same file."""
+    from pathlib import Path
+    src = Path(__file__).parent / "data" / name
+    kv = KVCache(n_layers=4, n_kv_heads=2, head_dim=32, num_blocks=8, block_size=16, dtype=torch.float16)
+    tokens, state, n_read = read_slot_file(str(src), kv, n_stream=2)
+    assert len(tokens) == n_tok and n_read == src.stat().st_size == 144 + n_tok * 1040
+    out = tmp_path / "again.bin"
+    assert write_slot_file(str(out), tokens, state, seq_id=seq_id, n_stream=2) == n_read
+    assert out.read_bytes() == src.read_bytes()
+    with pytest.raises(SlotFileError):  # a unified cache has one stream
+        read_slot_file(str(src), kv, n_stream=1)
 
 
 def test_indent_rule_cuts_a_less_indented_line():

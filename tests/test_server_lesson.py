@@ -287,9 +287,9 @@ def test_ex11_slot_save_erase_restore(client, slots_dir):
     r = client.post("/slots/0?action=save", json={"filename": "review-prefix2.bin"}).json()
     assert (r["id_slot"], r["filename"], r["n_saved"]) == (0, "review-prefix2.bin", 28)
     assert r["n_written"] == (slots_dir / "review-prefix2.bin").stat().st_size
-    # 1040 bytes per token as llama.cpp writes it (1024 KV + 4 token id + 12 cell metadata); the fixed
-    # part is 124 bytes here against the lesson's 144 (its extra 20 bytes are not accounted for)
-    assert r["n_written"] == 124 + 28 * 1040
+    # the lesson's 29,264 bytes: 1040 per token (1024 KV + 4 token id + 12 cell metadata) and 144 fixed
+    # (header 12, packed token state 16, two KV streams' counts 12, v_trans/n_layer 8, 4 layers x 24)
+    assert r["n_written"] == 144 + 28 * 1040 == 29264
     assert "save_ms" in r["timings"]
     assert client.post("/slots/0?action=erase").json() == {"id_slot": 0, "n_erased": 28}
     q = f"{PRE} Question: int x = 1/0;"
@@ -297,7 +297,7 @@ def test_ex11_slot_save_erase_restore(client, slots_dir):
     assert (d["tokens_evaluated"], d["timings"]["cache_n"], d["timings"]["prompt_n"]) == (38, 0, 38)
     assert client.post("/slots/0?action=erase").json() == {"id_slot": 0, "n_erased": 39}
     r = client.post("/slots/0?action=restore", json={"filename": "review-prefix2.bin"}).json()
-    assert (r["id_slot"], r["filename"], r["n_restored"], r["n_read"]) == (0, "review-prefix2.bin", 28, 124 + 28 * 1040)
+    assert (r["id_slot"], r["filename"], r["n_restored"], r["n_read"]) == (0, "review-prefix2.bin", 28, 29264)
     d = completion(client, prompt=q, n_predict=2, id_slot=0)
     assert (d["tokens_evaluated"], d["timings"]["cache_n"], d["timings"]["prompt_n"]) == (38, 28, 10)
     for bad in ("../etc/passwd", "a/b.bin", "..", "x\\y"):
