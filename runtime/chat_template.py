@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
+import jinja2.meta
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -32,8 +33,10 @@ CHATML_TEMPLATE = (
 )
 
 CAPS_KEYS = (
+    "supports_object_arguments",
     "supports_parallel_tool_calls",
     "supports_preserve_reasoning",
+    "supports_reasoning_effort",
     "supports_string_content",
     "supports_system_role",
     "supports_tool_calls",
@@ -106,8 +109,19 @@ def _strftime_now(fmt: str) -> str:
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     # HF's tojson: no HTML escaping (unlike Jinja's built-in filter), unicode kept as is
+    _touch(x)  # capability probing: serializing a value reads all of it
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                       sort_keys=sort_keys)
+
+
+def _touch(x: Any) -> None:
+    """Mark every path inside a probed (_TDict / _TList) value as read."""
+    if isinstance(x, dict):
+        for v in x.values():
+            _touch(v)
+    elif isinstance(x, list):
+        for v in x:
+            _touch(v)
 
 
 def _make_env() -> ImmutableSandboxedEnvironment:
@@ -348,7 +362,8 @@ class ChatTemplate:
 
     # -- capabilities ------------------------------------------------------------------------
 
-    def _try_render(self, messages: list[dict], tools: Any, wrap: bool = True) -> RenderResult:
+    def _try_render(self, messages: list[dict], tools: Any, wrap: bool = True,
+                    extra: dict[str, Any] | None = None) -> RenderResult:
         usage = _Usage()
         msgs: Any = messages
         tls: Any = tools
@@ -360,6 +375,7 @@ class ChatTemplate:
                                "add_generation_prompt": True}
         if tls is not None:
             ctx["tools"] = tls
+        ctx.update(extra or {})
         try:
             text = self._template.render(**ctx)
             return RenderResult(True, text, usage)
@@ -398,6 +414,7 @@ class ChatTemplate:
             "supports_tools": True, "supports_tool_calls": True, "supports_system_role": True,
             "supports_parallel_tool_calls": True, "supports_preserve_reasoning": False,
             "supports_string_content": True, "supports_typed_content": False,
+            "supports_object_arguments": False, "supports_reasoning_effort": False,
         }
         # typed content: content read as an array
         r = self._try_render([{"role": "user", "content": "content"}], None)
@@ -410,46 +427,58 @@ class ChatTemplate:
                               {"role": "user", "content": "User message"}], [])
         if ("messages", 0, "content") not in r.usage.used:
             caps["supports_system_role"] = False
-        # tools, tool calls, parallel tool calls
-        args = {"arg": "value"}
-        msgs = [
-            {"role": "user", "content": "User message"},
-            {"role": "assistant", "content": "Assistant message",
-             "tool_calls": [_probe_call("call00001", args), _probe_call("call00002", args)]},
-            {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
-            {"role": "assistant", "content": "The tool response was 'tool response'"},
-            {"role": "user", "content": "User message"},
-        ]
-        r = self._try_render(msgs, _PROBE_TOOLS)
-        if not r.ok:
-            # llama.cpp stops here; like minja we retry with a single call so that templates
-            # that refuse parallel calls (Llama 3.x) still report tool support
-            caps["supports_parallel_tool_calls"] = False
-            single = [dict(m) for m in msgs]
-            single[1]["tool_calls"] = single[1]["tool_calls"][:1]
-            r = self._try_render(single, _PROBE_TOOLS)
-        if not r.ok:
-            caps["supports_tool_calls"] = False
-            caps["supports_tools"] = False
-        else:
-            used = r.usage.used
-            if ("tools", 0, "function", "name") not in used:
-                if ("tools",) not in used and "tool1" not in r.text:
-                    caps["supports_tools"] = False
-            if ("messages", 1, "tool_calls") not in used:
+        # tools and tool calls, as llama.cpp's jinja caps (common/jinja/caps.cpp): one call with
+        # object arguments first, then, unless the template read those, one with a JSON string
+        def one_call(args: Any) -> list[dict]:
+            return [
+                {"role": "user", "content": "User message"},
+                {"role": "assistant", "content": "", "tool_calls": [_probe_call("call00001", args)]},
+                {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+                {"role": "assistant", "content": "The tool response was 'tool response'"},
+                {"role": "user", "content": "User message"},
+            ]
+
+        r = self._try_render(one_call({"arg": "value"}), _PROBE_TOOLS)
+        if r.ok:
+            if ("tools", 0, "function", "name") not in r.usage.used:
+                caps["supports_tools"] = False
+            if ("messages", 1, "tool_calls") not in r.usage.used:
                 caps["supports_tool_calls"] = False
-            if ("messages", 1, "tool_calls", 1, "function") not in used:
+            elif ("messages", 1, "tool_calls", 0, "function", "arguments", "arg") in r.usage.used:
+                caps["supports_object_arguments"] = True
+        if not caps["supports_object_arguments"]:
+            r = self._try_render(one_call(json.dumps({"arg": "value"})), _PROBE_TOOLS)
+            if not r.ok:
+                caps["supports_tool_calls"] = caps["supports_tools"] = False
+            else:
+                if ("tools", 0, "function", "name") not in r.usage.used:
+                    caps["supports_tools"] = False
+                if ("messages", 1, "tool_calls") not in r.usage.used:
+                    caps["supports_tool_calls"] = False
+        # parallel tool calls: two calls in one message, the second one read
+        if caps["supports_tool_calls"]:
+            args = {"arg": "value"} if caps["supports_object_arguments"] else json.dumps({"arg": "value"})
+            msgs = one_call(args)
+            msgs[1] = dict(msgs[1], tool_calls=[_probe_call("call00001", args), _probe_call("call00002", args)])
+            r = self._try_render(msgs, _PROBE_TOOLS)
+            if not r.ok or ("messages", 1, "tool_calls", 1, "function") not in r.usage.used:
                 caps["supports_parallel_tool_calls"] = False
-        if not caps["supports_tool_calls"]:
+        else:
             caps["supports_parallel_tool_calls"] = False
-        # preserve reasoning: is an assistant message's reasoning_content read?
+        # preserve reasoning: is reasoning_content deeper in the history printed?
+        placeholder = "<REASONING_CONTENT_PLACEHOLDER>"
         r = self._try_render([
+            {"role": "user", "content": "User message"},
+            {"role": "assistant", "content": "Assistant message", "reasoning_content": placeholder},
             {"role": "user", "content": "User message"},
             {"role": "assistant", "content": "Assistant message", "reasoning_content": "Reasoning content"},
             {"role": "user", "content": "User message"},
-        ], [])
-        if ("messages", 1, "reasoning_content") in r.usage.used:
+        ], [], extra={"enable_thinking": True})
+        if placeholder in r.text:
             caps["supports_preserve_reasoning"] = True
+        # reasoning effort: does the template read the variable at all?
+        caps["supports_reasoning_effort"] = "reasoning_effort" in jinja2.meta.find_undeclared_variables(
+            self._env.parse(self.source))
         return {k: caps[k] for k in CAPS_KEYS}
 
     # -- format ----------------------------------------------------------------------------

@@ -161,9 +161,10 @@ def test_gemma_has_no_system_role():
     assert detect_format(t.source, has_tools=True) == "Generic"
 
 
-def test_qwen3_preserves_reasoning_and_enable_thinking():
+def test_qwen3_enable_thinking():
     t = _load("Qwen-Qwen3-0.6B.jinja")
-    assert t.caps["supports_preserve_reasoning"] is True
+    # it prints reasoning_content only after the last user turn: not "preserved" for llama.cpp
+    assert t.caps["supports_preserve_reasoning"] is False
     msgs = [{"role": "user", "content": "hi"}]
     assert t.render(msgs).endswith("<|im_start|>assistant\n")
     assert t.render(msgs, enable_thinking=False).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
@@ -201,3 +202,17 @@ def test_every_shared_template_renders(path: Path):
         assert "read_file" in out
         assert "pom.xml" in out
         assert "<project>...</project>" in out
+
+
+def test_caps_equal_llama_server_for_every_shared_template():
+    """chat_template_caps of llama-server b1-0c1e570 (`/props` with --chat-template-file, recorded
+    in tests/data) for every template in ../shared/templates: same keys, order and values."""
+    import json
+    want = json.loads((Path(__file__).parent / "data" / "llama-server-b1-0c1e570-template-caps.json").read_text())
+    files = {p.name: p for p in _template_files()}
+    if not files:
+        pytest.skip("../shared/templates not available")
+    assert set(want) <= set(files)
+    for name, caps in want.items():
+        got = ChatTemplate(files[name].read_text(), "<s>", "</s>").caps
+        assert list(got.items()) == list(caps.items()), name
