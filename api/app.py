@@ -344,6 +344,11 @@ async def read_json(request: Request) -> dict[str, Any]:
     return data
 
 
+# llama-server draws a random marker per process for media placeholders in prompts (none here, but
+# clients read the field)
+MEDIA_MARKER = "<__media_" + "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(32)) + "__>"
+
+
 def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> FastAPI:
     server = Server(cfg, engine, log or Logger())
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
@@ -446,18 +451,22 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
             "default_generation_settings": {"params": settings, "n_ctx": server.engine.n_ctx_slot},
             "total_slots": server.engine.n_slots,
             "model_alias": cfg.model_name,
+            "model_ftype": server.engine.model_info.get("ftype", ""),
             "model_path": cfg.model_path,
             "modalities": {"vision": False, "video": False, "audio": False},
+            "media_marker": MEDIA_MARKER,
             "endpoint_slots": cfg.slots,
             "endpoint_props": cfg.props,
             "endpoint_metrics": cfg.metrics,
-            "webui": False,
+            "ui": False,  # no web UI is served
+            "ui_settings": {},
             "chat_template": chat_api.template_source(tmpl),
             "chat_template_caps": chat_api.template_caps(tmpl),
             "bos_token": chat_api.special_text(tok, tok.bos_id),
             "eos_token": chat_api.special_text(tok, tok.eos_id),
             "build_info": BUILD_INFO,
             "is_sleeping": False,
+            "cors_proxy_enabled": False,
         })
 
     @app.post("/props")
@@ -766,7 +775,19 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
         fail = request.query_params.get("fail_on_no_slot", "")
         if fail not in ("", "0", "false") and not server.engine.idle_slot_available():
             raise ApiError("no slot available", "unavailable_error", 503)
-        return json_response(server.engine.slots_info())
+        slots = server.engine.slots_info()
+        for d in slots:
+            task = d.pop("task", None)
+            if task is None:
+                continue
+            params = task.params if isinstance(task, CompletionTask) else cfg.defaults
+            settings = sampling_settings(params, getattr(task, "n_predict", -1), getattr(task, "stream", False),
+                                         "Content-only", "deepseek", only_metrics=True,
+                                         n_keep=getattr(task, "n_keep", 0))
+            # llama-server puts params between the prompt counts and next_token
+            next_token = d.pop("next_token")
+            d["params"], d["next_token"] = settings, next_token
+        return json_response(slots)
 
     @app.post("/slots/{id_slot}")
     async def slot_action(id_slot: str, request: Request):

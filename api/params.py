@@ -238,7 +238,8 @@ def parse_task(body: dict[str, Any], prompt_tokens: list[int], params: SamplingP
 
 def sampling_settings(p: SamplingParams, n_predict: int, stream: bool, chat_format: str, reasoning_format: str,
                       only_metrics: bool, stop: list[str] | None = None, n_keep: int = 0,
-                      timings_per_token: bool = False, post_sampling_probs: bool = False) -> dict[str, Any]:
+                      timings_per_token: bool = False, post_sampling_probs: bool = False,
+                      generation_prompt: str = "") -> dict[str, Any]:
     """`task_params::to_json` of the pinned build: the full echo (`generation_settings`) or the
     `only_metrics` subset used by /props and /slots."""
     d: dict[str, Any] = {
@@ -264,7 +265,8 @@ def sampling_settings(p: SamplingParams, n_predict: int, stream: bool, chat_form
     }
     if not only_metrics:
         d["dry_sequence_breakers"] = list(p.dry_sequence_breakers)
-    d.update({"mirostat": 0, "mirostat_tau": f32(5.0), "mirostat_eta": f32(0.1)})
+    d.update({"mirostat": 0, "mirostat_tau": f32(5.0), "mirostat_eta": f32(0.1),
+              "adaptive_target": f32(-1.0), "adaptive_decay": f32(0.9)})
     if not only_metrics:
         d["stop"] = list(stop or [])
     d.update({"max_tokens": n_predict, "n_predict": n_predict, "n_keep": n_keep, "n_discard": 0,
@@ -280,13 +282,12 @@ def sampling_settings(p: SamplingParams, n_predict: int, stream: bool, chat_form
         "chat_format": chat_format,
         "reasoning_format": reasoning_format,
         "reasoning_in_content": False,
-        "thinking_forced_open": False,
+        "generation_prompt": generation_prompt,
         "samplers": list(p.samplers),
-        "speculative.n_max": 16,
-        "speculative.n_min": 0,
-        "speculative.p_min": f32(0.75),
+        "speculative.types": "none",
         "timings_per_token": timings_per_token,
         "post_sampling_probs": post_sampling_probs,
+        "backend_sampling": False,
         "lora": [],
     })
     return d

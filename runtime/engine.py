@@ -127,6 +127,7 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # tokens whose KV is in seq
     handle: TaskHandle | None = None
     t_last_used: float = 0.0
+    last_task: Any = None  # the task the slot ran last (llama-server's /slots shows its params)
     # per task state
     prompt: list[int] = field(default_factory=list)
     n_past: int = 0  # prompt tokens already in the cache
@@ -353,31 +354,30 @@ class Engine:
         return any(not s.busy for s in self.slots)
 
     def slots_info(self) -> list[dict]:
+        """/slots as llama-server b1-0c1e570 prints it: a slot that never ran a task shows id,
+        n_ctx, speculative and is_processing only; the others add their last task's id and counts,
+        `task` (that task: the API prints its params) and next_token (reset while idle)."""
         out = []
         for s in self.slots:
-            h = s.handle
-            task = h.task if h is not None else None
-            params = _params_dict(task.params if isinstance(task, CompletionTask) else self.cfg.defaults)
-            n_remain = -1
-            if s.busy and s.n_predict >= 0:
-                n_remain = max(s.n_predict - s.n_decoded, 0)
-            out.append({
-                "id": s.id,
-                "n_ctx": s.n_ctx,
-                "speculative": False,
-                "is_processing": s.busy,
-                "id_task": s.id_task,
-                "params": params,
-                "n_prompt_tokens": len(s.tokens) + (1 if s.pending is not None and s.busy else 0),
-                "n_prompt_tokens_processed": max(len(s.prompt) - s.n_cached, 0) if s.busy else 0,
-                "n_prompt_tokens_cache": s.n_cached if s.busy else 0,
-                "next_token": [{
-                    "has_next_token": s.busy,
-                    "has_new_line": bool(s.text and s.text.has_new_line),
-                    "n_remain": n_remain,
-                    "n_decoded": s.n_decoded,
-                }],
-            })
+            d: dict[str, Any] = {"id": s.id, "n_ctx": s.n_ctx, "speculative": False, "is_processing": s.busy}
+            if s.last_task is not None:
+                n_remain = -1
+                if s.busy and s.n_predict >= 0:
+                    n_remain = max(s.n_predict - s.n_decoded, 0)
+                d.update({
+                    "id_task": s.id_task,
+                    "n_prompt_tokens": len(s.tokens) + (1 if s.pending is not None and s.busy else 0),
+                    "n_prompt_tokens_processed": max(len(s.prompt) - s.n_cached, 0) if s.busy else 0,
+                    "n_prompt_tokens_cache": s.n_cached if s.busy else 0,
+                    "task": s.last_task,
+                    "next_token": [{
+                        "has_next_token": s.busy,
+                        "has_new_line": bool(s.busy and s.text and s.text.has_new_line),
+                        "n_remain": n_remain,
+                        "n_decoded": s.n_decoded if s.busy else 0,
+                    }],
+                })
+            out.append(d)
         return out
 
     def metrics(self) -> dict[str, float]:
@@ -566,7 +566,7 @@ class Engine:
 
     def _launch(self, s: Slot, h: TaskHandle) -> None:
         task = h.task
-        s.handle, s.id_task = h, h.id
+        s.handle, s.id_task, s.last_task = h, h.id, h.task
         s.prompt = list(task.prompt_tokens)
         s.n_decoded, s.generated, s.probs, s.pending = 0, [], [], None
         s.truncated, s.stop_type = False, "none"
@@ -939,13 +939,6 @@ def _valid_filename(name: str) -> bool:
     if "/" in name or "\\" in name or ".." in name or ":" in name or "\0" in name:
         return False
     return not name.startswith(".") or len(name) > 1
-
-
-def _params_dict(p: SamplingParams) -> dict:
-    from dataclasses import asdict
-    d = asdict(p)
-    d["logit_bias"] = [[t, b] for t, b in p.logit_bias]
-    return d
 
 
 def _builtin_template(name: str) -> str | None:

@@ -30,7 +30,7 @@ class SamplingParams:
     dry_multiplier: float = 0.0
     dry_base: float = 1.75
     dry_allowed_length: int = 2
-    dry_penalty_last_n: int = -1
+    dry_penalty_last_n: int = 64  # common_params_sampling's default in b1-0c1e570 (-1 = context size)
     dry_sequence_breakers: list[str] = field(default_factory=lambda: ["\n", ":", "\"", "*"])
     min_keep: int = 0
     seed: int = 4294967295  # 0xFFFFFFFF = random

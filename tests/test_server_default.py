@@ -186,3 +186,42 @@ def test_bad_server_grammar_stops_at_start(tmp_path):
     r = subprocess.run([sys.executable, "-m", "api.cli", "--grammar-file", str(g)], capture_output=True, text=True,
                        timeout=60, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     assert r.returncode == 1 and r.stderr.startswith('error while handling argument "--grammar-file"')
+
+
+# key lists of llama-server b1-0c1e570 (scripts/build_llama_server.sh), same flags, same requests
+_REAL_PROPS_KEYS = ["default_generation_settings", "total_slots", "model_alias", "model_ftype", "model_path",
+                    "modalities", "media_marker", "endpoint_slots", "endpoint_props", "endpoint_metrics", "ui",
+                    "ui_settings", "chat_template", "chat_template_caps", "bos_token", "eos_token", "build_info",
+                    "is_sleeping", "cors_proxy_enabled"]
+_REAL_PARAMS_KEYS = ["seed", "temperature", "dynatemp_range", "dynatemp_exponent", "top_k", "top_p", "min_p",
+                     "top_n_sigma", "xtc_probability", "xtc_threshold", "typical_p", "repeat_last_n",
+                     "repeat_penalty", "presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base",
+                     "dry_allowed_length", "dry_penalty_last_n", "mirostat", "mirostat_tau", "mirostat_eta",
+                     "adaptive_target", "adaptive_decay", "max_tokens", "n_predict", "n_keep", "n_discard",
+                     "ignore_eos", "stream", "n_probs", "min_keep", "chat_format", "reasoning_format",
+                     "reasoning_in_content", "generation_prompt", "samplers", "speculative.types",
+                     "timings_per_token", "post_sampling_probs", "backend_sampling", "lora"]
+
+
+def test_props_and_slots_have_llama_servers_shape(start_server):
+    srv = start_server("-np", "2", "-c", "1024")
+    props = httpx.get(srv.url + "/props").json()
+    assert list(props) == _REAL_PROPS_KEYS
+    assert list(props["default_generation_settings"]["params"]) == _REAL_PARAMS_KEYS
+    assert props["default_generation_settings"]["params"]["dry_penalty_last_n"] == 64
+    assert props["media_marker"].startswith("<__media_") and props["model_ftype"]
+    fresh = httpx.get(srv.url + "/slots").json()
+    assert [list(s) for s in fresh] == [["id", "n_ctx", "speculative", "is_processing"]] * 2
+    r = httpx.post(srv.url + "/completion", json={"prompt": "hello\n\nworld", "n_predict": 5, "temperature": 0,
+                                                  "n_probs": 1}, timeout=60)
+    assert r.status_code == 200
+    gen = r.json()["generation_settings"]
+    assert "adaptive_decay" in gen and "speculative.types" in gen and "thinking_forced_open" not in gen
+    used = [s for s in httpx.get(srv.url + "/slots").json() if "id_task" in s]
+    assert len(used) == 1
+    s = used[0]
+    assert list(s) == ["id", "n_ctx", "speculative", "is_processing", "id_task", "n_prompt_tokens",
+                       "n_prompt_tokens_processed", "n_prompt_tokens_cache", "params", "next_token"]
+    assert list(s["params"]) == _REAL_PARAMS_KEYS
+    assert (s["params"]["n_probs"], s["params"]["max_tokens"], s["params"]["temperature"]) == (1, 5, 0.0)
+    assert s["next_token"] == [{"has_next_token": False, "has_new_line": False, "n_remain": -1, "n_decoded": 0}]
