@@ -538,14 +538,17 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
     async def native_stream(req: NativeRequest) -> Response:
         """SSE stream of one native request: a chunk per token, then the final object."""
         handle = server.submit(req.task)
+        n_predicted = 0
 
         def on_token(ev: TokenOut) -> list[dict[str, Any]]:
+            nonlocal n_predicted
+            n_predicted += 1
             if not ev.text and not req.task.return_tokens and req.n_probs <= 0:
                 return []
-            d: dict[str, Any] = {"index": req.index, "content": ev.text,
-                                 "tokens": [ev.id] if req.task.return_tokens else [],
+            # as llama-server b1-0c1e570 streams them: the token id always, the running count
+            d: dict[str, Any] = {"index": req.index, "content": ev.text, "tokens": [ev.id],
                                  "stop": False, "id_slot": -1,
-                                 "tokens_predicted": 0, "tokens_evaluated": len(req.task.prompt_tokens)}
+                                 "tokens_predicted": n_predicted, "tokens_evaluated": len(req.task.prompt_tokens)}
             if req.n_probs > 0:
                 d["completion_probabilities"] = probs_json(server, [ev], req.post_sampling)
             return [d]
@@ -617,8 +620,6 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
         task = parse_task(body, toks, params, cfg.n_predict, openai=True)
         cmpl_id = "chatcmpl-" + random_id()
         model = cfg.model_name
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage", False)) \
-            if isinstance(body.get("stream_options"), dict) else False
 
         def base(choice: dict[str, Any]) -> dict[str, Any]:
             return {"choices": [choice], "created": int(time.time()), "model": model,
@@ -632,9 +633,11 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
                 return [base({"text": ev.text, "index": 0, "logprobs": None, "finish_reason": None})]
 
             def on_final(res: CompletionResult) -> list[dict[str, Any]]:
+                # llama-server b1-0c1e570 puts usage in this last chunk whether or not
+                # stream_options.include_usage asks for it, before the id
                 d = base({"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason(res)})
-                if include_usage:
-                    d["usage"] = usage_json(res)
+                cid = d.pop("id")
+                d["usage"], d["id"] = usage_json(res), cid
                 d["timings"] = res.timings.as_dict()
                 return [d]
 

@@ -225,3 +225,30 @@ def test_props_and_slots_have_llama_servers_shape(start_server):
     assert list(s["params"]) == _REAL_PARAMS_KEYS
     assert (s["params"]["n_probs"], s["params"]["max_tokens"], s["params"]["temperature"]) == (1, 5, 0.0)
     assert s["next_token"] == [{"has_next_token": False, "has_new_line": False, "n_remain": -1, "n_decoded": 0}]
+
+
+def _sse(url: str, body: dict) -> list:
+    out = []
+    with httpx.stream("POST", url, json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                out.append(line[6:] if line[6:] == "[DONE]" else json.loads(line[6:]))
+    return out
+
+
+def test_stream_chunks_have_llama_servers_shape(start_server):
+    """As llama-server b1-0c1e570 streams: native partial chunks carry the token id and the running
+    tokens_predicted; the last /v1/completions chunk carries usage (before its id) unasked."""
+    srv = start_server("-np", "1", "-c", "512")
+    chunks = _sse(srv.url + "/completion", {"prompt": "hello", "n_predict": 3, "temperature": 0, "stream": True,
+                                            "ignore_eos": True})
+    partial = [c for c in chunks if not c["stop"]]
+    assert [list(c) for c in partial] == [["index", "content", "tokens", "stop", "id_slot", "tokens_predicted",
+                                           "tokens_evaluated"]] * len(partial)
+    assert all(len(c["tokens"]) == 1 for c in partial)
+    assert [c["tokens_predicted"] for c in partial] == list(range(1, len(partial) + 1))
+    chunks = _sse(srv.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2, "temperature": 0, "stream": True})
+    assert chunks[-1] == "[DONE]"
+    last = chunks[-2]
+    assert list(last) == ["choices", "created", "model", "system_fingerprint", "object", "usage", "id", "timings"]
+    assert last["usage"]["completion_tokens"] == 2
