@@ -794,6 +794,8 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
 
     @app.post("/slots/{id_slot}")
     async def slot_action(id_slot: str, request: Request):
+        if not cfg.slot_save_path:  # llama-server refuses every slot action without it, erase included
+            raise not_supported("This server does not support slots action. Start it with `--slot-save-path`")
         try:
             slot = int(id_slot)
         except ValueError:
@@ -801,8 +803,6 @@ def create_app(cfg: ServerConfig, engine: Any, log: Logger | None = None) -> Fas
         action = request.query_params.get("action", "")
         body = await read_json(request)
         if action in ("save", "restore"):
-            if not cfg.slot_save_path:
-                raise not_supported("This server does not support slots action. Start it with `--slot-save-path`")
             filename = Fields(body).string("filename", "")
             if not valid_filename(filename):
                 raise ApiError("Invalid filename")
