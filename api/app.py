@@ -210,7 +210,6 @@ async def stream_events(server: Server, handle: Any, on_token, on_final, done_ma
 
     async def gen() -> AsyncIterator[bytes]:
         try:
-            nonlocal got, first
             ev: Any = first
             have = got
             while True:
