@@ -167,19 +167,20 @@ def tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
 
 def hermes_tool_grammar(tools: list[dict[str, Any]], parallel: bool, opened: bool) -> str:
     """GBNF forcing Hermes-style `<tool_call>\\n{json}\\n</tool_call>` output; `opened` when the
-    prompt already ends inside `<tool_call>` (a prefilled assistant turn)."""
+    prompt already ends inside `<tool_call>` (a prefilled assistant turn). As llama-server
+    b1-0c1e570's, the grammar lets free text (no `<`) come before the first `<tool_call>` marker."""
     body = schema_to_grammar_or_400(tool_call_schema(tools))
     body = re.sub(r"^root ::=", "tool-call-json ::=", body, flags=re.M)
     first = '"\\n"? tool-call-json "\\n"? "</tool_call>"'
     full = '"<tool_call>" "\\n"? tool-call-json "\\n"? "</tool_call>"'
     rest = f' ( "\\n" {full} )*' if parallel else ""
-    root = f"root ::= {first if opened else full}{rest}\n"
-    return root + body
+    root = f"root ::= {first if opened else 'tool-free ' + full}{rest}\n"
+    return root + ("" if opened else "tool-free ::= [^<]*\n") + body
 
 
 def apply_grammar(server: Any, prep: ChatPrep, params: Any) -> None:
-    """Constrain a chat request with tools: `tool_choice: required` forces a tool call from the
-    first token; `auto` adds the same grammar lazily, active once the model writes the format's
+    """Constrain a chat request with tools: `tool_choice: required` forces a tool call (after
+    optional free text, as llama-server); `auto` adds the same grammar lazily, active once the model writes the format's
     trigger word (e.g. `<tool_call>`), so free text stays possible before it."""
     if prep.tools and prep.tool_choice in ("required", "auto") and not params.grammar:
         from runtime.chat_parser import FORMAT_HERMES_2_PRO, tool_call_grammar, tool_call_triggers

@@ -259,3 +259,20 @@ def test_tool_call_grammar_parallel_and_think():
     assert _accepts(tool_call_grammar(TOOLS, "Generic", allow_response=True), '{"response": "no tool"}')
     with pytest.raises(ValueError):
         tool_call_grammar([], "Hermes 2 Pro")
+
+
+def test_required_hermes_tool_grammar_allows_free_text_before_the_call():
+    """tool_choice required on a Hermes/Qwen template: as llama-server b1-0c1e570 (and the lesson's
+    Example 13 says), free text may come before the first <tool_call>; a prefilled `<tool_call>`
+    continues inside the call."""
+    from api.chat import hermes_tool_grammar
+    tools = [TOOLS[0]]
+    call = '<tool_call>\n{"name": "read_file", "arguments": {"path": "pom.xml"}}\n</tool_call>'
+    g = hermes_tool_grammar(tools, parallel=False, opened=False)
+    assert _accepts(g, call)
+    assert _accepts(g, "Let me look at it. " + call)
+    assert not _accepts(g, "Let me look at it.")  # the call itself stays required
+    assert not _accepts(g, "a <b> tag " + call)  # free text has no '<'
+    opened = hermes_tool_grammar(tools, parallel=False, opened=True)
+    assert _accepts(opened, '\n{"name": "read_file", "arguments": {"path": "pom.xml"}}\n</tool_call>')
+    assert not _accepts(opened, "text " + call)
