@@ -381,7 +381,8 @@ def topk_needed(st: SamplerState | None) -> tuple[int, tuple[int, ...]]:
 
 
 def _greedy_cpu(row: np.ndarray, st: SamplerState) -> int:
-    """argmax of one logit row [V] after logit bias and ignore_eos, leaving the row as it was."""
+    """argmax of one logit row [V] after logit bias and ignore_eos, leaving the row as it was
+    (plain greedy states have no grammar: only those few entries change)."""
     p = st.params
     touched = [t for t, _ in p.logit_bias if 0 <= t < row.size]
     if p.ignore_eos:
@@ -389,11 +390,7 @@ def _greedy_cpu(row: np.ndarray, st: SamplerState) -> int:
     if not touched:
         return int(row.argmax())
     saved = row[touched].copy()
-    for tok, bias in p.logit_bias:
-        if 0 <= tok < row.size:
-            row[tok] = NEG_INF if bias == NEG_INF else row[tok] + bias
-    if p.ignore_eos:
-        row[[t for t in st.eog_ids if t < row.size]] = NEG_INF
+    apply_bias_and_mask(torch.from_numpy(row), st)  # a plain tensor on the same memory
     tok = int(row.argmax())
     row[touched] = saved
     return tok
