@@ -59,15 +59,17 @@ def i8_fast() -> bool:
     return lib is not None and bool(lib.i8_widening_is_vectorized())
 
 
-def pack_i8(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pack_i8(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """float tiles [nt, K, 64] -> (int8 tiles [nt, K, 64], row scales [nt * 64] float32,
-    row error norms [nt * 64] float64): row r is approximated by scale_r * q_r with
-    q_r = round(w_r / scale_r), scale_r = max |w_r| / 127, and err_r = |w_r - scale_r q_r|_2
-    (computed in float64), which bounds the error of any dot product with that row."""
+    row error norms [nt * 64] float64, row norms [nt * 64] float64): row r is approximated by
+    scale_r * q_r with q_r = round(w_r / scale_r), scale_r = max |w_r| / 127, and
+    err_r = |w_r - scale_r q_r|_2 (computed in float64), which bounds the error of any dot product
+    with that row; the norms |w_r|_2 come from the same pass."""
     nt, K, _ = tiles.shape
     q = torch.empty((nt, K, TILE), dtype=torch.int8)
     scale = torch.empty(nt * TILE, dtype=torch.float32)
     err = torch.empty(nt * TILE, dtype=torch.float64)
+    norm = torch.empty(nt * TILE, dtype=torch.float64)
     step = max(1, (1 << 22) // max(1, K * TILE))  # tiles per chunk: bounded float64 temporaries
     for t0 in range(0, nt, step):
         t1 = min(nt, t0 + step)
@@ -77,9 +79,11 @@ def pack_i8(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
         qc = torch.round(w / s[:, None, :]).clamp_(-127, 127)
         q[t0:t1] = qc.to(torch.int8)
         scale[t0 * TILE:t1 * TILE] = s.reshape(-1)
-        e = w.double() - qc.double() * s.double()[:, None, :]
+        wd = w.double()
+        e = wd - qc.double() * s.double()[:, None, :]
         err[t0 * TILE:t1 * TILE] = e.pow(2).sum(dim=1).sqrt().reshape(-1)
-    return q, scale, err
+        norm[t0 * TILE:t1 * TILE] = wd.pow(2).sum(dim=1).sqrt().reshape(-1)
+    return q, scale, err, norm
 
 
 def bgemv_i8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, n_rows: int) -> torch.Tensor:

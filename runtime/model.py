@@ -192,16 +192,16 @@ class Model:
         self.n_embd = cfg.n_embd
 
     def _init_topk_head(self) -> None:
-        """CPU, float32 output head in 64-row tiles: an int8 copy with row scales for a first pass at
-        a quarter of the bytes, and the constant that bounds its error (see `_topk_logits`)."""
+        """CPU, float output head in 64-row tiles: an int8 copy with row scales for a first pass at
+        a quarter of the float32 bytes, and the constant that bounds its error (see `_topk_logits`)."""
         self._head_i8 = None
         w = self.output
         if self.device.type != "cpu" or w.layout != "tiles64" or not cpu_gemv.i8_fast():
             return
-        self._head_i8, self._head_scale, err = cpu_gemv.pack_i8(w.data)
+        self._head_i8, self._head_scale, err, norm = cpu_gemv.pack_i8(w.data)
         K = w.cols
         gamma = K * 2.0 ** -24 / (1 - K * 2.0 ** -24)  # float32 dot products of length K
-        w_max = max(float(t.double().pow(2).sum(1).sqrt().max()) for t in w.data.split(256))  # max_r |w_r|
+        w_max = float(norm.max())  # max_r |w_r|
         e_max = float(err.max())  # max_r |w_r - scale_r q_r|
         self._head_err = (e_max + (2 * gamma + 2.0 ** -23) * (w_max + e_max)) * (1 + 1e-6)
 

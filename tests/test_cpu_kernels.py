@@ -32,10 +32,11 @@ def test_bgemv_i8_within_its_error_bound(M, N, K):
     w = torch.randn(N, K) * torch.rand(N, 1) * 3  # rows of different scales
     w[3] = 0.0  # an all-zero row keeps a finite scale
     tiles = cpu_gemv.pack(w)
-    q, scale, err = cpu_gemv.pack_i8(tiles)
+    q, scale, err, norm = cpu_gemv.pack_i8(tiles)
     assert q.dtype == torch.int8 and q.shape == tiles.shape and scale.shape == err.shape == (tiles.shape[0] * 64,)
     deq = cpu_gemv.unpack(q.double() * scale.double().view(-1, 1, 64), N)
     assert torch.allclose((w.double() - deq).norm(dim=1), err[:N], rtol=1e-6, atol=1e-9)
+    assert torch.allclose(w.double().norm(dim=1), norm[:N], rtol=1e-12) and bool((norm[N:] == 0).all())
     assert float(err[3]) == 0.0 and bool((deq[3] == 0).all())
     y = cpu_gemv.bgemv_i8(x, q, scale, N)
     assert y.shape == (M, N) and y.dtype == torch.float32
@@ -58,7 +59,7 @@ def test_bgemv_i8_narrower_builds_agree(flags, monkeypatch, tmp_path):
     from kernels import cpu_qgemv
     from kernels.testing import random_qweight
     x = torch.randn(5, 96)
-    q, scale, _ = cpu_gemv.pack_i8(cpu_gemv.pack(torch.randn(200, 96)))
+    q, scale, _, _ = cpu_gemv.pack_i8(cpu_gemv.pack(torch.randn(200, 96)))
     want = cpu_gemv.bgemv_i8(x, q, scale, 200)
     xq = torch.randn(3, 256)
     packed = [cpu_qgemv.pack(random_qweight(GGMLQuantizationType[t], 70, 256)) for t in ("Q4_K", "Q6_K", "Q4_1")]
