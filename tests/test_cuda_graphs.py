@@ -42,6 +42,7 @@ def _clone(kv, seqs):
 def test_static_decode_matches_forward(model, lengths):
     kv, seqs = _prefilled(model, lengths)
     kv_ref, seqs_ref = _clone(kv, seqs)
+    before = [t.clone() for t in kv.k + kv.v]
     graphs = DecodeGraphs(model, kv, max_batch=8, max_blocks=8, capture=False)
     for _ in range(3):  # a few steps: positions advance, blocks fill and spill over
         toks = [random.randrange(300) for _ in seqs]
@@ -53,11 +54,18 @@ def test_static_decode_matches_forward(model, lengths):
         got = graphs.run(batch)
         want, _ = model.forward(kv_ref, [SeqBatch(s, [t], s.n_tokens) for s, t in zip(seqs_ref, toks)])
         assert got.shape == want.shape == (len(seqs), 300)
-        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
         assert [s.n_tokens for s in seqs] == [s.n_tokens for s in seqs_ref]
-    # the padding rows (bucket 4 or 8 for 3 or 5 sequences) wrote nothing to the cache
-    for a, b in zip(kv.k + kv.v, kv_ref.k + kv_ref.v):
-        assert torch.equal(a, b)
+    # the padding rows (bucket 4 or 8 for 3 or 5 sequences) wrote nothing to the cache: every cell that no
+    # sequence owns is as it was; the owned cells hold what Model.forward wrote (up to the rounding of a
+    # matmul over a padded batch, whose blocking may differ from the unpadded one)
+    owned = torch.zeros(kv.k[0].shape[0] * kv.k[0].shape[1], dtype=torch.bool)
+    for s in seqs:
+        owned[torch.as_tensor(kv.slot_mapping(s, 0, s.n_tokens))] = True
+    owned = owned.view(kv.k[0].shape[0], kv.k[0].shape[1])
+    for a, b, old in zip(kv.k + kv.v, kv_ref.k + kv_ref.v, before):
+        assert torch.equal(a[~owned], old[~owned])
+        assert torch.allclose(a[owned], b[owned], rtol=1e-5, atol=1e-5)
 
 
 def test_buckets_and_what_is_supported(model):
