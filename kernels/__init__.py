@@ -1,158 +1,151 @@
-"""Kernel dispatch surface (docs/DESIGN.md, "Kernel dispatch surface").
+"""Kernel dispatch surface (docs/DESIGN.md, "Kernel dispatch surface"): every op the runtime uses.
 
-Two ways to call an op:
+Three implementations of the same ops (`OPS`):
 
-- `kernels.Ops(backend)` -- an explicit object: `backend="auto"` runs Triton for CUDA tensors and
-  the torch reference for CPU tensors, `"torch"` always runs the reference, `"triton"` always runs
-  the Triton kernels (on CPU tensors that needs TRITON_INTERPRET=1 set before triton is imported).
-- module functions `kernels.qmatmul(...)` etc. -- call the module's default `Ops` ("auto" unless
-  `set_backend` changed it; `set_backend` exists for tests and benchmarks, prefer `Ops`).
+- `"cpu"` (`kernels.cpu`): the CPU engine's fastest paths (C kernels compiled on first use,
+  BLAS, numpy), falling back to the reference;
+- `"triton"` (`kernels.triton`): Triton kernels, for CUDA tensors (CPU tensors need
+  TRITON_INTERPRET=1 set before triton is imported);
+- `"torch"` (`kernels.ref`): the plain torch reference, the oracle of the other two.
 
-The Triton modules are imported lazily, on the first Triton call, so a CPU-only engine never
-imports triton and tests can set TRITON_INTERPRET before the kernels are decorated.
+Two ways to call an op, and no global setting:
+
+- `Backend.for_device(device, name=None)`: the op set of one implementation, resolved once; the
+  default (`name` None or "auto") is "triton" for CUDA devices and "cpu" otherwise, and `name`
+  forces one (tests, benchmarks). `runtime.model.Model` holds one per model.
+- the module functions below (`kernels.qmatmul(...)`, ...): the default backend of the device of
+  their tensors, chosen per call.
+
+The backends are imported when first asked for, so a CPU-only engine never imports triton.
 """
 from __future__ import annotations
 
+import importlib
+
 import torch
 
-from . import ref
 from .qweight import QWeight
 
-BACKENDS = ("auto", "torch", "triton")
-__all__ = [
-    "Ops",
-    "QWeight",
-    "set_backend",
-    "get_backend",
-    "prepare_weight",
-    "dequantize",
-    "qmatmul",
-    "embedding",
-    "rms_norm",
-    "add_rms_norm",
-    "rope",
-    "silu_mul",
-    "write_kv",
-    "paged_attention",
-]
+NAMES = ("torch", "cpu", "triton")
+_MODULES = {"torch": "kernels.ref", "cpu": "kernels.cpu", "triton": "kernels.triton"}
+OPS = (
+    "prepare_weight", "packs_quantized", "dequantize", "qmatmul", "embedding", "rms_norm", "add_rms_norm",
+    "rope", "silu_mul", "write_kv", "paged_attention", "topk", "prepare_topk_head", "topk_logits",
+)
+__all__ = ["Backend", "QWeight", "NAMES", "OPS", *OPS]
 
 
-def _triton():
-    from . import triton_ops  # lazy: imports triton
+class Backend:
+    """The ops of one implementation, as attributes named as in `OPS`, with the signatures of the
+    module functions below (`packs_quantized` takes no device). Immutable; `Backend.for_device`
+    shares one instance per name."""
 
-    return triton_ops
+    _instances: dict[str, Backend] = {}
 
+    def __init__(self, name: str):
+        if name not in NAMES:
+            raise ValueError(f"unknown kernel backend {name!r}; expected one of {NAMES}")
+        impl = importlib.import_module(_MODULES[name])
+        object.__setattr__(self, "name", name)
+        for op in OPS:
+            object.__setattr__(self, op, getattr(impl, op))
 
-class Ops:
-    """The op set for one backend; methods mirror the module-level functions."""
-
-    def __init__(self, backend: str = "auto"):
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown kernel backend {backend!r}; expected one of {BACKENDS}")
-        self.backend = backend
+    def __setattr__(self, key, value):
+        raise AttributeError("a kernel Backend is immutable")
 
     def __repr__(self) -> str:
-        return f"Ops({self.backend!r})"
+        return f"Backend({self.name!r})"
 
-    def impl(self, device: torch.device):
-        """The module (`kernels.ref` or `kernels.triton_ops`) that runs ops on `device`."""
-        if self.backend == "torch":
-            return ref
-        if self.backend == "triton" or device.type == "cuda":
-            return _triton()
-        return ref
-
-    def prepare_weight(self, w: QWeight, unpack_quantized: bool = False, pack_quantized: bool = True) -> QWeight:
-        return self.impl(w.data.device).prepare_weight(w, unpack_quantized, pack_quantized)
-
-    def dequantize(self, w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return self.impl(w.data.device).dequantize(w, dtype)
-
-    def qmatmul(self, x: torch.Tensor, w: QWeight) -> torch.Tensor:
-        return self.impl(x.device).qmatmul(x, w)
-
-    def embedding(self, ids: torch.Tensor, w: QWeight) -> torch.Tensor:
-        return self.impl(w.data.device).embedding(ids, w)
-
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return self.impl(x.device).rms_norm(x, weight, eps)
-
-    def add_rms_norm(self, x, residual, weight, eps: float):
-        return self.impl(x.device).add_rms_norm(x, residual, weight, eps)
-
-    def rope(self, x, positions, inv_freq, neox: bool) -> torch.Tensor:
-        return self.impl(x.device).rope(x, positions, inv_freq, neox)
-
-    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        return self.impl(gate.device).silu_mul(gate, up)
-
-    def write_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
-        return self.impl(k_cache.device).write_kv(k, v, k_cache, v_cache, slot_mapping)
-
-    def paged_attention(
-        self, q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,
-        max_q_len: int | None = None,
-    ) -> torch.Tensor:
-        return self.impl(q.device).paged_attention(
-            q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap, max_q_len
-        )
+    @classmethod
+    def for_device(cls, device: torch.device | str, name: str | None = None) -> Backend:
+        """The backend for tensors on `device`: `name` ("torch" | "cpu" | "triton") when given,
+        else (None or "auto") Triton for CUDA and the CPU backend otherwise."""
+        if name is None or name == "auto":
+            name = "triton" if torch.device(device).type == "cuda" else "cpu"
+        b = cls._instances.get(name)
+        if b is None:
+            b = cls._instances[name] = cls(name)
+        return b
 
 
-# The single module-level default used by the module functions below (DESIGN's set_backend knob).
-_default = Ops("auto")
-
-
-def set_backend(backend: str) -> Ops:
-    """Force the backend of the module-level functions ("auto" | "torch" | "triton")."""
-    _default.__init__(backend)
-    return _default
-
-
-def get_backend() -> str:
-    return _default.backend
+def _on(device: torch.device) -> Backend:
+    return Backend.for_device(device)
 
 
 def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: bool = True) -> QWeight:
-    """Repack a weight once at load into the layout the backend reads fastest (CPU: float32 tiles
-    or [cols, rows]; quantized ones into exact integer tiles when `pack_quantized` and the CPU
-    kernel exists, else dequantized once when `unpack_quantized`; Triton: the GGUF block format
-    unchanged)."""
-    return _default.prepare_weight(w, unpack_quantized, pack_quantized)
+    """Once at load: `w` in the layout its backend reads fastest (CPU: 64-row float tiles for the
+    batched GEMV or [cols, rows] float32 for BLAS; quantized weights repacked exactly into integer
+    tiles when `pack_quantized` and that kernel exists, else dequantized once when
+    `unpack_quantized`; reference and Triton: the GGUF layout unchanged)."""
+    return _on(w.data.device).prepare_weight(w, unpack_quantized, pack_quantized)
+
+
+def packs_quantized(device: torch.device | str) -> bool:
+    """Whether `prepare_weight` on `device` can repack quantized weights for a kernel."""
+    return Backend.for_device(device).packs_quantized()
 
 
 def dequantize(w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return _default.dequantize(w, dtype)
+    """[rows, cols] matrix of `w` in `dtype`."""
+    return _on(w.data.device).dequantize(w, dtype)
 
 
 def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
-    return _default.qmatmul(x, w)
+    """y[T, rows] = x[T, cols] @ dequant(w)^T, in x.dtype."""
+    return _on(x.device).qmatmul(x, w)
 
 
 def embedding(ids: torch.Tensor, w: QWeight) -> torch.Tensor:
-    return _default.embedding(ids, w)
+    """[T, cols] float32: rows `ids` of `w`, dequantized."""
+    return _on(w.data.device).embedding(ids, w)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return _default.rms_norm(x, weight, eps)
+    """x[T, C] * rsqrt(mean(x^2) + eps) * weight[C], float32 math, in x.dtype."""
+    return _on(x.device).rms_norm(x, weight, eps)
 
 
-def add_rms_norm(x, residual, weight, eps: float):
-    return _default.add_rms_norm(x, residual, weight, eps)
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(rms_norm(x + residual), x + residual)."""
+    return _on(x.device).add_rms_norm(x, residual, weight, eps)
 
 
-def rope(x, positions, inv_freq, neox: bool) -> torch.Tensor:
-    return _default.rope(x, positions, inv_freq, neox)
+def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, neox: bool) -> torch.Tensor:
+    """x[T, NH, D] rotated by positions[T] * inv_freq[R] (GGML "norm" or "neox" pairs)."""
+    return _on(x.device).rope(x, positions, inv_freq, neox)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return _default.silu_mul(gate, up)
+    """silu(gate[T, F]) * up[T, F]."""
+    return _on(gate.device).silu_mul(gate, up)
 
 
 def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    return _default.write_kv(k, v, k_cache, v_cache, slot_mapping)
+    """k/v[T, KVH, D] stored in place at slot = block * BS + offset of k/v_cache[NB, BS, KVH, D]
+    (negative slots skipped)."""
+    return _on(k_cache.device).write_kv(k, v, k_cache, v_cache, slot_mapping)
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,
-                    max_q_len: int | None = None):
-    return _default.paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap,
-                                    max_q_len)
+                    max_q_len: int | None = None) -> torch.Tensor:
+    """q[T, H, D] over the paged k/v_cache[NB, BS, KVH, D] -> [T, H, D] (docs/DESIGN.md)."""
+    return _on(q.device).paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale,
+                                         softcap, max_q_len)
+
+
+def topk(row: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the k largest entries of a row [V], values descending (torch.topk's
+    contract; ties may be ordered differently)."""
+    return _on(row.device).topk(row, k)
+
+
+def prepare_topk_head(w: QWeight):
+    """Once at load, for an output head `w` as `prepare_weight` returned it: the state
+    `topk_logits` reads, or None where the backend has none (then compute full logits)."""
+    return _on(w.data.device).prepare_topk_head(w)
+
+
+def topk_logits(x: torch.Tensor, w: QWeight, head, topk: list[int], banned: list[tuple[int, ...]]) -> torch.Tensor:
+    """Logits [n, rows] float32 of x [n, cols]: row i exact when topk[i] <= 0, else exact at least
+    where it can be among its topk[i] largest (banned[i] excluded) and possibly -inf elsewhere."""
+    return _on(x.device).topk_logits(x, w, head, topk, banned)

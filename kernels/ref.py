@@ -1,91 +1,52 @@
-"""Torch reference ops: the CPU engine's hot path and the oracle for the Triton kernels.
+"""Torch reference ops: the oracle every backend is tested against (docs/DESIGN.md, "Kernel
+dispatch surface"), and the `"torch"` backend of `kernels.Backend`.
 
-Every function here has the signature listed in docs/DESIGN.md ("Kernel dispatch surface").
-They import only torch (and the GGUF dequantizer), never triton, so the CPU engine does not pay for
-a triton import. Math is done in float32 and results are cast back to the input dtype.
+Plain torch plus the torch GGUF dequantizers of `kernels.dequant_ref`, written to be obviously
+right rather than fast: no C kernels, no speed thresholds, no weight layout but the GGUF one
+("rows"; the other layouts belong to the CPU backend, `kernels.cpu`). The only size bounds are on
+temporary memory. Math is done in float32 and results are cast back to the input dtype. Imports
+neither triton nor the C kernels. The CPU backend reuses the ops that are also its fastest choice
+(norms, RoPE, SiLU, KV writes); each Triton kernel names its reference at the top of its file.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from gguf import GGMLQuantizationType
 
-from . import cpu_attention, cpu_gemv, cpu_qgemv
+from . import dequant_ref
 from .qweight import QWeight
 
 # Dequantize at most this many weight elements at once inside qmatmul (bounds temporary memory:
 # a 128k x 4096 output head would otherwise need 2 GiB of float32).
 _QMATMUL_CHUNK_ELEMS = 1 << 24
-# Batched decode attention pads every sequence to the longest; only do it while the padded KV
-# gather stays below this many elements.
-_BATCHED_DECODE_MAX_ELEMS = 1 << 26
 # Manual (softcap) attention: bound the [KVH, G, q_chunk, L] score tensor.
 _SCORE_CHUNK_ELEMS = 1 << 25
 
 
-def _dequantize_quant(w: QWeight, dtype: torch.dtype) -> torch.Tensor:
-    try:
-        from .dequant_ref import dequantize as _deq  # torch GGUF dequantizers
-    except ImportError:  # pragma: no cover - until kernels/dequant_ref.py lands
-        _deq = None
-    if _deq is not None:
-        return _deq(w, dtype)
-    import numpy as np
-    from gguf.quants import dequantize as gguf_dequantize
-
-    arr = gguf_dequantize(w.data.cpu().numpy().astype(np.uint8, copy=False), w.qtype)
-    return torch.from_numpy(np.ascontiguousarray(arr)).reshape(w.rows, w.cols).to(
-        device=w.data.device, dtype=dtype
-    )
-
-
-# Weights at least this large (elements) use the batched-GEMV kernel for decode batches.
-_BGEMV_MIN_ELEMS = 1 << 16
-# Tiled weights smaller than this run the GEMV kernel on one thread.
-_BGEMV_MT_MIN_ELEMS = 1 << 20
-# Tiled weights up to this size are unpacked for prefill-sized products instead.
-_UNPACK_MAX_ELEMS = 1 << 22
-# From this many rows on (prefill) a matmul goes to torch's multi-threaded BLAS; below it, numpy's
-# OpenBLAS (kept single-threaded by the engine) has less per-call overhead.
-_BLAS_MT_MIN_M = 32
+def _gguf_layout(w: QWeight) -> None:
+    if w.layout != "rows":
+        raise ValueError(f"the reference ops read GGUF rows; layout {w.layout!r} is the CPU backend's (kernels.cpu)")
 
 
 def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: bool = True) -> QWeight:
-    """Once at load, float weights on the CPU get the layout their matmul reads fastest:
-    matrices of at least 2^16 elements go into 64-row tiles for the batched-GEMV kernel (`kernels.cpu_gemv`,
-    one pass over the weights per decode step whatever the batch), the others become float32
-    [cols, rows] contiguous for BLAS (about 3x faster than [rows, cols] for small batches).
-    Quantized weights are repacked, value for value, into the affine-integer tiles of
-    `kernels.cpu_qgemv` when `pack_quantized` and its C kernel is available (vectorized); otherwise they stay in their
-    block format (dequantized on every matmul) unless `unpack_quantized`: then they are
-    dequantized once here and treated as float weights."""
-    if w.layout != "rows" or w.data.device.type != "cpu":
+    """The reference reads the GGUF layout as it is; with `unpack_quantized`, quantized weights are
+    dequantized once here (float32 rows) instead of on every matmul. Nothing is packed."""
+    if w.is_float or not unpack_quantized:
         return w
-    if not w.is_float and pack_quantized and cpu_qgemv.supports(w) and cpu_qgemv.available():
-        return cpu_qgemv.pack(w)
-    if not w.is_float:
-        if not unpack_quantized:
-            return w
-        w = QWeight.from_float(dequantize(w, torch.float32))
-    if w.rows * w.cols >= _BGEMV_MIN_ELEMS and cpu_gemv.available():
-        # float16 / bfloat16 stay in their type (half the bytes per step; widened exactly in C)
-        keep = w.data.dtype in (torch.float16, torch.bfloat16) and cpu_gemv.i8_fast()
-        data = w.data if keep else w.data.float()
-        qtype = w.qtype if keep else GGMLQuantizationType.F32
-        return QWeight(cpu_gemv.pack(data), qtype, w.rows, w.cols, "tiles64")
-    return QWeight(w.data.T.to(torch.float32).contiguous(), GGMLQuantizationType.F32, w.rows, w.cols, "cols")
+    return QWeight.from_float(dequantize(w, torch.float32))
+
+
+def packs_quantized() -> bool:
+    """Whether `prepare_weight` repacks quantized weights for a kernel of this backend: no."""
+    return False
 
 
 def dequantize(w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """[rows, cols] matrix of `w` in `dtype`."""
-    if w.layout in cpu_qgemv.LAYOUTS:
-        return cpu_qgemv.unpack(w).to(dtype)
+    _gguf_layout(w)
     if w.is_float:
-        if w.layout == "tiles64":
-            return cpu_gemv.unpack(w.data, w.rows).to(dtype)
-        return (w.data.T if w.layout == "cols" else w.data).to(dtype)
-    return _dequantize_quant(w, dtype)
+        return w.data.to(dtype)
+    return dequant_ref.dequantize(w, dtype)
 
 
 def _row_slice(w: QWeight, r0: int, r1: int) -> QWeight:
@@ -94,30 +55,8 @@ def _row_slice(w: QWeight, r0: int, r1: int) -> QWeight:
 
 def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """y[T, rows] = x[T, cols] @ W^T, output dtype = x.dtype."""
-    if w.layout in cpu_qgemv.LAYOUTS:  # any T: the kernel beats BLAS on dequantized rows here
-        nt = 1 if x.shape[0] <= cpu_gemv.MAX_M and w.rows * w.cols < _BGEMV_MT_MIN_ELEMS else None
-        return cpu_qgemv.qgemv(x.float(), w, nt).to(x.dtype)
-    if w.layout == "tiles64":  # one pass over the weights per 16 rows of x
-        if x.shape[0] > cpu_gemv.MAX_M and w.rows * w.cols <= _UNPACK_MAX_ELEMS:
-            # prefill through a small matrix: unpacking it (a ~1 MB copy) and one multi-threaded
-            # BLAS call beats many passes of the GEMV kernel
-            return x @ cpu_gemv.unpack(w.data, w.rows).T.to(x.dtype)
-        xf = x.float()
-        # small matrices on one thread: an OpenMP fork per layer matmul costs more than it saves,
-        # and idle workers spinning on both cores starve the HTTP thread
-        nt = 1 if w.rows * w.cols < _BGEMV_MT_MIN_ELEMS else None
-        ys = [cpu_gemv.bgemv(xf[i:i + cpu_gemv.MAX_M], w.data, w.rows, nt) for i in range(0, x.shape[0], cpu_gemv.MAX_M)]
-        return (ys[0] if len(ys) == 1 else torch.cat(ys)).to(x.dtype)
-    if w.layout == "cols":
-        if x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[0] < _BLAS_MT_MIN_M:
-            # numpy's BLAS (OpenBLAS) beats torch's MKL sgemm on small-M, large-N products on
-            # AMD cores by 2-3x; both run in float32 with the same accumulation order per row
-            return torch.from_numpy(np.matmul(x.contiguous().numpy(), w.data.numpy()))
-        return x @ w.data.to(x.dtype)
+    _gguf_layout(w)
     if w.is_float:
-        if x.device.type == "cpu" and x.dtype == torch.float32 and w.data.dtype == torch.float32:
-            if x.shape[0] < _BLAS_MT_MIN_M:
-                return torch.from_numpy(np.matmul(x.contiguous().numpy(), w.data.numpy().T))
         wt = w.data if w.data.dtype == x.dtype else w.data.to(x.dtype)
         return x @ wt.T
     chunk = max(1, _QMATMUL_CHUNK_ELEMS // max(1, w.cols))
@@ -132,13 +71,8 @@ def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
 
 def embedding(ids: torch.Tensor, w: QWeight) -> torch.Tensor:
     """[T, cols] float32 rows `ids` of `w` (only the gathered rows are dequantized)."""
+    _gguf_layout(w)
     ids = ids.to(device=w.data.device, dtype=torch.long)
-    if w.layout in cpu_qgemv.LAYOUTS:
-        return cpu_qgemv.rows(w, ids)
-    if w.layout == "tiles64":
-        return cpu_gemv.rows(w.data, ids).float()
-    if w.layout == "cols":
-        return w.data[:, ids].T.float()
     if w.is_float:
         return w.data[ids].float()
     return dequantize(QWeight(w.data[ids], w.qtype, ids.numel(), w.cols), torch.float32)
@@ -255,28 +189,6 @@ def _attend_sdpa(q, k, v, scale, q_pos0):
     return o[0].permute(1, 0, 2)
 
 
-def _decode_batched(q, k_cache, v_cache, block_tables, lens, scale, softcap):
-    """All sequences have one query. q[S, H, D] -> [S, H, D] float32."""
-    S, H, D = q.shape
-    NB, BS, KVH, _ = k_cache.shape
-    G = H // KVH
-    maxL = max(lens)
-    nb = (maxL + BS - 1) // BS
-    bt = block_tables[:, :nb].long().clamp(0, NB - 1)  # entries past a sequence's end are masked
-    k = k_cache[bt].reshape(S, nb * BS, KVH, D).float()  # [S, Lp, KVH, D]
-    v = v_cache[bt].reshape(S, nb * BS, KVH, D).float()
-    qh = q.float().reshape(S, KVH, G, D)
-    s = torch.einsum("skgd,slkd->skgl", qh, k) * scale  # [S, KVH, G, Lp]
-    if softcap > 0.0:
-        s = softcap * torch.tanh(s / softcap)
-    lens_t = torch.tensor(lens, device=q.device)
-    valid = torch.arange(nb * BS, device=q.device)[None, :] < lens_t[:, None]  # [S, Lp]
-    s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
-    p = torch.softmax(s, dim=-1)
-    o = torch.einsum("skgl,slkd->skgd", p, v)
-    return o.reshape(S, H, D)
-
-
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -303,17 +215,6 @@ def paged_attention(
     out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
     if S == 0:
         return out
-    qlens = [cu[s + 1] - cu[s] for s in range(S)]
-    decode_only = all(n == 1 for n in qlens) and cu[0] == 0 and min(lens) > 0
-    if decode_only and cpu_attention.supported(q, k_cache):  # C kernel, reads the blocks in place
-        out[:S] = cpu_attention.paged_decode(q[:S], k_cache, v_cache, block_tables, lens, scale, softcap).to(q.dtype)
-        return out
-    if S > 1 and decode_only:
-        nb = (max(lens) + BS - 1) // BS
-        if S * nb * BS * KVH * D <= _BATCHED_DECODE_MAX_ELEMS and min(lens) > 0:
-            o = _decode_batched(q[:S], k_cache, v_cache, block_tables, lens, scale, softcap)
-            out[:S] = o.to(q.dtype)
-            return out
     for s in range(S):
         q0, q1, L = cu[s], cu[s + 1], lens[s]
         if q1 == q0:
@@ -328,3 +229,21 @@ def paged_attention(
             o = _attend_sdpa(qs, k, v, scale, L - (q1 - q0))
         out[q0:q1] = o.to(q.dtype)
     return out
+
+
+def topk(row: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the k largest entries of a row [V], values descending: torch.topk."""
+    return torch.topk(row, k)
+
+
+def prepare_topk_head(w: QWeight) -> None:
+    """The state `topk_logits` reads for the output head `w`, made once at load; None where the
+    backend has no shortcut (callers then compute the full logits with `qmatmul`)."""
+    return None
+
+
+def topk_logits(x: torch.Tensor, w: QWeight, head, topk: list[int], banned: list[tuple[int, ...]]) -> torch.Tensor:
+    """Logits [n, rows] float32 of x [n, cols] for rows of which only the `topk[i]` largest must be
+    exact (0: the whole row), `banned[i]` tokens never among them: an implementation may return
+    -inf for every entry that cannot be in that top-k. The reference computes every row exactly."""
+    return qmatmul(x, w).float()

@@ -3,7 +3,8 @@
 One `forward` call processes a batch of sequences of different lengths (prefill chunks and
 single decode tokens mixed): their new tokens are concatenated into one [T] row of tokens, every
 matmul runs once over all T rows (weights read once per step), and attention goes through
-`kernels.paged_attention` with per-sequence block tables.
+`paged_attention` with per-sequence block tables. Every op comes from the model's kernel backend
+(`kernels.Backend`, chosen from the device).
 """
 from __future__ import annotations
 
@@ -11,12 +12,9 @@ import math
 import os
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 import kernels
-from kernels import cpu_gemv, cpu_qgemv
-from kernels.cpu_topk import kth_largest
 from kernels.qweight import QWeight
 from runtime.kv_cache import KVCache, SeqKV
 
@@ -56,11 +54,11 @@ def _cat_rows(ws: list[QWeight]) -> list[QWeight]:
     return [QWeight(torch.cat([w.data for w in ws], 0), ws[0].qtype, sum(w.rows for w in ws), ws[0].cols)]
 
 
-def _matmul_rows(x: torch.Tensor, ws: list[QWeight]) -> torch.Tensor:
+def _matmul_rows(ops: kernels.Backend, x: torch.Tensor, ws: list[QWeight]) -> torch.Tensor:
     """x @ [W_0; W_1; ...]^T for weights kept fused or apart: [T, sum(rows)]."""
     if len(ws) == 1:
-        return kernels.qmatmul(x, ws[0])
-    return torch.cat([kernels.qmatmul(x, w) for w in ws], dim=1)
+        return ops.qmatmul(x, ws[0])
+    return torch.cat([ops.qmatmul(x, w) for w in ws], dim=1)
 
 
 def rope_inv_freq(cfg) -> torch.Tensor:
@@ -131,24 +129,25 @@ def _physical_memory() -> int:
 
 class Model:
     def __init__(self, loaded, device: str | torch.device = "cpu", unpack_budget: int | None = None,
-                 pack_quantized: bool | None = None):
-        """On the CPU, quantized weights are repacked into the exact integer tiles of
-        `kernels.cpu_qgemv` (`pack_quantized`, default: when its vectorized C kernel exists).
-        Otherwise they are dequantized once at load when their float32 size fits `unpack_budget`
-        bytes (default: half the physical memory), or else stay in their block format and are
-        dequantized on every matmul."""
+                 pack_quantized: bool | None = None, backend: str | None = None):
+        """On the CPU, quantized weights are repacked into exact integer tiles (`pack_quantized`,
+        default: when the backend has that kernel). Otherwise they are dequantized once at load
+        when their float32 size fits `unpack_budget` bytes (default: half the physical memory),
+        or else stay in their block format and are dequantized on every matmul. `backend` forces
+        a kernel backend ("torch" | "cpu" | "triton"; default: the device's)."""
         cfg = loaded.config
         self.cfg = cfg
         self.device = torch.device(device)
+        self.ops = ops = kernels.Backend.for_device(self.device, backend)
         w = loaded.weights
         dev = self.device
         quant_f32 = sum(4 * x.rows * x.cols for x in w.values() if isinstance(x, QWeight) and not x.is_float)
         if unpack_budget is None:
             unpack_budget = _physical_memory() // 2
-        # CPU: quantized weights go into the exact integer tiles of kernels.cpu_qgemv when its
-        # vectorized kernel exists; only without it are they dequantized to float32 (if they fit)
+        # CPU: quantized weights go into exact integer tiles when the backend's vectorized kernel
+        # exists; only without it are they dequantized to float32 (if they fit)
         if pack_quantized is None:
-            pack_quantized = cpu_qgemv.available()
+            pack_quantized = ops.packs_quantized()
         self.packed_quantized = dev.type == "cpu" and quant_f32 > 0 and pack_quantized
         self.unpacked_quantized = dev.type == "cpu" and 0 < quant_f32 <= unpack_budget and not self.packed_quantized
         unpack = self.unpacked_quantized
@@ -158,7 +157,7 @@ class Model:
             return None if x is None else x.to(dev).float()
 
         def prep(x: QWeight) -> QWeight:  # a matmul weight, in the layout the device's kernels read fastest
-            return kernels.prepare_weight(x, unpack, self.packed_quantized)
+            return ops.prepare_weight(x, unpack, self.packed_quantized)
 
         def q(name) -> QWeight:
             return prep(w[name].to(dev))
@@ -187,51 +186,9 @@ class Model:
         self.neox = bool(cfg.rope_neox)
         self.inv_freq = rope_inv_freq(cfg).to(dev)
         self.scale = rope_attn_scale(cfg) / math.sqrt(self.head_dim)
-        self._init_topk_head()
+        self._topk_head = ops.prepare_topk_head(self.output)  # None: full logits only
         self.n_vocab = self.output.rows
         self.n_embd = cfg.n_embd
-
-    def _init_topk_head(self) -> None:
-        """CPU, float output head in 64-row tiles: an int8 copy with row scales for a first pass at
-        a quarter of the float32 bytes, and the constant that bounds its error (see `_topk_logits`)."""
-        self._head_i8 = None
-        w = self.output
-        if self.device.type != "cpu" or w.layout != "tiles64" or not cpu_gemv.i8_fast():
-            return
-        self._head_i8, self._head_scale, err, norm = cpu_gemv.pack_i8(w.data)
-        K = w.cols
-        gamma = K * 2.0 ** -24 / (1 - K * 2.0 ** -24)  # float32 dot products of length K
-        w_max = float(norm.max())  # max_r |w_r|
-        e_max = float(err.max())  # max_r |w_r - scale_r q_r|
-        self._head_err = (e_max + (2 * gamma + 2.0 ** -23) * (w_max + e_max)) * (1 + 1e-6)
-
-    def _topk_logits(self, hs: torch.Tensor, wants: list[SeqBatch]) -> torch.Tensor:
-        """Logits [n, V] where rows with topk > 0 are exact only at the candidates that can be among
-        their top-k, and -inf elsewhere; other rows are exact everywhere.
-
-        First pass with the int8 head: for every row r, the first-pass value a_r and the float32
-        value c_r (x . w_r) differ by at most |x| (e_r + (2 gamma_K + 2^-23) |w_r + e_r|)
-        (Cauchy-Schwarz on the quantization error e_r, plus float32 rounding of both dot
-        products), bounded for all rows by b = |x| `_head_err`. A row can be among the top-k only if
-        a_r + b reaches the k-th largest a - b; those candidates (typically a handful of the
-        151,936) are recomputed exactly in float32 from the float32 weights."""
-        V = self.output.rows
-        exact = [i for i, b in enumerate(wants) if b.topk <= 0]
-        approx = [i for i, b in enumerate(wants) if b.topk > 0]
-        out = torch.full((hs.shape[0], V), float("-inf"), dtype=torch.float32)
-        if exact:
-            out[exact] = kernels.qmatmul(hs[exact], self.output).float()
-        xa = hs[approx].float()
-        first = cpu_gemv.bgemv_i8(xa, self._head_i8, self._head_scale, V).numpy()  # [m, V]
-        bound = self._head_err * xa.double().norm(dim=1).numpy()  # [m]
-        for j, i in enumerate(approx):
-            r = first[j]
-            if wants[i].banned:
-                r[list(wants[i].banned)] = -np.inf
-            kth = kth_largest(r, min(wants[i].topk, V))
-            cand = torch.from_numpy(np.flatnonzero(r >= kth - 2 * bound[j]))
-            out[i, cand] = xa[j] @ cpu_gemv.rows(self.output.data, cand).float().T  # the file's weights
-        return out
 
     def new_cache(self, n_tokens: int, block_size: int = 16, dtype: torch.dtype = torch.float16) -> KVCache:
         nb = (n_tokens + block_size - 1) // block_size
@@ -246,14 +203,15 @@ class Model:
         given, no op waits on the device (what a CUDA graph capture needs)."""
         T = ids_t.shape[0]
         H, KVH, D = self.n_head, self.n_head_kv, self.head_dim
-        h = kernels.embedding(ids_t, self.tok_embd)  # [T, C]
+        ops = self.ops
+        h = ops.embedding(ids_t, self.tok_embd)  # [T, C]
         residual = None
         for li, L in enumerate(self.layers):
             if residual is None:
-                x, residual = kernels.rms_norm(h, L.attn_norm, self.eps), h
+                x, residual = ops.rms_norm(h, L.attn_norm, self.eps), h
             else:
-                x, residual = kernels.add_rms_norm(h, residual, L.attn_norm, self.eps)
-            qkv = _matmul_rows(x, L.wqkv)  # [T, (H + 2 KVH) D]
+                x, residual = ops.add_rms_norm(h, residual, L.attn_norm, self.eps)
+            qkv = _matmul_rows(ops, x, L.wqkv)  # [T, (H + 2 KVH) D]
             if L.bqkv is not None:
                 qkv = qkv + L.bqkv
             q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=1)
@@ -261,18 +219,18 @@ class Model:
             k = k.reshape(T, KVH, D)
             v = v.reshape(T, KVH, D)
             if L.q_norm is not None:
-                q = kernels.rms_norm(q.reshape(T * H, D), L.q_norm, self.eps).view(T, H, D)
-                k = kernels.rms_norm(k.reshape(T * KVH, D), L.k_norm, self.eps).view(T, KVH, D)
-            q = kernels.rope(q, pos_t, self.inv_freq, self.neox)
-            k = kernels.rope(k, pos_t, self.inv_freq, self.neox)
-            kernels.write_kv(k, v, kv.k[li], kv.v[li], slot_t)
-            attn = kernels.paged_attention(q, kv.k[li], kv.v[li], tables, cu, kv_lens_t, self.scale,
-                                           max_q_len=max_q_len)
-            h = kernels.qmatmul(attn.reshape(T, H * D), L.wo)
-            x, residual = kernels.add_rms_norm(h, residual, L.ffn_norm, self.eps)
-            gu = _matmul_rows(x, L.w_gate_up)  # [T, 2F]
+                q = ops.rms_norm(q.reshape(T * H, D), L.q_norm, self.eps).view(T, H, D)
+                k = ops.rms_norm(k.reshape(T * KVH, D), L.k_norm, self.eps).view(T, KVH, D)
+            q = ops.rope(q, pos_t, self.inv_freq, self.neox)
+            k = ops.rope(k, pos_t, self.inv_freq, self.neox)
+            ops.write_kv(k, v, kv.k[li], kv.v[li], slot_t)
+            attn = ops.paged_attention(q, kv.k[li], kv.v[li], tables, cu, kv_lens_t, self.scale,
+                                       max_q_len=max_q_len)
+            h = ops.qmatmul(attn.reshape(T, H * D), L.wo)
+            x, residual = ops.add_rms_norm(h, residual, L.ffn_norm, self.eps)
+            gu = _matmul_rows(ops, x, L.w_gate_up)  # [T, 2F]
             gate, up = gu.split([self.n_ff, self.n_ff], dim=1)
-            h = kernels.qmatmul(kernels.silu_mul(gate, up), L.w_down)
+            h = ops.qmatmul(ops.silu_mul(gate, up), L.w_down)
         return h + residual  # [T, C] final residual stream
 
     def decode_logits(self, kv: KVCache, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
@@ -281,7 +239,7 @@ class Model:
         with no host synchronisation and no per-call Python state, so that it can be captured in
         a CUDA graph (`runtime.cuda_graphs`). n_tokens of the sequences is not touched."""
         h = self._layers(kv, ids_t, pos_t, slot_t, tables, cu, kv_lens_t, 1)
-        return kernels.qmatmul(kernels.rms_norm(h, self.output_norm, self.eps), self.output).float()
+        return self.ops.qmatmul(self.ops.rms_norm(h, self.output_norm, self.eps), self.output).float()
 
     @torch.inference_mode()
     def forward(self, kv: KVCache, batch: list[SeqBatch]) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
@@ -323,15 +281,16 @@ class Model:
         logits = None
         if rows:
             hs = h[torch.tensor(rows, device=dev)] if len(rows) != T else h
-            hs = kernels.rms_norm(hs, self.output_norm, self.eps)
+            hs = self.ops.rms_norm(hs, self.output_norm, self.eps)
             wants = [b for b in batch if b.logits]
-            if self._head_i8 is not None and any(b.topk > 0 for b in wants):
-                logits = self._topk_logits(hs, wants)
+            if self._topk_head is not None and any(b.topk > 0 for b in wants):  # exact only where it matters
+                logits = self.ops.topk_logits(hs, self.output, self._topk_head, [b.topk for b in wants],
+                                              [b.banned for b in wants])
             else:
-                logits = kernels.qmatmul(hs, self.output).float()
+                logits = self.ops.qmatmul(hs, self.output).float()
         hidden: list[torch.Tensor | None] = []
         need_hidden = any(b.hidden for b in batch)
-        hn = kernels.rms_norm(h, self.output_norm, self.eps) if need_hidden else None
+        hn = self.ops.rms_norm(h, self.output_norm, self.eps) if need_hidden else None
         for b, s, e in zip(batch, starts, ends):
             hidden.append(hn[s:e].float() if b.hidden else None)
         return logits, hidden

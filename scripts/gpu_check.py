@@ -20,9 +20,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import kernels  # noqa: E402
-from kernels.testing import Q, random_qweight, rel_err  # noqa: E402
+from kernels import ref  # noqa: E402
+from tests.kernel_oracles import Q, random_qweight, rel_err  # noqa: E402
 
-OPS = kernels.Ops("triton")
+OPS = kernels.Backend("triton")
 
 # (name, rows=N, cols=K) per model: fused qkv, attention output, fused gate/up, down
 MODELS = {
@@ -107,7 +108,7 @@ def guarded(fn):
 @guarded
 def bench_qmatmul(rep, name, N, K, qtype, M, dev, act):
     w = random_qweight(qtype, N, K, device=dev)
-    wd = kernels.Ops("torch").dequantize(w, act) if dev == "cpu" else OPS.dequantize(w, act)
+    wd = ref.dequantize(w, act) if dev == "cpu" else OPS.dequantize(w, act)
     x = torch.randn(M, K, device=dev, dtype=act)
     t = timeit(lambda: OPS.qmatmul(x, w), dev)
     t_ref = timeit(lambda: x @ wd.T, dev)
@@ -182,32 +183,32 @@ def bench_small(rep, m, T, dev, dtype):
     w = torch.randn(C, device=dev, dtype=torch.float32)
     e = x.element_size()
     t = timeit(lambda: OPS.rms_norm(x, w, 1e-6), dev)
-    t_ref = timeit(lambda: kernels.ref.rms_norm(x, w, 1e-6), dev)
-    err = rel_err(OPS.rms_norm(x, w, 1e-6), kernels.ref.rms_norm(x, w, 1e-6))
+    t_ref = timeit(lambda: ref.rms_norm(x, w, 1e-6), dev)
+    err = rel_err(OPS.rms_norm(x, w, 1e-6), ref.rms_norm(x, w, 1e-6))
     rep.row(f"rms_norm T={T} C={C}", t, 2 * T * C * e, 0, t_ref, err)
     t = timeit(lambda: OPS.add_rms_norm(x, r, w, 1e-6), dev)
-    t_ref = timeit(lambda: kernels.ref.add_rms_norm(x, r, w, 1e-6), dev)
+    t_ref = timeit(lambda: ref.add_rms_norm(x, r, w, 1e-6), dev)
     rep.row(f"add_rms_norm T={T} C={C}", t, 4 * T * C * e, 0, t_ref)
     q = torch.randn(T, H, D, device=dev, dtype=dtype)
     pos = torch.arange(T, device=dev) + 1000
     inv = 1.0 / (500000 ** (torch.arange(D // 2, device=dev, dtype=torch.float32) * 2 / D))
     t = timeit(lambda: OPS.rope(q, pos, inv, False), dev)
-    t_ref = timeit(lambda: kernels.ref.rope(q, pos, inv, False), dev)
-    err = rel_err(OPS.rope(q, pos, inv, False), kernels.ref.rope(q, pos, inv, False))
+    t_ref = timeit(lambda: ref.rope(q, pos, inv, False), dev)
+    err = rel_err(OPS.rope(q, pos, inv, False), ref.rope(q, pos, inv, False))
     rep.row(f"rope T={T} H={H} D={D}", t, 2 * q.numel() * e, 0, t_ref, err)
     gu = torch.randn(T, 2 * Fd, device=dev, dtype=dtype)
     g, u = gu[:, :Fd], gu[:, Fd:]
     t = timeit(lambda: OPS.silu_mul(g, u), dev)
-    t_ref = timeit(lambda: kernels.ref.silu_mul(g, u), dev)
+    t_ref = timeit(lambda: ref.silu_mul(g, u), dev)
     rep.row(f"silu_mul T={T} F={Fd}", t, 3 * T * Fd * e, 0, t_ref,
-            rel_err(OPS.silu_mul(g, u), kernels.ref.silu_mul(g, u)))
+            rel_err(OPS.silu_mul(g, u), ref.silu_mul(g, u)))
     NB, BS = max(64, 4 * T), 16
     kc = torch.zeros(NB, BS, KVH, D, device=dev, dtype=dtype)
     vc = torch.zeros_like(kc)
     k = torch.randn(T, KVH, D, device=dev, dtype=dtype)
     slots = torch.randperm(NB * BS, device=dev)[:T]
     t = timeit(lambda: OPS.write_kv(k, k, kc, vc, slots), dev)
-    t_ref = timeit(lambda: kernels.ref.write_kv(k, k, kc, vc, slots), dev)
+    t_ref = timeit(lambda: ref.write_kv(k, k, kc, vc, slots), dev)
     rep.row(f"write_kv T={T} KVH={KVH} D={D}", t, 4 * k.numel() * e, 0, t_ref)
 
 

@@ -1,11 +1,20 @@
-"""The CPU batched-GEMV kernel and the weight layouts `prepare_weight` chooses."""
+"""The CPU backend (`kernels.cpu`): its C kernels against float64, the weight layouts
+`prepare_weight` chooses, the top-k helpers, and building the C kernels (cache key, failures)."""
 from __future__ import annotations
+
+import logging
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from kernels import cpu_gemv, ref
+import kernels
+from kernels import cpu, ref
+from kernels.cpu import gemv as cpu_gemv
+from kernels.cpu import matmul, native
 from kernels.qweight import QWeight
+from tests.kernel_oracles import attention_oracle, make_paged_case, random_qweight
 
 
 @pytest.mark.skipif(not cpu_gemv.available(), reason="no C compiler on this machine")
@@ -50,14 +59,13 @@ def test_bgemv_i8_within_its_error_bound(M, N, K):
 @pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2")])
 def test_bgemv_i8_narrower_builds_agree(flags, monkeypatch, tmp_path):
     """The AVX2 and the generic int8 widening give the same sums as the native build."""
-    from kernels import cpu_native
+    from dataclasses import replace
     monkeypatch.setenv("TRITIUM_CACHE", str(tmp_path))
-    lib = cpu_native._build(flags)
+    lib = native.load(replace(native.KERNELS, flags=flags))
     assert lib is not None
     assert lib.i8_widening_is_vectorized() == (0 if "-mno-avx2" in flags else 1)
     from gguf import GGMLQuantizationType
-    from kernels import cpu_qgemv
-    from kernels.testing import random_qweight
+    from kernels.cpu import qgemv as cpu_qgemv
     x = torch.randn(5, 96)
     q, scale, _, _ = cpu_gemv.pack_i8(cpu_gemv.pack(torch.randn(200, 96)))
     want = cpu_gemv.bgemv_i8(x, q, scale, 200)
@@ -66,7 +74,7 @@ def test_bgemv_i8_narrower_builds_agree(flags, monkeypatch, tmp_path):
     want_q = [cpu_qgemv.qgemv(xq, p) for p in packed]
     halves = [cpu_gemv.pack(torch.randn(100, 96).to(dt)) for dt in (torch.float16, torch.bfloat16)]
     want_h = [cpu_gemv.bgemv(x, t, 100) for t in halves]
-    monkeypatch.setattr(cpu_native, "_lib", lib)
+    monkeypatch.setattr(native, "lib", lambda: lib)
     for t, w in zip(halves, want_h):
         assert torch.allclose(cpu_gemv.bgemv(x, t, 100), w, rtol=1e-5, atol=1e-4)
     got = cpu_gemv.bgemv_i8(x, q, scale, 200)
@@ -80,29 +88,29 @@ QUANT_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "
 
 @pytest.mark.parametrize("qtype", QUANT_TYPES)
 def test_qgemv_tiles_hold_the_exact_gguf_values(qtype):
-    """kernels.cpu_qgemv repacks every quantized type into integer tiles without changing a value
+    """kernels.cpu.qgemv repacks every quantized type into integer tiles without changing a value
     (unpack, row gathers and row ranges equal the GGUF dequantizer bit for bit); its GEMV matches a
-    float64 product for decode-sized and prefill-sized batches, through ref.qmatmul too."""
+    float64 product for decode-sized and prefill-sized batches, through the backend's qmatmul too."""
     from gguf import GGMLQuantizationType
-    from kernels import cpu_qgemv, dequant_ref
-    from kernels.testing import random_qweight
+    from kernels import dequant_ref
+    from kernels.cpu import qgemv as cpu_qgemv
     if not cpu_qgemv.available():
         pytest.skip("no vectorized C kernels on this machine")
     qt = GGMLQuantizationType[qtype]
     N, K = 131, 512  # rows not a multiple of the 64-row tile
     w = random_qweight(qt, N, K)
     want = dequant_ref.dequantize(w)
-    p = ref.prepare_weight(w)
+    p = cpu.prepare_weight(w)
     assert p.layout in cpu_qgemv.LAYOUTS and (p.rows, p.cols) == (N, K)
     assert torch.equal(cpu_qgemv.unpack(p), want)
-    assert torch.equal(ref.dequantize(p), want)
+    assert torch.equal(cpu.dequantize(p), want)
     assert torch.equal(cpu_qgemv.unpack(p, 60, 130), want[60:130])
     ids = torch.tensor([130, 0, 64, 31, 32, 63, 99])
-    assert torch.equal(ref.embedding(ids, p), want[ids])
+    assert torch.equal(cpu.embedding(ids, p), want[ids])
     for M in (1, 2, 5, 17, 40):
         x = torch.randn(M, K)
         expect = x.double() @ want.double().T
-        got = ref.qmatmul(x, p)
+        got = cpu.qmatmul(x, p)
         assert got.shape == (M, N) and got.dtype == torch.float32
         assert float((got.double() - expect).norm() / expect.norm()) < 1e-6
     assert p.nbytes < 1.3 * K * 64 * 3  # at most ~1.25 bytes per weight (3 tiles of 64 rows)
@@ -110,7 +118,7 @@ def test_qgemv_tiles_hold_the_exact_gguf_values(qtype):
 
 def test_kth_largest_matches_a_sort():
     import numpy as np
-    from kernels.cpu_topk import kth_largest
+    from kernels.cpu.topk import kth_largest
     rng = np.random.default_rng()
     for n in (1, 5, 300, 20000):
         r = rng.standard_normal(n).astype(np.float32)
@@ -122,7 +130,7 @@ def test_kth_largest_matches_a_sort():
 
 
 def test_cpu_topk_matches_torch_topk():
-    from kernels.cpu_topk import topk
+    from kernels.cpu.topk import topk
     for n, k in ((10, 3), (151936, 40), (151936, 1), (5000, 5000)):
         row = torch.randn(n)
         row[torch.randint(0, n, (n // 2,))] = float("-inf")  # a sparse row, as the top-k head returns
@@ -141,18 +149,18 @@ def test_prepared_weights_give_the_same_products(rows, cols, dtype):
     where the C kernels widen them with vector instructions), small ones transposed for BLAS."""
     data = torch.randn(rows, cols).to(dtype)
     w = QWeight.from_float(data)
-    p = ref.prepare_weight(w)
-    big = rows * cols >= ref._BGEMV_MIN_ELEMS and cpu_gemv.available()
+    p = cpu.prepare_weight(w)
+    big = rows * cols >= matmul._BGEMV_MIN_ELEMS and cpu_gemv.available()
     assert p.layout == ("tiles64" if big else "cols") and (p.rows, p.cols) == (rows, cols)
     kept = big and dtype != torch.float32 and cpu_gemv.i8_fast()
     assert p.data.dtype == (dtype if kept else torch.float32)
-    assert torch.equal(ref.dequantize(p), data.float())
+    assert torch.equal(cpu.dequantize(p), data.float())
     ids = torch.tensor([0, rows - 1, 5])
-    assert torch.equal(ref.embedding(ids, p), data.float()[ids])
+    assert torch.equal(cpu.embedding(ids, p), data.float()[ids])
     for M in (1, 5, 9, 17, 40):
         x = torch.randn(M, cols)
         expect = x.double() @ data.double().T
-        got = ref.qmatmul(x, p)
+        got = cpu.qmatmul(x, p)
         assert float((got.double() - expect).norm() / expect.norm()) < 1e-5
 
 
@@ -161,8 +169,7 @@ def test_prepared_weights_give_the_same_products(rows, cols, dtype):
 @pytest.mark.parametrize("softcap", [0.0, 7.0])
 @pytest.mark.parametrize("head_dim", [40, 32, 128])  # 40: the scalar path; multiples of 16: the vector one
 def test_cpu_paged_decode_matches_float64(dtype, softcap, head_dim):
-    from kernels import cpu_attention
-    from kernels.testing import attention_oracle, make_paged_case
+    from kernels.cpu import attention as cpu_attention
 
     # GQA 8/2, a single-token sequence, one spanning many out-of-order blocks
     case = make_paged_case([1, 1, 1, 1], [1, 17, 300, 64], 8, 2, head_dim, 16, dtype=dtype)
@@ -171,21 +178,116 @@ def test_cpu_paged_decode_matches_float64(dtype, softcap, head_dim):
                                      case.kv_lens.tolist(), 0.15, softcap)
     expect = attention_oracle(case, 0.15, softcap)
     assert float((out.double() - expect).norm() / expect.norm()) < 1e-5
-    # and through the dispatch: the reference op routes decode-only batches to it
-    full = ref.paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.cu_seqlens_q,
+    # and through the dispatch: the CPU backend routes decode-only batches to it
+    full = cpu.paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.cu_seqlens_q,
                                case.kv_lens, 0.15, softcap)
     assert float((full.double() - expect).norm() / expect.norm()) < 2e-3
 
 
 def test_torch_decode_path_without_the_c_kernel(monkeypatch):
-    """Machines without a compiler run decode attention through torch: same results."""
-    from kernels import cpu_attention
-    from kernels.testing import attention_oracle, make_paged_case
+    """Machines without a compiler run decode attention through torch (one padded batch, or per
+    sequence past the padding bound): same results."""
+    from kernels.cpu import attention as cpu_attention
 
     monkeypatch.setattr(cpu_attention, "supported", lambda q, k: False)
-    for lens in ([1, 17, 300, 64], [45]):
-        case = make_paged_case([1] * len(lens), lens, 8, 2, 32, 16, dtype=torch.float16)
-        out = ref.paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.cu_seqlens_q,
-                                  case.kv_lens, 0.15)
-        expect = attention_oracle(case, 0.15)
-        assert float((out.double() - expect).norm() / expect.norm()) < 2e-3
+    for bound in (cpu_attention._BATCHED_DECODE_MAX_ELEMS, 0):
+        monkeypatch.setattr(cpu_attention, "_BATCHED_DECODE_MAX_ELEMS", bound)
+        for lens in ([1, 17, 300, 64], [45]):
+            case = make_paged_case([1] * len(lens), lens, 8, 2, 32, 16, dtype=torch.float16)
+            out = cpu.paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                      case.cu_seqlens_q, case.kv_lens, 0.15)
+            expect = attention_oracle(case, 0.15)
+            assert float((out.double() - expect).norm() / expect.norm()) < 2e-3
+
+
+def test_without_the_c_kernels_the_torch_paths_give_the_same_numbers(monkeypatch):
+    """`native.lib()` None (no compiler, a failed build, TRITIUM_NO_CPU_KERNELS): BLAS layouts,
+    GGUF blocks, no top-k head, torch attention."""
+    from gguf import GGMLQuantizationType
+    monkeypatch.setattr(native, "lib", lambda: None)
+    assert not cpu.packs_quantized() and not cpu_gemv.available()
+    w = QWeight.from_float(torch.randn(300, 256))
+    p = cpu.prepare_weight(w)
+    assert p.layout == "cols" and cpu.prepare_topk_head(p) is None
+    x = torch.randn(3, 256)
+    assert float((cpu.qmatmul(x, p).double() - x.double() @ w.data.double().T).norm()) < 1e-3
+    qw = random_qweight(GGMLQuantizationType.Q4_K, 64, 256)
+    assert cpu.prepare_weight(qw).layout == "rows"
+    assert cpu.prepare_weight(qw, unpack_quantized=True).layout == "cols"
+
+
+@pytest.mark.skipif(not cpu_gemv.i8_fast(), reason="no C compiler or no AVX2/AVX-512 on this machine")
+@pytest.mark.parametrize("k", [1, 40])
+def test_topk_logits_keep_the_exact_top_k(k):
+    """The int8 first pass plus the exact recompute of its candidates: each row's top-k (banned
+    excluded) is the exact row's, rows with topk 0 are exact everywhere, few entries are computed."""
+    V, C = 5000, 64
+    w = cpu.prepare_weight(QWeight.from_float(torch.randn(V, C) * 0.3))
+    head = cpu.prepare_topk_head(w)
+    assert head is not None and kernels.Backend("cpu").prepare_topk_head is cpu.prepare_topk_head
+    x = torch.randn(3, C)
+    exact = ref.qmatmul(x, QWeight.from_float(cpu.dequantize(w)))
+    banned = [(7, int(exact[0].argmax())), (), ()]
+    got = cpu.topk_logits(x, w, head, [k, 0, k], banned)
+    assert torch.allclose(got[1], exact[1], rtol=1e-5, atol=1e-5)
+    for i in (0, 2):
+        want = exact[i].clone()
+        want[list(banned[i])] = float("-inf")
+        tv, ti = torch.topk(want, k)
+        pv, pi = torch.topk(got[i], k)
+        assert set(ti.tolist()) == set(pi.tolist()) and torch.allclose(pv, tv, rtol=1e-5, atol=1e-5)
+        assert int((got[i] > float("-inf")).sum()) < V // 4
+
+
+def _c_file(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    return name
+
+
+def test_build_failure_is_logged_once_with_the_compiler_error(tmp_path, monkeypatch, caplog):
+    if native.env.c_compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    monkeypatch.setenv("TRITIUM_CACHE", str(tmp_path / "cache"))
+    src = _c_file(tmp_path, "broken.c", "int f(void) { return undeclared_name; }\n")
+    lib = native.Library("broken", (src,), directory=tmp_path)
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert native.load(lib) is None
+        assert native.load(lib) is None  # not built nor logged again
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "undeclared_name" in warnings[0].getMessage()
+    assert not list((tmp_path / "cache").glob("*.so"))
+
+
+def test_build_cache_key_and_defines(tmp_path, monkeypatch):
+    """A build is reused for the same sources, compiler, flags and defines (never keyed on the host
+    name), rebuilt when any of them changes; defines reach the compiler."""
+    if native.env.c_compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    import ctypes
+    import platform
+    monkeypatch.setenv("TRITIUM_CACHE", str(tmp_path / "cache"))
+    src = _c_file(tmp_path, "answer.c", "int answer(void) { return ANSWER; }\n")
+    sig = {"answer": ([], ctypes.c_int)}
+    forty_two = native.Library("answer", (src,), sig, defines=(("ANSWER", "42"),), directory=tmp_path)
+    seven = native.Library("answer", (src,), sig, defines=(("ANSWER", "7"),), directory=tmp_path)
+    assert native.load(forty_two).answer() == 42 and native.load(seven).answer() == 7
+    cc = native.env.c_compiler()
+    key = native.build_key(forty_two, cc)
+    monkeypatch.setattr(platform, "node", lambda: "another-host")
+    assert native.build_key(forty_two, cc) == key
+    assert native.build_key(seven, cc) != key
+    (tmp_path / src).write_text("int answer(void) { return ANSWER + 1; }\n")
+    assert native.build_key(forty_two, cc) != key
+    assert len(list((tmp_path / "cache").glob("answer-*.so"))) == 2
+
+
+def test_kernels_and_runtime_import_without_triton():
+    """The CPU path never imports triton: importing the runtime and running CPU ops."""
+    code = ("import sys, torch, kernels, runtime.model, runtime.sampler, runtime.kv_cache\n"
+            "x = torch.randn(2, 8)\n"
+            "kernels.rms_norm(x, torch.ones(8), 1e-6)\n"
+            "kernels.qmatmul(x, kernels.QWeight.from_float(torch.randn(3, 8)))\n"
+            "kernels.topk(torch.randn(10000), 5)\n"
+            "assert 'triton' not in sys.modules, 'triton was imported'\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

@@ -1,4 +1,5 @@
-"""Torch reference ops (the CPU engine's hot path) against float64 oracles."""
+"""The torch reference ops (`kernels.ref`, the "torch" backend) against float64 oracles, and the
+dispatch by device."""
 import math
 
 import pytest
@@ -6,9 +7,10 @@ import torch
 
 import kernels
 from kernels import ref
-from kernels.testing import (
+from tests.kernel_oracles import (
     FLOAT_QTYPES,
     QUANT_TYPES,
+    Q,
     attention_oracle,
     dequant_oracle,
     make_paged_case,
@@ -19,30 +21,35 @@ from kernels.testing import (
 )
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+# the ops on GGUF-layout weights and paged caches, through the reference and through the CPU
+# backend (its C / BLAS / batched paths where they apply, the reference otherwise)
+BACKENDS = ["torch", "cpu"]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("qtype", QUANT_TYPES + FLOAT_QTYPES, ids=lambda q: q.name)
-def test_dequantize_qmatmul_embedding(qtype):
+def test_dequantize_qmatmul_embedding(qtype, backend):
+    ops = kernels.Backend(backend)
     cols = 512 if qtype.name.endswith("_K") else 96
     w = random_qweight(qtype, 7, cols)
     want_w = dequant_oracle(w)
-    assert rel_err(ref.dequantize(w, torch.float32), want_w) < 1e-6
+    assert rel_err(ops.dequantize(w, torch.float32), want_w) < 1e-6
     x = torch.randn(5, cols)
-    assert rel_err(ref.qmatmul(x, w), x.double() @ want_w.T) < 1e-5
+    assert rel_err(ops.qmatmul(x, w), x.double() @ want_w.T) < 1e-5
     ids = torch.tensor([6, 0, 3, 3])
-    emb = ref.embedding(ids, w)
+    emb = ops.embedding(ids, w)
     assert emb.dtype == torch.float32 and rel_err(emb, want_w[ids]) < 1e-6
 
 
 def test_qmatmul_chunked_rows(monkeypatch):
     monkeypatch.setattr(ref, "_QMATMUL_CHUNK_ELEMS", 3 * 256)  # 3 rows per dequantized chunk
-    w = random_qweight(kernels.testing.Q.Q4_K, 10, 256)
+    w = random_qweight(Q.Q4_K, 10, 256)
     x = torch.randn(2, 256)
     assert rel_err(ref.qmatmul(x, w), x.double() @ dequant_oracle(w).T) < 1e-5
 
 
 def test_qmatmul_float_weight_dtype():
-    w = random_qweight(kernels.testing.Q.F16, 9, 33)
+    w = random_qweight(Q.F16, 9, 33)
     x = torch.randn(4, 33)
     y = ref.qmatmul(x, w)
     assert y.dtype == torch.float32
@@ -109,35 +116,56 @@ ATTN_CASES = {
 }
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case_name", list(ATTN_CASES))
 @pytest.mark.parametrize("softcap", [0.0, 20.0])
 @pytest.mark.parametrize("H,KVH", [(4, 2), (3, 3)])
-def test_paged_attention(case_name, softcap, H, KVH):
+def test_paged_attention(case_name, softcap, H, KVH, backend):
     q_lens, kv_lens = ATTN_CASES[case_name]
     D, BS = 16, 4
     case = make_paged_case(q_lens, kv_lens, H, KVH, D, BS, dtype=torch.float16)
     scale = 1.0 / math.sqrt(D) * (4.0 if softcap else 1.0)  # large scores make the cap matter
     want = attention_oracle(case, scale, softcap)
-    got = ref.paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables,
-                              case.cu_seqlens_q, case.kv_lens, scale, softcap)
+    got = kernels.Backend(backend).paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                                   case.cu_seqlens_q, case.kv_lens, scale, softcap)
     assert got.dtype == torch.float16 and got.shape == case.q.shape
     assert rel_err(got, want) < 2e-3
 
 
-def test_paged_attention_unbatched_decode_path(monkeypatch):
-    monkeypatch.setattr(ref, "_BATCHED_DECODE_MAX_ELEMS", 0)
-    case = make_paged_case([1, 1], [30, 5], 4, 1, 8, 4, dtype=torch.float32)
-    want = attention_oracle(case, 0.3)
-    got = ref.paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables,
-                              case.cu_seqlens_q, case.kv_lens, 0.3)
-    assert rel_err(got, want) < 1e-5
+def test_reference_reads_only_gguf_rows():
+    w = random_qweight(Q.F32, 300, 256)
+    tiles = kernels.Backend("cpu").prepare_weight(w)
+    assert tiles.layout != "rows"
+    with pytest.raises(ValueError, match="CPU backend"):
+        ref.qmatmul(torch.randn(1, 256), tiles)
 
 
-def test_dispatch_object_and_module_functions():
-    assert kernels.Ops("torch").impl(torch.device("cpu")) is ref
-    assert kernels.Ops("auto").impl(torch.device("cpu")) is ref
+def test_topk_ops():
+    row = torch.randn(5000)
+    v, i = ref.topk(row, 7)
+    assert torch.equal(v, torch.topk(row, 7).values) and torch.equal(row[i], v)
+    w = random_qweight(Q.F32, 40, 32)
+    assert ref.prepare_topk_head(w) is None
+    x = torch.randn(3, 32)
+    assert torch.equal(ref.topk_logits(x, w, None, [0, 5, 1], [(), (1, 2), ()]), ref.qmatmul(x, w))
+
+
+def test_dispatch_by_device():
+    from kernels import cpu
+
+    cpu_b = kernels.Backend.for_device("cpu")
+    assert cpu_b.name == "cpu" and cpu_b.qmatmul is cpu.qmatmul and cpu_b.rms_norm is ref.rms_norm
+    assert kernels.Backend.for_device(torch.device("cpu"), "auto") is cpu_b  # one instance per name
+    torch_b = kernels.Backend.for_device("cpu", "torch")
+    assert torch_b.name == "torch" and torch_b.paged_attention is ref.paged_attention
+    assert not torch_b.packs_quantized()
+    assert kernels.Backend("cpu").topk is cpu.topk and kernels.Backend("cpu").topk_logits is cpu.topk_logits
     with pytest.raises(ValueError):
-        kernels.Ops("cuda")
+        kernels.Backend("cuda")
+    with pytest.raises(AttributeError):
+        cpu_b.qmatmul = ref.qmatmul  # immutable: no global switch to flip
     x = torch.randn(2, 8)
     wt = torch.ones(8)
     assert rel_err(kernels.rms_norm(x, wt, 1e-6), rms_norm_oracle(x, wt, 1e-6)) < 1e-6
+    for op in kernels.OPS:  # every backend has every op
+        assert callable(getattr(cpu_b, op)) and callable(getattr(torch_b, op)) and callable(getattr(kernels, op))

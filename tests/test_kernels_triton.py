@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import kernels
-from kernels.testing import (
+from tests.kernel_oracles import (
     FLOAT_QTYPES,
     QUANT_TYPES,
     Q,
@@ -36,7 +36,7 @@ if DEV == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
 if DEV == "cuda" and not torch.cuda.is_available():
     pytest.skip("TRITIUM_KERNEL_DEVICE=cuda without a GPU", allow_module_level=True)
 
-OPS = kernels.Ops("triton")
+OPS = kernels.Backend("triton")
 # fp32 matmuls/dots run on TF32 tensor cores on a GPU; the interpreter is exact float32.
 F32_TOL = 1e-5 if DEV == "cpu" else 3e-3
 TOL = {torch.float32: F32_TOL, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -193,7 +193,7 @@ def test_paged_attention(case_name, softcap, H, KVH, D):
 
 @pytest.mark.parametrize("num_splits", [2, 8])
 def test_paged_decode_split_k(num_splits):
-    from kernels.tl_paged_decode import paged_decode
+    from kernels.triton.paged_decode import paged_decode
 
     case = make_paged_case([1, 1, 1], [200, 5, 64], 8, 2, 16, 8, dtype=torch.float32)
     out = dev(torch.full_like(case.q, float("nan")))
@@ -203,7 +203,7 @@ def test_paged_decode_split_k(num_splits):
 
 
 def test_num_splits_policy():
-    from kernels.tl_paged_decode import num_splits_for
+    from kernels.triton.paged_decode import num_splits_for
 
     assert num_splits_for(64, 8, 512) == 1  # plenty of programs
     assert num_splits_for(1, 8, 32768) == 32  # one long sequence: split hard
@@ -214,14 +214,12 @@ def test_num_splits_policy():
 
 
 def test_dispatch_routes_to_triton():
-    from kernels import triton_ops
+    from kernels import triton as triton_backend
 
-    assert OPS.impl(torch.device("cpu")) is triton_ops
-    assert kernels.Ops("auto").impl(torch.device("cuda")) is triton_ops
-    prev = kernels.get_backend()
-    try:
-        kernels.set_backend("triton")
-        x, w = dev(torch.randn(3, 40)), dev(torch.randn(40))
+    assert OPS.qmatmul is triton_backend.qmatmul and OPS.paged_attention is triton_backend.paged_attention
+    assert kernels.Backend.for_device("cuda").name == "triton"
+    assert kernels.Backend.for_device("cpu", "triton") is kernels.Backend.for_device("cuda")
+    x, w = dev(torch.randn(3, 40)), dev(torch.randn(40))
+    assert rel_err(OPS.rms_norm(x, w, 1e-6), rms_norm_oracle(x.cpu(), w.cpu(), 1e-6)) < F32_TOL
+    if DEV == "cuda":  # the module functions choose by device
         assert rel_err(kernels.rms_norm(x, w, 1e-6), rms_norm_oracle(x.cpu(), w.cpu(), 1e-6)) < F32_TOL
-    finally:
-        kernels.set_backend(prev)

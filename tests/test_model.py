@@ -171,7 +171,7 @@ def test_rope_inv_freq_linear_scaling():
 
 @pytest.mark.parametrize("wtype", ["q4_k", "q8_0"])
 def test_quantized_weights_kept_in_blocks_give_the_same_logits(tmp_path, wtype):
-    """On the CPU, quantized weights are repacked into integer tiles (kernels.cpu_qgemv) or, without
+    """On the CPU, quantized weights are repacked into integer tiles (kernels.cpu.qgemv) or, without
     that, dequantized once at load when they fit the memory budget, or else kept in GGUF blocks
     and dequantized per matmul: the same numbers all three ways."""
     spec = spec_with(wtype=wtype, n_layer=1, n_embd=256, n_head=4, n_head_kv=2, n_ff=256, n_vocab=300,
@@ -183,7 +183,7 @@ def test_quantized_weights_kept_in_blocks_give_the_same_logits(tmp_path, wtype):
     assert unpacked.unpacked_quantized and not blocks.unpacked_quantized
     assert not blocks.layers[0].w_down.is_float and unpacked.layers[0].w_down.is_float
     models = [unpacked, blocks]
-    from kernels import cpu_qgemv
+    from kernels.cpu import qgemv as cpu_qgemv
     if cpu_qgemv.available():
         packed = Model(lm)
         assert packed.packed_quantized and packed.layers[0].w_down.layout in cpu_qgemv.LAYOUTS
@@ -234,7 +234,7 @@ def test_yarn_matches_ggml_rope_formula():
 def test_topk_logits_match_the_exact_row(tmp_path, k):
     """Rows that only need their top-k logits (greedy, top_k-first sampling) go through an int8
     first pass plus an exact recompute of the candidates: the top-k must equal the exact row's."""
-    from kernels import cpu_gemv
+    from kernels.cpu import gemv as cpu_gemv
     if not cpu_gemv.i8_fast():
         pytest.skip("no C compiler or no AVX2/AVX-512 for the CPU kernels on this machine")
     spec = spec_with(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=5000, init_std=0.3,
@@ -242,7 +242,7 @@ def test_topk_logits_match_the_exact_row(tmp_path, k):
     path = tmp_path / "v.gguf"
     write_tiny_model(path, spec)
     m = Model(load_model(path))
-    assert m._head_i8 is not None
+    assert m._topk_head is not None
     kv = m.new_cache(256, dtype=torch.float32)
     seqs = [SeqKV() for _ in range(3)]
     toks = [[random.randrange(5000) for _ in range(n)] for n in (5, 9, 1)]

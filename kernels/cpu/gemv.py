@@ -1,7 +1,7 @@
 """Batched GEMV for the CPU decode path: y[M, N] = x[M, K] @ W^T for small M (<= 16).
 
 BLAS sgemm packs the whole weight matrix on every call when M is small, which on a 151,936 x 256
-output head costs 2-3x the time of reading the weights once. This kernel (C, `cpu_native`) reads
+output head costs 2-3x the time of reading the weights once. This kernel (C, `gemv.c`) reads
 the weights once per call whatever M is: W is repacked at load into tiles of 64 output rows
 (`pack`: [N/64, K, 64], each tile one contiguous stream), and for every k it broadcasts x[m, k]
 against the 64 weights of row k of the tile, accumulating 4 x 4 vectors of 16 floats in registers.
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu_native
+from . import native
 
 MAX_M = 16
 TILE = 64
 
 
 def available() -> bool:
-    return cpu_native.lib() is not None
+    return native.lib() is not None
 
 
 _KERNELS = {torch.float32: "bgemv_tiles64", torch.float16: "bgemv_tiles64_f16", torch.bfloat16: "bgemv_tiles64_bf16"}
@@ -55,7 +55,7 @@ def bgemv(x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | No
 def i8_fast() -> bool:
     """Whether the int8 GEMV widens with vector instructions (AVX-512 or AVX2 builds); elsewhere it
     is slower than the float32 one and callers should not use it."""
-    lib = cpu_native.lib()
+    lib = native.lib()
     return lib is not None and bool(lib.i8_widening_is_vectorized())
 
 
@@ -95,7 +95,7 @@ def bgemv_i8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, n_rows: int)
 
 def _run(fn: str, x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | None,
          scale: torch.Tensor | None) -> torch.Tensor:
-    lib = cpu_native.lib()
+    lib = native.lib()
     assert lib is not None, "the batched GEMV needs the compiled CPU kernels (check available())"
     M, K = x.shape
     assert M <= MAX_M and tiles.shape[1] == K and x.dtype == torch.float32

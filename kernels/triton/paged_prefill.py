@@ -8,8 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import ref
-from .tl_paged_decode import _attend_tile
+from .. import ref
+from .attend_tile import attend_tile
 
 reference = ref.paged_attention
 
@@ -52,7 +52,7 @@ def _paged_prefill_kernel(
             off = blk * stride_cb + (tok % BS) * stride_ct + kvh * stride_ch
             kvmask = tmask[:, None] & dmask[None, :]
             valid = tmask[None, :] & (tok[None, :] <= pos[:, None])  # causal
-            m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, valid,
+            m_i, l_i, acc = attend_tile(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, valid,
                                          scale, softcap, m_i, l_i, acc, SOFTCAP)
         o = acc / l_i[:, None]
         optr = out_ptr + qoff[:, None] * stride_ot + h * stride_oh + d[None, :]

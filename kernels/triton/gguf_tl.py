@@ -2,16 +2,18 @@
 
 `dequant_tile(w_ptr, row_stride, offs_n[BN], offs_k[BK], mask[BN, BK], QTYPE)` returns the float32
 tile W[offs_n, offs_k] read straight from the GGUF block layout of `kernels.qweight.QWeight`
-(`row_stride` in bytes for quantized types, in elements for F32/F16/BF16). Each element computes
+(`row_stride` in bytes for quantized types, in elements for F32/F16/BF16; `weight_args(w)` gives
+a kernel the weight's pointer, row stride and type). Each element computes
 its block, its byte(s) and its scale(s); repeated scale loads within a block hit L1, so no repack
 is needed. Bit layouts follow ggml-quants.c `dequantize_row_*` (documented per type below).
 """
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
+
+from ..env import triton_interpreting as interpreting
+from ..qweight import QWeight
 
 # GGMLQuantizationType values (gguf.constants)
 F32: tl.constexpr = tl.constexpr(0)
@@ -31,13 +33,19 @@ BF16: tl.constexpr = tl.constexpr(30)
 SUPPORTED = {0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30}
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def configs_for_mode(configs):
     """The interpreter would 'benchmark' every config: keep one there."""
     return configs[:1] if interpreting() else configs
+
+
+def weight_args(w: QWeight):
+    """(data, row stride, GGML type number) of a GGUF-layout weight, as the kernels take them."""
+    qt = int(w.qtype)
+    if qt not in SUPPORTED:
+        raise NotImplementedError(f"no Triton dequantizer for {w.qtype.name}")
+    if not w.data.is_contiguous() and w.data.stride(1) != 1:
+        raise ValueError("weight rows must be contiguous")
+    return w.data, w.data.stride(0), qt
 
 
 @triton.jit

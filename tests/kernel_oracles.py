@@ -1,8 +1,9 @@
-"""Test helpers: random GGUF weights, paged KV layouts and float64 oracles.
+"""Test helpers (not part of the product): random GGUF weights, paged KV layouts and float64
+oracles.
 
 The oracles are written independently of `kernels.ref` (different formulation: complex numbers
 for RoPE, per-sequence dense attention with explicit positions, gguf-py's numpy dequantizer) so
-that they can check both the reference ops and the Triton kernels.
+that they can check the reference ops, the CPU backend and the Triton kernels alike.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
-from .qweight import QWeight
+from kernels.qweight import QWeight
 
 QUANT_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 FLOAT_QTYPES = [Q.F32, Q.F16, Q.BF16]

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from . import ref
-from .tl_paged_decode import paged_decode
-from .tl_paged_prefill import paged_prefill
+from .. import ref
+from .paged_decode import paged_decode
+from .paged_prefill import paged_prefill
 
 reference = ref.paged_attention
 

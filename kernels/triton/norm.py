@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import ref
+from .. import ref
 
 reference = ref.rms_norm
 reference_add = ref.add_rms_norm

@@ -1,5 +1,5 @@
 """Quantized weights on the CPU path: every GGUF quantized type repacked once, exactly, into
-affine-integer tiles that one C GEMV kernel reads (`cpu_native`: `qgemv_tiles64_c8` / `_c4`).
+affine-integer tiles that one C GEMV kernel reads (`qgemv.c`: `qgemv_tiles64_c8` / `_c4`).
 
 Each GGUF type stores, per group of 16 or 32 weights of a row, small integer codes and one or two
 float factors. Written as W[r, k] = A[g, r] * code[r, k] + B[g, r] (g = k // group), every type
@@ -22,7 +22,7 @@ fits one of two code widths without changing a single value:
 bit; `tests/test_cpu_kernels.py` checks it for every type). Rows are grouped into tiles of 64
 (`QWeight.layout` "tiles64_c8": codes [nt, cols, 64] int8; "tiles64_c4": [nt, cols, 32] bytes,
 byte j holding row j in its low nibble and row j + 32 in its high one; A and B [nt, cols / group, 64]
-float32, B not stored where it is zero), so the kernel, like the float one in `cpu_gemv.py`, streams each tile once per decode
+float32, B not stored where it is zero), so the kernel, like the float one in `gemv.py`, streams each tile once per decode
 step: 0.75 (Q4_K) to 1.25 (Q8_0, Q6_K) bytes per weight instead of 4 for float32. The same
 kernel serves prefill (any number of rows, two at a time against a tile that stays in L2).
 """
@@ -31,9 +31,9 @@ from __future__ import annotations
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from . import cpu_native
-from .dequant_ref import QK_K, _bits, _f16, _nibbles, _scale_min_k4, _shifts
-from .qweight import QWeight
+from . import native
+from ..dequant_ref import QK_K, _bits, _f16, _nibbles, _scale_min_k4, _shifts
+from ..qweight import QWeight
 
 TILE = 64
 LAYOUTS = ("tiles64_c8", "tiles64_c4")
@@ -118,7 +118,7 @@ _AFFINE = {
 
 def available() -> bool:
     """The C kernel exists and widens its codes with vector instructions (AVX-512 or AVX2)."""
-    lib = cpu_native.lib()
+    lib = native.lib()
     return lib is not None and bool(lib.i8_widening_is_vectorized())
 
 
@@ -210,7 +210,7 @@ def rows(w: QWeight, ids: torch.Tensor) -> torch.Tensor:
 
 def qgemv(x: torch.Tensor, w: QWeight, n_threads: int | None = None) -> torch.Tensor:
     """x: [M, cols] float32 times the packed weight -> y: [M, rows] float32."""
-    lib = cpu_native.lib()
+    lib = native.lib()
     assert lib is not None and w.layout in LAYOUTS
     M, K = x.shape
     assert K == w.cols

@@ -1,41 +1,18 @@
 """Paged attention, decode: one query per sequence, all query heads of one KV head per program
 (GQA), KV gathered through the block table, split-K over the context for long sequences with a
-second kernel merging the partial softmaxes. float32 softmax, optional tanh soft-capping.
-Reference: `kernels.ref.paged_attention` (all q_len == 1)."""
+second kernel merging the partial softmaxes (`merge_splits.py`). float32 softmax, optional tanh
+soft-capping. Reference: `kernels.ref.paged_attention` (all q_len == 1)."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from . import ref
+from .. import ref
+from .attend_tile import attend_tile
+from .merge_splits import merge_splits
 
 reference = ref.paged_attention
-
-
-@triton.jit
-def _tanh(x):
-    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
-
-
-@triton.jit
-def _attend_tile(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, valid, scale, softcap, m_i, l_i, acc,
-                 SOFTCAP: tl.constexpr):
-    """One online-softmax step over a tile of cached keys/values (shared by the decode and the
-    prefill kernels). q: [R, BLOCK_D]; off: [BLOCK_N] element offsets of the tile's tokens;
-    valid: [R, BLOCK_N] score mask. Returns the updated (m_i [R], l_i [R], acc [R, BLOCK_D])."""
-    k = tl.load(kc_ptr + off[:, None] + d[None, :] * stride_cd, mask=kvmask, other=0.0)
-    sc = tl.dot(q, tl.trans(k)) * scale  # [R, BLOCK_N] float32
-    if SOFTCAP:
-        sc = softcap * _tanh(sc / softcap)
-    sc = tl.where(valid, sc, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(sc - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(vc_ptr + off[:, None] + d[None, :] * stride_cd, mask=kvmask, other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc
 
 
 @triton.jit
@@ -74,7 +51,7 @@ def _paged_decode_kernel(
             blk = tl.load(bt_ptr + s * stride_bts + tok // BS, mask=tmask, other=0).to(tl.int64)
             off = blk * stride_cb + (tok % BS) * stride_ct + kvh * stride_ch
             kvmask = tmask[:, None] & dmask[None, :]
-            m_i, l_i, acc = _attend_tile(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, tmask[None, :],
+            m_i, l_i, acc = attend_tile(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, tmask[None, :],
                                          scale, softcap, m_i, l_i, acc, SOFTCAP)
         omask = gmask[:, None] & dmask[None, :]
         if NUM_SPLITS == 1:
@@ -88,27 +65,6 @@ def _paged_decode_kernel(
             tl.store(po_ptr + idx[:, None].to(tl.int64) * D + d[None, :], acc, mask=omask)
             tl.store(pm_ptr + idx, m_i, mask=gmask)
             tl.store(pl_ptr + idx, l_i, mask=gmask)
-
-
-@triton.jit
-def _merge_splits_kernel(
-    po_ptr, pm_ptr, pl_ptr, cu_ptr, out_ptr, H, D, stride_ot, stride_oh,
-    NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    s = tl.program_id(0)
-    h = tl.program_id(1)
-    qlen = tl.load(cu_ptr + s + 1) - tl.load(cu_ptr + s)
-    if qlen == 1:
-        qrow = tl.load(cu_ptr + s).to(tl.int64)
-        sp = tl.arange(0, NUM_SPLITS)
-        d = tl.arange(0, BLOCK_D)
-        base = (s * H + h) * NUM_SPLITS
-        m = tl.load(pm_ptr + base + sp)
-        lsum = tl.load(pl_ptr + base + sp)
-        w = tl.exp(m - tl.max(m, axis=0))
-        po = tl.load(po_ptr + (base + sp)[:, None].to(tl.int64) * D + d[None, :], mask=d[None, :] < D, other=0.0)
-        o = tl.sum(po * w[:, None], axis=0) / tl.sum(lsum * w, axis=0)
-        tl.store(out_ptr + qrow * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty), mask=d < D)
 
 
 def num_splits_for(S: int, KVH: int, max_ctx: int, n_sm: int = 132) -> int:
@@ -151,8 +107,5 @@ def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale
         num_warps=4,
     )
     if num_splits > 1:
-        _merge_splits_kernel[(S, H)](
-            po, pm, pl, cu_seqlens_q, out, H, D, out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, BLOCK_D=BLOCK_D,
-        )
+        merge_splits(po, pm, pl, cu_seqlens_q, out)
     return out

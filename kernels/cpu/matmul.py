@@ -1,0 +1,108 @@
+"""Weights on the CPU: the layout `prepare_weight` gives each matrix once at load, and the
+`qmatmul` / `dequantize` / `embedding` ops over every layout (docs/DESIGN.md; layouts in
+`kernels.qweight`).
+
+- quantized weights: the exact affine-integer tiles of `qgemv.py` ("tiles64_c8" / "tiles64_c4")
+  when its vectorized C kernel exists; else dequantized once ("unpack_quantized") and treated as
+  float weights, or else kept in GGUF blocks ("rows", dequantized on every matmul);
+- float weights of at least 2^16 elements: 64-row tiles for the batched GEMV of `gemv.py`
+  ("tiles64"; float16/bfloat16 stay in their type where the C kernels widen them with vectors);
+- the others: float32 [cols, rows] ("cols"), what BLAS reads fastest for small batches.
+Without the C kernels the BLAS layouts are used. GGUF "rows" weights go to `kernels.ref`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType
+
+from .. import ref
+from ..qweight import QWeight
+from . import gemv, qgemv
+
+# Weights at least this large (elements) use the batched-GEMV kernel for decode batches.
+_BGEMV_MIN_ELEMS = 1 << 16
+# Tiled weights smaller than this run the GEMV kernel on one thread.
+_BGEMV_MT_MIN_ELEMS = 1 << 20
+# Tiled weights up to this size are unpacked for prefill-sized products instead.
+_UNPACK_MAX_ELEMS = 1 << 22
+# From this many rows on (prefill) a matmul goes to torch's multi-threaded BLAS; below it, numpy's
+# OpenBLAS (kept single-threaded by the engine) has less per-call overhead.
+_BLAS_MT_MIN_M = 32
+
+
+def packs_quantized() -> bool:
+    """Whether `prepare_weight(pack_quantized=True)` repacks quantized weights into integer tiles
+    (the vectorized C kernel exists)."""
+    return qgemv.available()
+
+
+def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: bool = True) -> QWeight:
+    """Once at load, the layout of the module docstring. Weights not on the CPU are returned as
+    they are."""
+    if w.layout != "rows" or w.data.device.type != "cpu":
+        return w
+    if not w.is_float and pack_quantized and qgemv.supports(w) and qgemv.available():
+        return qgemv.pack(w)
+    if not w.is_float:
+        if not unpack_quantized:
+            return w
+        w = QWeight.from_float(ref.dequantize(w, torch.float32))
+    if w.rows * w.cols >= _BGEMV_MIN_ELEMS and gemv.available():
+        # float16 / bfloat16 stay in their type (half the bytes per step; widened exactly in C)
+        keep = w.data.dtype in (torch.float16, torch.bfloat16) and gemv.i8_fast()
+        data = w.data if keep else w.data.float()
+        qtype = w.qtype if keep else GGMLQuantizationType.F32
+        return QWeight(gemv.pack(data), qtype, w.rows, w.cols, "tiles64")
+    return QWeight(w.data.T.to(torch.float32).contiguous(), GGMLQuantizationType.F32, w.rows, w.cols, "cols")
+
+
+def dequantize(w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[rows, cols] matrix of `w` in `dtype`."""
+    if w.layout in qgemv.LAYOUTS:
+        return qgemv.unpack(w).to(dtype)
+    if w.layout == "tiles64":
+        return gemv.unpack(w.data, w.rows).to(dtype)
+    if w.layout == "cols":
+        return w.data.T.to(dtype)
+    return ref.dequantize(w, dtype)
+
+
+def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """y[T, rows] = x[T, cols] @ W^T, output dtype = x.dtype."""
+    if w.layout in qgemv.LAYOUTS:  # any T: the kernel beats BLAS on dequantized rows here
+        nt = 1 if x.shape[0] <= gemv.MAX_M and w.rows * w.cols < _BGEMV_MT_MIN_ELEMS else None
+        return qgemv.qgemv(x.float(), w, nt).to(x.dtype)
+    if w.layout == "tiles64":  # one pass over the weights per 16 rows of x
+        if x.shape[0] > gemv.MAX_M and w.rows * w.cols <= _UNPACK_MAX_ELEMS:
+            # prefill through a small matrix: unpacking it (a ~1 MB copy) and one multi-threaded
+            # BLAS call beats many passes of the GEMV kernel
+            return x @ gemv.unpack(w.data, w.rows).T.to(x.dtype)
+        xf = x.float()
+        # small matrices on one thread: an OpenMP fork per layer matmul costs more than it saves,
+        # and idle workers spinning on both cores starve the HTTP thread
+        nt = 1 if w.rows * w.cols < _BGEMV_MT_MIN_ELEMS else None
+        ys = [gemv.bgemv(xf[i:i + gemv.MAX_M], w.data, w.rows, nt) for i in range(0, x.shape[0], gemv.MAX_M)]
+        return (ys[0] if len(ys) == 1 else torch.cat(ys)).to(x.dtype)
+    if w.layout == "cols":
+        if x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[0] < _BLAS_MT_MIN_M:
+            # numpy's BLAS (OpenBLAS) beats torch's MKL sgemm on small-M, large-N products on
+            # AMD cores by 2-3x; both run in float32 with the same accumulation order per row
+            return torch.from_numpy(np.matmul(x.contiguous().numpy(), w.data.numpy()))
+        return x @ w.data.to(x.dtype)
+    if w.is_float and x.device.type == "cpu" and x.dtype == torch.float32 and w.data.dtype == torch.float32:
+        if x.shape[0] < _BLAS_MT_MIN_M:
+            return torch.from_numpy(np.matmul(x.contiguous().numpy(), w.data.numpy().T))
+    return ref.qmatmul(x, w)
+
+
+def embedding(ids: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """[T, cols] float32 rows `ids` of `w` (only the gathered rows are dequantized)."""
+    ids = ids.to(device=w.data.device, dtype=torch.long)
+    if w.layout in qgemv.LAYOUTS:
+        return qgemv.rows(w, ids)
+    if w.layout == "tiles64":
+        return gemv.rows(w.data, ids).float()
+    if w.layout == "cols":
+        return w.data[:, ids].T.float()
+    return ref.embedding(ids, w)

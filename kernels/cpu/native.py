@@ -1,0 +1,141 @@
+"""Building and loading the C kernels (the `.c` files beside this module).
+
+A `Library` names its C sources (compiled together into one shared object), extra compiler flags
+and `-D` defines, and the C signatures of the functions it exports. `load(library)` compiles it
+on first use with the system compiler (`-O3 -march=native`, OpenMP) into `$TRITIUM_CACHE`, reuses
+that build afterwards and returns the ctypes handle. It returns None, and callers use their
+torch/BLAS paths, when TRITIUM_NO_CPU_KERNELS is set, without a compiler, or when the build or
+the load fails; a failure is logged once, as a warning holding the tail of the compiler's stderr.
+
+A build is reused only for the same sources (and headers), compiler, flags, defines and target:
+the cache key hashes them together with what the compiler reports for those flags
+(`cc <flags> -dM -E`: its version and the CPU features that -march=native enables).
+
+`KERNELS` is the library the CPU kernel families live in (gemv.c, qgemv.c, attention.c); `lib()`
+is its handle or None. A new family adds its sources and signatures there, or makes a `Library`
+of its own (e.g. one per instruction-set variant, chosen with `defines`) and calls `load`.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import env
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).resolve().parent
+OPT_FLAGS = ("-O3", "-march=native")
+LINK_FLAGS = ("-fopenmp", "-shared", "-fPIC")
+STDERR_TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class Library:
+    name: str  # the built file is <name>-<key>.so
+    sources: tuple[str, ...]  # C files in `directory`, compiled into one shared object
+    # function name -> (argtypes, restype), declared on the handle after loading
+    signatures: dict = field(default_factory=dict, compare=False, hash=False)
+    flags: tuple[str, ...] = ()  # extra compiler flags, e.g. ("-mno-avx512f",) to narrow the target
+    defines: tuple[tuple[str, str], ...] = ()  # (NAME, VALUE) -> -DNAME=VALUE
+    directory: Path = HERE  # where the sources (and the headers they include) are
+
+    def compile_flags(self) -> list[str]:
+        return [*OPT_FLAGS, *self.flags, *(f"-D{k}={v}" for k, v in self.defines), *LINK_FLAGS]
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def _run(cmd: list[str], what: str) -> str:
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        tail = "\n".join(r.stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
+        raise BuildError(f"{what} failed (exit {r.returncode}): {' '.join(cmd)}\n{tail}")
+    return r.stdout
+
+
+def build_key(library: Library, cc: str) -> str:
+    """Hash of the sources and headers, the compiler, the flags and defines, and the target the
+    compiler sees for those flags."""
+    h = hashlib.sha256()
+    files = [library.directory / s for s in library.sources] + sorted(library.directory.glob("*.h"))
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    flags = library.compile_flags()
+    target = _run([cc, *flags, "-dM", "-E", "-x", "c", os.devnull], "asking the compiler for its target")
+    h.update("\0".join([cc, *flags, target]).encode())
+    return h.hexdigest()[:16]
+
+
+def build(library: Library) -> Path | None:
+    """The compiled shared object of `library` (built now unless cached); None without a compiler.
+    Raises BuildError (with the compiler's stderr tail) when compiling fails."""
+    cc = env.c_compiler()
+    if cc is None:
+        log.info("no C compiler found (gcc, cc or $CC): %s not built, the torch paths are used", library.name)
+        return None
+    out = env.cache_dir() / f"{library.name}-{build_key(library, cc)}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        so = Path(tmp) / out.name
+        srcs = [str(library.directory / s) for s in library.sources]
+        _run([cc, *library.compile_flags(), *srcs, "-o", str(so), "-lm"], f"compiling {library.name}")
+        os.replace(so, out)  # atomic: concurrent builders see a whole file or none
+    return out
+
+
+_lock = threading.Lock()
+_loaded: dict[Library, ctypes.CDLL | None] = {}
+
+
+def load(library: Library) -> ctypes.CDLL | None:
+    """The loaded library with its signatures declared, or None (see the module docstring). Built
+    and loaded once per process and `library`; a failure is logged on that first try only."""
+    with _lock:
+        if library in _loaded:
+            return _loaded[library]
+        handle = None
+        if not env.cpu_kernels_disabled():
+            try:
+                path = build(library)
+                if path is not None:
+                    handle = ctypes.CDLL(str(path))
+                    for fn, (argtypes, restype) in library.signatures.items():
+                        getattr(handle, fn).argtypes = argtypes
+                        getattr(handle, fn).restype = restype
+            except (BuildError, OSError, AttributeError) as e:
+                log.warning("CPU kernels (%s) unavailable, the torch paths are used instead: %s", library.name, e)
+                handle = None
+        _loaded[library] = handle
+        return handle
+
+
+_i, _l, _f, _p = ctypes.c_int, ctypes.c_long, ctypes.c_float, ctypes.c_void_p
+_BGEMV = ([_p, _p, _p, _p, _i, _i, _i, _i, _l, _i], None)
+_QGEMV = ([_p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _l, _i], None)
+KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c"), {
+    # gemv.c (kernels/cpu/gemv.py)
+    "bgemv_tiles64": _BGEMV, "bgemv_tiles64_i8": _BGEMV, "bgemv_tiles64_f16": _BGEMV, "bgemv_tiles64_bf16": _BGEMV,
+    "i8_widening_is_vectorized": ([], _i),
+    # qgemv.c (kernels/cpu/qgemv.py)
+    "qgemv_tiles64_c8": _QGEMV, "qgemv_tiles64_c4": _QGEMV,
+    # attention.c (kernels/cpu/attention.py)
+    "paged_decode": ([_p, _p, _p, _p, _i, _p, _p, _p, _i, _i, _i, _i, _i, _i, _f, _f, _i, _i], None),
+})
+
+
+@functools.cache
+def lib() -> ctypes.CDLL | None:
+    """The handle of `KERNELS` (None: use the torch paths). Cached: the kernels call it per op."""
+    return load(KERNELS)

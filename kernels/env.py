@@ -1,0 +1,34 @@
+"""Every environment variable the kernels package reads, in one place.
+
+| variable | read by | meaning |
+| --- | --- | --- |
+| `TRITIUM_NO_CPU_KERNELS` | `kernels.cpu.native` | set (non-empty): never build or load the C kernels; the CPU backend uses its torch/BLAS paths |
+| `CC` | `kernels.cpu.native` | the C compiler (default: `gcc`, else `cc`, from PATH) |
+| `TRITIUM_CACHE` | `kernels.cpu.native` | where compiled kernels are kept (default `~/.cache/tritium`) |
+| `TRITON_INTERPRET` | `kernels.triton` | Triton's interpreter is on (CPU tensors); read by triton itself at import too |
+
+Each is read when asked (not at import), so tests can set them with monkeypatch.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+
+def cpu_kernels_disabled() -> bool:
+    return bool(os.environ.get("TRITIUM_NO_CPU_KERNELS"))
+
+
+def c_compiler() -> str | None:
+    """The compiler command, or None when there is none."""
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("TRITIUM_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "tritium"
+
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

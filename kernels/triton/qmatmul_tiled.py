@@ -1,0 +1,75 @@
+"""Dequantizing matmul for prefill-sized batches, y[M, N] = x[M, K] @ W[N, K]^T with W in GGUF
+blocks: `tl.dot` on [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] tiles (grouped program order), the
+weight tile dequantized in registers (`gguf_tl.dequant_tile`) and rounded to x's dtype, float32
+accumulation. Autotuned per (M bucket, N, K, type). Reference: `kernels.ref.qmatmul`."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import ref
+from ..qweight import QWeight
+from .gguf_tl import configs_for_mode, dequant_tile, interpreting, weight_args
+
+reference = ref.qmatmul
+
+
+_TILED_CONFIGS = configs_for_mode([
+    triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4, num_stages=2),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8}, num_warps=4, num_stages=3),
+])
+
+
+@triton.autotune(configs=_TILED_CONFIGS, key=["M_BUCKET", "N", "K", "QTYPE"])
+@triton.jit
+def _qmm_tiled_kernel(
+    x_ptr, w_ptr, y_ptr, M, N, K, M_BUCKET,
+    stride_xm, stride_xk, stride_w, stride_ym, stride_yn,
+    QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * num_n)
+    first_m = group * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_n)) % gsize
+    pid_n = (pid % (GROUP_M * num_n)) // gsize
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = offs_m < M
+    nmask = offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        kmask = offs_k < K
+        xp = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :] * stride_xk
+        x = tl.load(xp, mask=mmask[:, None] & kmask[None, :], other=0.0)
+        w = dequant_tile(w_ptr, stride_w, offs_n, offs_k, nmask[:, None] & kmask[None, :], QTYPE)
+        w = w.to(x.dtype)
+        if DOT_F32:  # the interpreter's bf16 tl.dot is wrong; same rounding, float32 product
+            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+    yp = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :] * stride_yn
+    tl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+
+
+def qmatmul_tiled(x: torch.Tensor, w: QWeight, y: torch.Tensor) -> torch.Tensor:
+    """y[M, N] (given, M >= 1) = x[M, K] @ dequant(W)^T."""
+    data, stride_w, qt = weight_args(w)
+    M, K = x.shape
+    N = w.rows
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
+    _qmm_tiled_kernel[grid](
+        x, data, y, M, N, K, triton.next_power_of_2(M),
+        x.stride(0), x.stride(1), stride_w, y.stride(0), y.stride(1), QTYPE=qt,
+        DOT_F32=interpreting() and x.dtype == torch.bfloat16,
+    )
+    return y
