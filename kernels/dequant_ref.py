@@ -4,7 +4,7 @@ Every quantized type is decoded block-wise and vectorized over all blocks at onc
 loop per block); the bit layouts follow ggml-quants.c (`dequantize_row_*`), which
 `gguf.quants` mirrors in numpy. Works on any device (CPU or CUDA tensors).
 
-Public API (names are stable; `kernels/__init__.py` dispatches to them):
+Public API (names are stable; `kernels.ref` and the CPU backend dequantize through them):
 
 - `dequantize(w: QWeight, dtype=torch.float32) -> Tensor [rows, cols]`
 - `dequantize_rows(w: QWeight, row_ids: LongTensor [n]) -> Tensor [n, cols]` (float32 by default;

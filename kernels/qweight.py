@@ -9,14 +9,14 @@ A `QWeight` keeps a GGUF tensor in its on-disk block format (no dequantization a
 `rows` is the output dimension (GGUF ne[1]), `cols` the input dimension (GGUF ne[0]), so a
 linear layer computes `y[T, rows] = x[T, cols] @ W^T`.
 
-`layout` (`kernels.prepare_weight` chooses it once at load for the CPU path):
+`layout` (the CPU backend's `prepare_weight` chooses it once at load; every other backend reads "rows"):
 - "rows" (default): `data` is `[rows, cols]`, as in the file;
 - "cols": `data` is `[cols, rows]` contiguous, what BLAS reads fastest for small batches;
 - "tiles64" (float types): `data` is `[ceil(rows / 64), cols, 64]` (float32, float16 or bfloat16),
   rows zero-padded to a multiple of 64: each tile of 64 output rows is one contiguous stream, what
   the CPU batched-GEMV kernel reads.
 
-Quantized types on the CPU path may instead be repacked by `kernels.cpu_qgemv.pack` (same values)
+Quantized types on the CPU path may instead be repacked by `kernels.cpu.qgemv.pack` (same values)
 into "tiles64_c8" / "tiles64_c4": `data` holds integer codes in 64-row tiles, `scales` and
 `offsets` the per-group factors A and B ([ceil(rows / 64), cols / group, 64] float32), `group` the
 group size, with W[r, k] = A * code + B (see that module).

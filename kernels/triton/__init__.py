@@ -19,9 +19,8 @@ autotune configs beside it:
 | `silu_mul.py` | `_silu_mul_kernel` |
 | `write_kv.py` | `_write_kv_kernel` |
 
-plus the shared device functions `gguf_tl.py` (GGUF block dequantization in registers) and
-`attend_tile.py` (one online-softmax step), and the two dispatchers `qmatmul.py` (GEMV or tiled)
-and `attention.py` (decode or prefill).
+plus the device functions they share: `gguf_tl.py` (GGUF blocks dequantized in registers) and
+`attend_tile.py` (one online-softmax step). This module says which kernel serves each op.
 """
 from __future__ import annotations
 
@@ -29,10 +28,12 @@ import torch
 
 from ..qweight import QWeight
 from ..ref import packs_quantized, prepare_topk_head, topk  # noqa: F401  (device-agnostic torch)
-from .attention import paged_attention  # noqa: F401
 from .dequant import dequantize, embedding  # noqa: F401
 from .norm import add_rms_norm, rms_norm  # noqa: F401
-from .qmatmul import qmatmul
+from .paged_decode import paged_decode
+from .paged_prefill import paged_prefill
+from .qmatmul_gemv import GEMV_MAX_M, qmatmul_gemv
+from .qmatmul_tiled import qmatmul_tiled
 from .rope import rope  # noqa: F401
 from .silu_mul import silu_mul  # noqa: F401
 from .write_kv import write_kv  # noqa: F401
@@ -41,6 +42,37 @@ from .write_kv import write_kv  # noqa: F401
 def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: bool = True) -> QWeight:
     """The Triton kernels read the GGUF block format as it is: nothing to prepare."""
     return w
+
+
+def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """y[M, N] = x[M, K] @ dequant(W)^T in x.dtype: the GEMV kernel for decode batches (M <= 16),
+    the `tl.dot` kernel for prefill."""
+    M, K = x.shape
+    assert K == w.cols, (x.shape, w.cols)
+    y = torch.empty(M, w.rows, dtype=x.dtype, device=x.device)
+    if M == 0:
+        return y
+    return qmatmul_gemv(x, w, y) if M <= GEMV_MAX_M else qmatmul_tiled(x, w, y)
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float,
+                    softcap: float = 0.0, max_q_len: int | None = None) -> torch.Tensor:
+    """Same contract as `kernels.ref.paged_attention`: the decode kernel when every query run has
+    length 1, the prefill kernel otherwise. Without `max_q_len`, one host sync reads the longest
+    query run."""
+    T = q.shape[0]
+    S = kv_lens.shape[0]
+    out = torch.empty_like(q)
+    if T == 0 or S == 0:
+        return out
+    cu = cu_seqlens_q.to(device=q.device, dtype=torch.int32).contiguous()
+    lens = kv_lens.to(device=q.device, dtype=torch.int32).contiguous()
+    bt = block_tables.to(device=q.device, dtype=torch.int32)
+    if max_q_len is None:
+        max_q_len = int((cu[1:] - cu[:-1]).max().item())
+    if max_q_len == 1:
+        return paged_decode(q, k_cache, v_cache, bt, cu, lens, scale, softcap, out=out)
+    return paged_prefill(q, k_cache, v_cache, bt, cu, lens, scale, softcap, max_q_len=max_q_len, out=out)
 
 
 def topk_logits(x: torch.Tensor, w: QWeight, head, topk: list[int], banned: list[tuple[int, ...]]) -> torch.Tensor:
