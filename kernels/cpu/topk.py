@@ -7,7 +7,8 @@ it takes ~0.05 ms.
 
 `topk_logits`: a first pass over an int8 copy of the float output head (`gemv.pack_i8`, a quarter
 of the float32 bytes: 0.9 ms for the 151,936 x 256 head at 1 row, 1.8 ms at 4), then an exact
-float32 recompute of the few candidates that can be among the top-k (see `prepare_topk_head` and `topk_logits`).
+float32 recompute of the few candidates that can be among the top-k (`prepare_topk_head` gives
+the error bound that selects them).
 """
 from __future__ import annotations
 
