@@ -276,9 +276,13 @@ def test_build_cache_key_and_defines(tmp_path, monkeypatch):
     monkeypatch.setattr(platform, "node", lambda: "another-host")
     assert native.build_key(forty_two, cc) == key
     assert native.build_key(seven, cc) != key
+    portable = native.Library("answer", (src,), sig, defines=(("ANSWER", "42"),), directory=tmp_path,
+                              opt_flags=("-O2",))  # another target: its own build
+    assert native.build_key(portable, cc) != key and "-march=native" not in portable.compile_flags()
+    assert native.build(portable).exists()
     (tmp_path / src).write_text("int answer(void) { return ANSWER + 1; }\n")
     assert native.build_key(forty_two, cc) != key
-    assert len(list((tmp_path / "cache").glob("answer-*.so"))) == 2
+    assert len(list((tmp_path / "cache").glob("answer-*.so"))) == 3
 
 
 def test_kernels_and_runtime_import_without_triton():

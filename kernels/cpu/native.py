@@ -1,19 +1,22 @@
 """Building and loading the C kernels (the `.c` files beside this module).
 
-A `Library` names its C sources (compiled together into one shared object), extra compiler flags
-and `-D` defines, and the C signatures of the functions it exports. `load(library)` compiles it
-on first use with the system compiler (`-O3 -march=native`, OpenMP) into `$TRITIUM_CACHE`, reuses
-that build afterwards and returns the ctypes handle. It returns None, and callers use their
+A `Library` names its C sources (compiled together into one shared object), its target and
+optimization flags (default `-O3 -march=native`; a build for another instruction set names its
+own, e.g. `("-O3", "-mavx2", "-mfma")`), extra flags and `-D` defines, and the C signatures of
+the functions it exports. `load(library)` compiles it on first use with the system compiler
+(OpenMP, position-independent) into `$TRITIUM_CACHE`, reuses that build afterwards and returns
+the ctypes handle. It returns None, and callers use their
 torch/BLAS paths, when TRITIUM_NO_CPU_KERNELS is set, without a compiler, or when the build or
 the load fails; a failure is logged once, as a warning holding the tail of the compiler's stderr.
 
 A build is reused only for the same sources (and headers), compiler, flags, defines and target:
 the cache key hashes them together with what the compiler reports for those flags
-(`cc <flags> -dM -E`: its version and the CPU features that -march=native enables).
+(`cc <flags> -dM -E`: its version and the CPU features the flags enable, e.g. with -march=native).
 
 `KERNELS` is the library the CPU kernel families live in (gemv.c, qgemv.c, attention.c); `lib()`
 is its handle or None. A new family adds its sources and signatures there, or makes a `Library`
-of its own (e.g. one per instruction-set variant, chosen with `defines`) and calls `load`.
+of its own (e.g. one per instruction-set variant, with its `opt_flags` and `defines`) and calls
+`load`, or `build` to compile one without loading it.
 """
 from __future__ import annotations
 
@@ -46,9 +49,10 @@ class Library:
     flags: tuple[str, ...] = ()  # extra compiler flags, e.g. ("-mno-avx512f",) to narrow the target
     defines: tuple[tuple[str, str], ...] = ()  # (NAME, VALUE) -> -DNAME=VALUE
     directory: Path = HERE  # where the sources (and the headers they include) are
+    opt_flags: tuple[str, ...] = OPT_FLAGS  # target and optimization
 
     def compile_flags(self) -> list[str]:
-        return [*OPT_FLAGS, *self.flags, *(f"-D{k}={v}" for k, v in self.defines), *LINK_FLAGS]
+        return [*self.opt_flags, *self.flags, *(f"-D{k}={v}" for k, v in self.defines), *LINK_FLAGS]
 
 
 class BuildError(RuntimeError):
