@@ -13,7 +13,8 @@ from gguf import quants as gquants
 
 from kernels.dequant_ref import dequantize
 from kernels.qweight import QWeight
-from runtime.loader import ftype_name, load_model, read_gguf, read_gguf_metadata
+from runtime.gguf import read_gguf, read_gguf_metadata
+from runtime.loader import ftype_name, load_model
 from runtime.tiny_model import TinyModelSpec, write_tiny_model
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"

@@ -14,9 +14,10 @@ from gguf import quants as gquants
 
 from kernels.dequant_ref import dequantize, dequantize_rows
 from kernels.qweight import QWeight
-from runtime.loader import load_model, read_gguf_metadata
-from runtime.tiny_model import (BUILTIN_SPECIAL_TOKENS, QWEN2_CHAT_TEMPLATE, TinyModelSpec,
-                                builtin_vocab, ensure_default_model, quantize, write_tiny_model)
+from runtime.builtin_vocab import BUILTIN_SPECIAL_TOKENS, QWEN2_CHAT_TEMPLATE, builtin_vocab
+from runtime.gguf import read_gguf_metadata
+from runtime.loader import load_model
+from runtime.tiny_model import TinyModelSpec, ensure_default_model, quantize, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,7 +74,7 @@ def test_builtin_vocab_tokenizes_compactly():
     """Encode with an HF tokenizer built from the GGUF keys: common words are single tokens."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    from runtime.tiny_model import _QWEN2_PRE_REGEX
+    from runtime.builtin_vocab import _QWEN2_PRE_REGEX
 
     kv = {k: v for k, v, _, _ in builtin_vocab()}
     tokens = kv["tokenizer.ggml.tokens"]

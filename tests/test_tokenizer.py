@@ -15,7 +15,6 @@ from runtime.tokenizer import (
     IncrementalDecoder,
     Tokenizer,
     load_tokenizer,
-    read_gguf_metadata,
     tokenizer_from_gguf_metadata,
 )
 
