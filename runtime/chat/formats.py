@@ -58,6 +58,7 @@ REASONING_FORMATS: tuple[str, ...] = tuple(f.value for f in ReasoningFormat)
 # formats whose templates think: only these get reasoning extracted
 THINKING_FORMATS = frozenset({ChatFormat.HERMES_2_PRO, ChatFormat.DEEPSEEK_R1})
 
+
 class Marker(_Named):
     """The words of the formats' reasoning and tool-call syntax."""
     THINK_START = "<think>"
@@ -107,7 +108,7 @@ def detect_format(source: str, has_tools: bool = True, tool_choice: str = ToolCh
     return ChatFormat.GENERIC
 
 
-_FORCED_OPEN_RE = re.compile(r"<think>\s*$")
+_FORCED_OPEN_RE = re.compile(re.escape(Marker.THINK_START) + r"\s*$")
 
 
 def thinking_forced_open(generation_prompt: str) -> bool:
