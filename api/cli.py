@@ -14,6 +14,7 @@ import threading
 from api.app import ServerConfig, create_app
 from api.log import Logger
 from api.params import f32
+from runtime.chat import REASONING_FORMATS
 from runtime.tasks import SamplingParams
 
 POOLING = ("none", "mean", "cls", "last", "rank")
@@ -122,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat-template", default=None, metavar="JINJA_TEMPLATE",
                    help="chat template name or Jinja source (default: the model's)")
     g.add_argument("--chat-template-file", default=None, metavar="FNAME", help="file holding a Jinja chat template")
-    g.add_argument("--reasoning-format", "-rf", default="auto", choices=("none", "auto", "deepseek", "deepseek-legacy"),
+    g.add_argument("--reasoning-format", "-rf", default="auto", choices=REASONING_FORMATS,
                    help="where reasoning text goes: none keeps it in content, deepseek puts it in reasoning_content")
     g.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
                    help="thinking tokens allowed (-1 = unlimited, 0 = end thinking at once)")

@@ -209,7 +209,7 @@ class Engine:
 
     # ---- loading --------------------------------------------------------------------------
     def load(self) -> None:
-        from runtime.chat_template import ChatTemplate
+        from runtime.chat import ChatTemplate
         from runtime.loader import load_model
         from runtime.tokenizer import load_tokenizer
 
@@ -251,7 +251,7 @@ class Engine:
         if src is None:
             src = self.tokenizer.chat_template
         if src is None:
-            from runtime.chat_template import default_chatml_template
+            from runtime.chat import default_chatml_template
             src = default_chatml_template()
         tk = self.tokenizer
         bos = tk.piece(tk.bos_id).decode("utf-8", "replace") if tk.bos_id is not None and tk.bos_id >= 0 else ""
@@ -943,6 +943,6 @@ def _valid_filename(name: str) -> bool:
 
 def _builtin_template(name: str) -> str | None:
     if name in ("chatml",):
-        from runtime.chat_template import default_chatml_template
+        from runtime.chat import default_chatml_template
         return default_chatml_template()
     return None
