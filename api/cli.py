@@ -11,7 +11,7 @@ import socket
 import sys
 import threading
 
-from api.app import ServerConfig, create_app
+from api.server import ServerConfig, create_app
 from api.log import Logger
 from api.params import f32
 from runtime.chat import REASONING_FORMATS

@@ -421,7 +421,7 @@ class Engine:
             if not self.cfg.slot_save_path:
                 raise SlotError(501, "This server does not support slots action. Start it with `--slot-save-path`",
                                 "not_supported_error")
-            if not filename or not _valid_filename(filename):
+            if not filename or not valid_slot_filename(filename):
                 raise SlotError(400, "Invalid filename", "invalid_request_error")
         fn = {"save": self._slot_save, "restore": self._slot_restore, "erase": self._slot_erase}[action]
         return self.run_on_loop(lambda: fn(id_slot, filename))
@@ -933,12 +933,28 @@ def pool_embeddings(hid: torch.Tensor, pooling: str, normalize: int) -> list[lis
     return vecs.tolist()
 
 
-def _valid_filename(name: str) -> bool:
-    if not name or len(name) > 255 or name in (".", ".."):
+# code points llama.cpp's fs_validate_filename refuses besides controls: the illegal path
+# characters, their Unicode look-alikes (fullwidth full stop, division slash, set minus), the
+# replacement character and the byte order mark
+_BAD_FILENAME_CHARS = frozenset('/\\:*?"<>|\uff0e\u2215\u2216\ufffd\ufeff')
+
+
+def valid_slot_filename(name: str) -> bool:
+    """llama.cpp's fs_validate_filename (common/common.cpp, no subdirectories), which llama-server
+    applies to a slot file name: 1 to 255 UTF-8 bytes, no control character (C0, DEL, C1), none of
+    `/ \\ : * ? " < > |` or their look-alikes, no surrogate, no leading or trailing space (0x20
+    only), no trailing '.', no "..", not "."."""
+    try:
+        n_bytes = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate (JSON "\\ud800"): not UTF-8
         return False
-    if "/" in name or "\\" in name or ".." in name or ":" in name or "\0" in name:
+    if not name or n_bytes > 255:
         return False
-    return not name.startswith(".") or len(name) > 1
+    if any(c <= "\x1f" or "\x7f" <= c <= "\x9f" or c in _BAD_FILENAME_CHARS for c in name):
+        return False
+    if name[0] == " " or name[-1] in " .":
+        return False
+    return ".." not in name and name != "."
 
 
 def _builtin_template(name: str) -> str | None:
