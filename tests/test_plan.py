@@ -21,7 +21,7 @@ def _slot(i: int, state: SlotState, prompt_len: int = 0, n_past: int = 0, pendin
         return s
     prompt = list(range(1000, 1000 + prompt_len))
     task = EmbeddingTask(prompt) if embedding else CompletionTask(prompt, params or SamplingParams(temperature=0))
-    r = Request(TaskHandle(task, Outbox(), threading.Event()), prompt, embedding, t_start=0.0, n_past=n_past,
+    r = Request(TaskHandle(task, 0, Outbox(), threading.Event()), prompt, embedding, t_start=0.0, n_past=n_past,
                 pending=pending)
     if not embedding:
         r.sampler = SamplerState(task.params, EOG)

@@ -16,7 +16,7 @@ from runtime.tasks import CompletionTask, SamplingParams
 
 def _busy(s, prompt=(1, 2, 3), n_predict=-1):
     task = CompletionTask(list(prompt), SamplingParams())
-    s.req = Request(TaskHandle(task, Outbox(), threading.Event()), list(prompt), False, t_start=0.0,
+    s.req = Request(TaskHandle(task, 0, Outbox(), threading.Event()), list(prompt), False, t_start=0.0,
                     n_predict=n_predict)
     s.state, s.last_task, s.id_task = SlotState.PROMPT, task, 17
     return s

@@ -11,6 +11,7 @@ forward) -> `Scheduler.postprocess(plan, out)` (books, sampling, stop rules, eve
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import queue
 import sys
 import threading
@@ -46,6 +47,7 @@ class Engine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._metrics = Metrics()
+        self._task_ids = itertools.count()
 
     def _log(self, level: str, msg: str) -> None:
         if self.cfg.log is not None:
@@ -79,7 +81,7 @@ class Engine:
     # ---- API-facing ------------------------------------------------------------------------
     def submit(self, task: CompletionTask | EmbeddingTask) -> TaskHandle:
         """Thread-safe (call it from asyncio or from a plain thread)."""
-        h = TaskHandle(task, self._outbox, self._wake)
+        h = TaskHandle(task, next(self._task_ids), self._outbox, self._wake)
         self._inbox.put(("task", h))
         self._wake.set()
         return h

@@ -8,7 +8,6 @@ per token); a handle created in a plain thread gets them straight into a `queue.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import queue
 import threading
 from typing import Any
@@ -49,11 +48,11 @@ def _deliver(items: list) -> None:
 
 class TaskHandle:
     """A submitted task: events come out of `events()` (async) or `iter_sync()` (threads):
-    TokenOut* (streaming) then exactly one final event (CompletionResult, embeddings or TaskError)."""
-    _ids = itertools.count()
+    TokenOut* (streaming) then exactly one final event (CompletionResult, embeddings or TaskError).
+    `id` is the engine's task number (`id_task` in /slots)."""
 
-    def __init__(self, task, outbox: Outbox, wake: threading.Event):
-        self.id = next(TaskHandle._ids)
+    def __init__(self, task, id: int, outbox: Outbox, wake: threading.Event):
+        self.id = id
         self.task = task
         self.cancelled = False
         self._outbox = outbox
