@@ -349,7 +349,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 def engine_config(args: argparse.Namespace, scfg: ServerConfig):
     """The EngineConfig of parsed arguments (imports the engine, hence torch)."""
-    from runtime.engine import EngineConfig
+    from runtime.serving import EngineConfig
 
     device = args.device  # "auto" is resolved by the engine
     return EngineConfig(
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def load() -> None:
         try:
-            from runtime.engine import Engine
+            from runtime.serving import Engine
 
             ecfg = engine_config(args, scfg)
             ecfg.log = log.raw

@@ -43,7 +43,7 @@ class TokenizerAPI(Protocol):
 
 
 class ChatTemplateAPI(Protocol):
-    """The chat template (runtime/chat_template.py `ChatTemplate`), used by api/chat.py and /props."""
+    """The chat template (runtime/chat/template.py `ChatTemplate`), used by api/chat.py and /props."""
     @property
     def source(self) -> str: ...
 
@@ -104,7 +104,7 @@ class EngineAPI(Protocol):
         ...
 
     def slot_action(self, id_slot: int, action: str, filename: str | None = None) -> dict[str, Any]:
-        """save / restore / erase; raises `runtime.engine.SlotError(code, message, type)`."""
+        """save / restore / erase; raises `runtime.serving.SlotError(code, message, type)`."""
         ...
 
     def metrics(self) -> dict[str, float]: ...

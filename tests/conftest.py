@@ -118,7 +118,7 @@ API_N_CTX_SLOT = 256
 def api_engine(tmp_path_factory):
     """A started engine on a tiny generated model (1 layer, 64 dims, built-in ChatML vocabulary):
     2 slots of 256 tokens, slot files in a temporary folder."""
-    from runtime.engine import Engine, EngineConfig
+    from runtime.serving import Engine, EngineConfig
     from runtime.tiny_model import spec_with, write_tiny_model
 
     d = tmp_path_factory.mktemp("api-inprocess")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.engine import valid_slot_filename
+from runtime.serving import valid_slot_filename
 
 
 def error(message: str, code: int = 400, type: str = "invalid_request_error") -> str:

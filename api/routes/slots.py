@@ -16,7 +16,7 @@ from api.context import Ctx
 from api.errors import ApiError, json_response, not_supported
 from api.inputs import read_json
 from api.params import Fields, sampling_settings
-from runtime.engine import SlotError, valid_slot_filename
+from runtime.serving import SlotError, valid_slot_filename
 from runtime.tasks import CompletionTask
 
 router = APIRouter()
