@@ -6,16 +6,19 @@ prompt and its content is appended, so the model continues it (lesson Example 13
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from api.errors import ApiError
-from api.params import Fields, schema_to_grammar_or_400
-from runtime.chat_parser import StreamingChatParser, parse_chat_output
-from runtime.chat_template import thinking_forced_open
-
-REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
+from api.params import Fields
+from runtime.chat import (
+    REASONING_FORMATS,
+    StreamingChatParser,
+    ToolGrammarError,
+    parse_chat_output,
+    thinking_forced_open,
+    tool_grammar_for,
+)
 
 
 def template_source(tmpl: Any) -> str:
@@ -146,58 +149,21 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
 # ------------------------------------------------------------------------------------------
 # grammars for tool calls
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-
-
-def tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """JSON schema of one `{"name": ..., "arguments": {...}}` call to any of `tools`."""
-    variants = []
-    for t in tools:
-        fn = t.get("function", t) if isinstance(t, dict) else {}
-        name = fn.get("name")
-        if not isinstance(name, str):
-            raise ApiError("Missing tool function name")
-        params = fn.get("parameters") or {"type": "object"}
-        variants.append({"type": "object",
-                         "properties": {"name": {"const": name}, "arguments": params},
-                         "required": ["name", "arguments"]})
-    return variants[0] if len(variants) == 1 else {"anyOf": variants}
-
-
-def hermes_tool_grammar(tools: list[dict[str, Any]], parallel: bool, opened: bool) -> str:
-    """GBNF forcing Hermes-style `<tool_call>\\n{json}\\n</tool_call>` output; `opened` when the
-    prompt already ends inside `<tool_call>` (a prefilled assistant turn). As llama-server
-    b1-0c1e570's, the grammar lets free text (no `<`) come before the first `<tool_call>` marker."""
-    body = schema_to_grammar_or_400(tool_call_schema(tools))
-    body = re.sub(r"^root ::=", "tool-call-json ::=", body, flags=re.M)
-    first = '"\\n"? tool-call-json "\\n"? "</tool_call>"'
-    full = '"<tool_call>" "\\n"? tool-call-json "\\n"? "</tool_call>"'
-    rest = f' ( "\\n" {full} )*' if parallel else ""
-    root = f"root ::= {first if opened else 'tool-free ' + full}{rest}\n"
-    return root + ("" if opened else "tool-free ::= [^<]*\n") + body
-
-
 def apply_grammar(server: Any, prep: ChatPrep, params: Any) -> None:
-    """Constrain a chat request with tools: `tool_choice: required` forces a tool call (after
-    optional free text, as llama-server); `auto` adds the same grammar lazily, active once the model writes the format's
-    trigger word (e.g. `<tool_call>`), so free text stays possible before it."""
-    if prep.tools and prep.tool_choice in ("required", "auto") and not params.grammar:
-        from runtime.chat_parser import FORMAT_HERMES_2_PRO, tool_call_grammar, tool_call_triggers
-        opened = prep.prefill.rstrip().endswith(TOOL_CALL_OPEN)
-        if prep.tool_choice == "required" and (prep.chat_format == FORMAT_HERMES_2_PRO or opened):
-            params.grammar = hermes_tool_grammar(prep.tools, prep.parallel_tool_calls, opened)
-        else:
-            triggers = tool_call_triggers(prep.chat_format)
-            lazy = prep.tool_choice == "auto"
-            if not lazy or triggers:
-                try:
-                    params.grammar = tool_call_grammar(prep.tools, prep.chat_format, prep.parallel_tool_calls,
-                                                       thinking_forced_open=bool(prep.think_prefix))
-                except (KeyError, TypeError, ValueError) as e:
-                    raise ApiError(f"Invalid tools: {e}") from e
-                params.grammar_lazy = lazy
-                params.grammar_triggers = triggers if lazy else []
+    """Constrain a chat request with tools (`runtime.chat.tool_grammar_for`): `tool_choice: required`
+    forces a tool call (after optional free text, as llama-server); `auto` adds the format's grammar
+    lazily, active once the model writes its trigger word (e.g. `<tool_call>`), so free text stays
+    possible before it."""
+    if not params.grammar:
+        try:
+            tg = tool_grammar_for(prep.tools, prep.chat_format, prep.tool_choice, prep.parallel_tool_calls,
+                                  prep.prefill, thinking_forced_open=bool(prep.think_prefix))
+        except ToolGrammarError as e:
+            raise ApiError(str(e)) from e
+        if tg is not None:
+            params.grammar = tg.grammar
+            if tg.lazy is not None:
+                params.grammar_lazy, params.grammar_triggers = tg.lazy, list(tg.triggers)
     if params.grammar:
         from grammar import GrammarError, parse_gbnf
         try:
@@ -207,7 +173,7 @@ def apply_grammar(server: Any, prep: ChatPrep, params: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# output parsing (runtime.chat_parser)
+# output parsing (runtime.chat)
 
 class ChatOutput:
     """Generated text -> OpenAI deltas while streaming, and the final assistant message."""

@@ -11,9 +11,10 @@ import socket
 import sys
 import threading
 
-from api.app import ServerConfig, create_app
+from api.server import ServerConfig, create_app
 from api.log import Logger
 from api.params import f32
+from runtime.chat import REASONING_FORMATS
 from runtime.tasks import SamplingParams
 
 POOLING = ("none", "mean", "cls", "last", "rank")
@@ -122,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat-template", default=None, metavar="JINJA_TEMPLATE",
                    help="chat template name or Jinja source (default: the model's)")
     g.add_argument("--chat-template-file", default=None, metavar="FNAME", help="file holding a Jinja chat template")
-    g.add_argument("--reasoning-format", "-rf", default="auto", choices=("none", "auto", "deepseek", "deepseek-legacy"),
+    g.add_argument("--reasoning-format", "-rf", default="auto", choices=REASONING_FORMATS,
                    help="where reasoning text goes: none keeps it in content, deepseek puts it in reasoning_content")
     g.add_argument("--reasoning-budget", type=int, default=-1, metavar="N",
                    help="thinking tokens allowed (-1 = unlimited, 0 = end thinking at once)")
@@ -348,7 +349,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 def engine_config(args: argparse.Namespace, scfg: ServerConfig):
     """The EngineConfig of parsed arguments (imports the engine, hence torch)."""
-    from runtime.engine import EngineConfig
+    from runtime.serving import EngineConfig
 
     device = args.device  # "auto" is resolved by the engine
     return EngineConfig(
@@ -428,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def load() -> None:
         try:
-            from runtime.engine import Engine
+            from runtime.serving import Engine
 
             ecfg = engine_config(args, scfg)
             ecfg.log = log.raw

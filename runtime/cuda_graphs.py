@@ -12,7 +12,8 @@ are dropped, cannot disturb the real rows.
 
 `capture=False` runs the same static-buffer path eagerly, which is how the CPU tests check the
 buffer handling, padding and bucket choice; `TRITIUM_CUDA_GRAPHS=0` makes the engine skip this
-module altogether (eager `Model.forward` for every step).
+module altogether (eager `Model.forward` for every step; the engine reads it into
+`EngineConfig.cuda_graphs` at start-up, `runtime/serving/bootstrap.py`).
 """
 from __future__ import annotations
 
@@ -59,8 +60,8 @@ class DecodeGraphs:
     @torch.inference_mode()
     def run(self, batch: list[SeqBatch]) -> torch.Tensor:
         """Logits [len(batch), V] float32 on the model's device (full rows: no top-k shortcut).
-        Blocks must be reserved beforehand; n_tokens of each sequence is advanced, as in
-        `Model.forward`."""
+        Blocks must be reserved beforehand; n_tokens of the sequences is not touched, as in
+        `Model.forward` (the caller advances it)."""
         n = len(batch)
         B = self.bucket(n)
         meta, tables = self._h_meta, self._h_tables
@@ -92,8 +93,6 @@ class DecodeGraphs:
             graph.replay()
         else:
             logits = self._step(B)
-        for b in batch:
-            b.seq.n_tokens = b.n_past + 1
         return logits[:n]
 
     def _step(self, B: int) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Model loading: a GGUF file (memory-mapped, zero-copy) or a Hugging Face safetensors folder.
+"""Model loading: a GGUF file (memory-mapped, zero-copy) or a Hugging Face safetensors folder
+(`runtime/safetensors_loader.py`).
 
 `load_model(path) -> LoadedModel`:
 
@@ -15,15 +16,10 @@
 - `file_type` (llama.cpp's ftype name, e.g. "all F32", "Q4_K - Medium"), `n_params`, `size`
   (bytes of tensor data), `gguf_metadata` (all KV metadata as plain Python values).
 
-`read_gguf_metadata(path) -> dict` parses only the KV metadata, much faster than
-`gguf.GGUFReader` (which needs ~10 s for a 150k-token vocabulary).
+The GGUF file itself is read by `runtime.gguf` (the one GGUF reader).
 """
 from __future__ import annotations
 
-import json
-import math
-import mmap
-import struct
 import sys
 import time
 from collections import Counter
@@ -33,14 +29,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFileType
+from gguf import GGMLQuantizationType, LlamaFileType
 
 from kernels.qweight import QWeight
+from runtime.gguf import GGUFTensorInfo, read_gguf, tensor_data
 
-__all__ = [
-    "ModelConfig", "LoadedModel", "GGUFTensorInfo", "GGUFFile", "load_model", "read_gguf",
-    "read_gguf_metadata", "ftype_name", "SUPPORTED_ARCHS",
-]
+__all__ = ["ModelConfig", "LoadedModel", "load_model", "ftype_name", "SUPPORTED_ARCHS"]
 
 # arch -> rope style: GGUF llama weights are permuted for the "normal" (pairwise) rope,
 # qwen2/qwen3 use NEOX (half-split) rope.
@@ -88,151 +82,6 @@ class LoadedModel:
     gguf_metadata: dict[str, Any] = field(default_factory=dict)
     path: str = ""
     format: str = "gguf"  # "gguf" | "safetensors"
-
-
-# ---------------------------------------------------------------------------------------------
-# GGUF parsing
-
-_SCALAR = {
-    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
-    GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
-    GGUFValueType.FLOAT32: "<f", GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q",
-    GGUFValueType.FLOAT64: "<d", GGUFValueType.BOOL: "<?",
-}
-_NP = {
-    GGUFValueType.UINT8: np.uint8, GGUFValueType.INT8: np.int8, GGUFValueType.UINT16: np.uint16,
-    GGUFValueType.INT16: np.int16, GGUFValueType.UINT32: np.uint32, GGUFValueType.INT32: np.int32,
-    GGUFValueType.FLOAT32: np.float32, GGUFValueType.UINT64: np.uint64,
-    GGUFValueType.INT64: np.int64, GGUFValueType.FLOAT64: np.float64, GGUFValueType.BOOL: np.bool_,
-}
-
-
-@dataclass
-class GGUFTensorInfo:
-    name: str
-    shape: tuple[int, ...]  # GGML order: shape[0] = ne0 (contiguous dimension)
-    qtype: GGMLQuantizationType
-    offset: int  # absolute byte offset in the file
-
-    @property
-    def n_elements(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def n_bytes(self) -> int:
-        block_size, type_size = GGML_QUANT_SIZES[self.qtype]
-        return self.n_elements // block_size * type_size
-
-
-@dataclass
-class GGUFFile:
-    metadata: dict[str, Any]
-    value_types: dict[str, tuple[GGUFValueType, GGUFValueType | None]]  # key -> (type, array item type)
-    tensors: list[GGUFTensorInfo]
-    version: int
-    alignment: int
-    data_offset: int
-
-
-class _Cursor:
-    def __init__(self, buf: Any) -> None:
-        self.buf = buf
-        self.pos = 0
-
-    def unpack(self, fmt: str) -> Any:
-        v = struct.unpack_from(fmt, self.buf, self.pos)[0]
-        self.pos += struct.calcsize(fmt)
-        return v
-
-    def string(self) -> str:
-        n = struct.unpack_from("<Q", self.buf, self.pos)[0]
-        start = self.pos + 8
-        self.pos = start + n
-        raw = bytes(self.buf[start:self.pos])
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return raw.decode("utf-8", errors="surrogateescape")
-
-    def value(self, vtype: GGUFValueType) -> tuple[Any, GGUFValueType | None]:
-        if vtype == GGUFValueType.STRING:
-            return self.string(), None
-        if vtype == GGUFValueType.ARRAY:
-            itype = GGUFValueType(self.unpack("<I"))
-            n = self.unpack("<Q")
-            if itype in _NP:
-                dt = np.dtype(_NP[itype]).newbyteorder("<")
-                arr = np.frombuffer(self.buf, dtype=dt, count=n, offset=self.pos)
-                self.pos += n * dt.itemsize
-                return arr.tolist(), itype
-            if itype == GGUFValueType.STRING:
-                buf, pos, out = self.buf, self.pos, []
-                unpack = struct.Struct("<Q").unpack_from
-                append = out.append
-                for _ in range(n):
-                    ln = unpack(buf, pos)[0]
-                    raw = bytes(buf[pos + 8:pos + 8 + ln])
-                    pos += 8 + ln
-                    try:
-                        append(raw.decode("utf-8"))
-                    except UnicodeDecodeError:
-                        append(raw.decode("utf-8", errors="surrogateescape"))
-                self.pos = pos
-                return out, itype
-            # nested arrays: rare, parse recursively
-            return [self.value(itype)[0] for _ in range(n)], itype
-        return self.unpack(_SCALAR[vtype]), None
-
-
-def _parse_gguf(buf: Any, with_tensors: bool = True) -> GGUFFile:
-    c = _Cursor(buf)
-    if bytes(buf[:4]) != b"GGUF":
-        raise ValueError("not a GGUF file (bad magic)")
-    c.pos = 4
-    version = c.unpack("<I")
-    if version not in (2, 3):
-        raise ValueError(f"unsupported GGUF version {version} (big-endian files are not supported)")
-    n_tensors = c.unpack("<Q")
-    n_kv = c.unpack("<Q")
-    metadata: dict[str, Any] = {}
-    vtypes: dict[str, tuple[GGUFValueType, GGUFValueType | None]] = {}
-    for _ in range(n_kv):
-        key = c.string()
-        vtype = GGUFValueType(c.unpack("<I"))
-        val, itype = c.value(vtype)
-        metadata[key] = val
-        vtypes[key] = (vtype, itype)
-    alignment = int(metadata.get("general.alignment", 32))
-    tensors: list[GGUFTensorInfo] = []
-    if with_tensors:
-        raw_infos = []
-        for _ in range(n_tensors):
-            name = c.string()
-            n_dims = c.unpack("<I")
-            shape = tuple(c.unpack("<Q") for _ in range(n_dims))
-            qtype = GGMLQuantizationType(c.unpack("<I"))
-            offset = c.unpack("<Q")
-            raw_infos.append((name, shape, qtype, offset))
-        data_offset = (c.pos + alignment - 1) // alignment * alignment
-        tensors = [GGUFTensorInfo(n, s, q, data_offset + o) for n, s, q, o in raw_infos]
-    else:
-        data_offset = 0
-    return GGUFFile(metadata, vtypes, tensors, version, alignment, data_offset)
-
-
-def read_gguf(path: str | Path, with_tensors: bool = True) -> GGUFFile:
-    """Parse a GGUF header: metadata (plain Python values), their types, tensor infos."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        view = memoryview(mm)
-        try:
-            return _parse_gguf(view, with_tensors)
-        finally:
-            view.release()
-
-
-def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
-    """All KV metadata of a GGUF file as plain Python values (arrays as lists)."""
-    return read_gguf(path, with_tensors=False).metadata
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,7 +151,7 @@ def ftype_name(ftype: int) -> str:
     return name + (" (guessed)" if guessed else "")
 
 
-def _guess_ftype(qtypes: list[GGMLQuantizationType]) -> int:
+def guess_ftype(qtypes: list[GGMLQuantizationType]) -> int:
     if not qtypes:
         return LlamaFileType.ALL_F32 | LlamaFileType.GUESSED
     most = Counter(qtypes).most_common(1)[0][0]
@@ -311,21 +160,6 @@ def _guess_ftype(qtypes: list[GGMLQuantizationType]) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # GGUF model loading
-
-
-def _np_view(mm: np.ndarray, info: GGUFTensorInfo) -> np.ndarray:
-    """The tensor's bytes in the memory map, viewed with its GGML shape reversed (row-major)."""
-    raw = mm[info.offset:info.offset + info.n_bytes]
-    shape = tuple(reversed(info.shape))
-    if info.qtype == GGMLQuantizationType.F32:
-        return raw.view(np.float32).reshape(shape)
-    if info.qtype == GGMLQuantizationType.F16:
-        return raw.view(np.float16).reshape(shape)
-    if info.qtype == GGMLQuantizationType.BF16:
-        return raw.view(np.int16).reshape(shape)
-    # quantized: [..., row_bytes]
-    block_size, type_size = GGML_QUANT_SIZES[info.qtype]
-    return raw.reshape(*shape[:-1], info.shape[0] // block_size * type_size)
 
 
 def _to_torch(arr: np.ndarray, qtype: GGMLQuantizationType) -> torch.Tensor:
@@ -398,25 +232,21 @@ def _config_from_gguf(md: dict[str, Any], names: dict[str, GGUFTensorInfo]) -> M
     )
 
 
-def _print_progress(msg: str) -> None:
+def print_progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _load_gguf(path: Path, _progress=_print_progress) -> LoadedModel:
+def _load_gguf(path: Path, _progress=print_progress) -> LoadedModel:
     t0 = time.perf_counter()
     # copy-on-write mapping: writable (no torch warning), pages shared with the page cache
-    mm = np.memmap(path, dtype=np.uint8, mode="c")
-    gf = _parse_gguf(memoryview(mm))
+    gf = read_gguf(path, map_data=True)
     names = {t.name: t for t in gf.tensors}
     config = _config_from_gguf(gf.metadata, names)
 
     weights: dict[str, Any] = {}
     n_params = size = 0
     for info in gf.tensors:
-        if info.offset + info.n_bytes > mm.shape[0]:
-            raise ValueError(f"tensor {info.name!r} data is out of the file bounds (truncated file?)")
-        arr = _np_view(mm, info)
-        t = _to_torch(arr, info.qtype)
+        t = _to_torch(tensor_data(gf, info), info.qtype)
         n_params += info.n_elements
         size += info.n_bytes
         if len(info.shape) == 1:
@@ -437,7 +267,7 @@ def _load_gguf(path: Path, _progress=_print_progress) -> LoadedModel:
     config.rope_freq_factors = weights.get("rope_freqs.weight")
     ft = gf.metadata.get("general.file_type")
     if ft is None:
-        ft = _guess_ftype([t.qtype for t in gf.tensors if len(t.shape) >= 2])
+        ft = guess_ftype([t.qtype for t in gf.tensors if len(t.shape) >= 2])
     _progress(f"load_model: loaded {len(gf.tensors)}/{len(gf.tensors)} tensors, "
               f"{size / 1e6:.1f} MB in {time.perf_counter() - t0:.2f} s")
     return LoadedModel(config=config, weights=weights, file_type=ftype_name(int(ft)),
@@ -445,167 +275,19 @@ def _load_gguf(path: Path, _progress=_print_progress) -> LoadedModel:
                        format="gguf")
 
 
-# ---------------------------------------------------------------------------------------------
-# safetensors folders
-
-_HF_ARCH = {
-    "llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
-    "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-}
-
-_HF_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.bias": "attn_output.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-_HF_GLOBAL_NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-
-
-def hf_to_gguf_name(name: str) -> str | None:
-    """HF tensor name -> GGUF name; None for tensors the runtime does not use."""
-    if name in _HF_GLOBAL_NAMES:
-        return _HF_GLOBAL_NAMES[name]
-    if name.startswith("model.layers."):
-        rest = name[len("model.layers."):]
-        idx, _, sub = rest.partition(".")
-        if sub in _HF_LAYER_NAMES:
-            return f"blk.{int(idx)}.{_HF_LAYER_NAMES[sub]}"
-    return None
-
-
-def _llama3_rope_factors(cfg: dict[str, Any], head_dim: int, base: float) -> torch.Tensor:
-    """rope_freqs.weight [head_dim/2] as convert_hf_to_gguf.py computes it for llama3 rope."""
-    rs = cfg["rope_scaling"]
-    factor = float(rs.get("factor", 8.0))
-    low = float(rs.get("low_freq_factor", 1.0))
-    high = float(rs.get("high_freq_factor", 4.0))
-    old_ctx = float(rs.get("original_max_position_embeddings", 8192))
-    low_wavelen = old_ctx / low
-    high_wavelen = old_ctx / high
-    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    out = []
-    for f in freqs.tolist():
-        wavelen = 2 * math.pi / f
-        if wavelen < high_wavelen:
-            out.append(1.0)
-        elif wavelen > low_wavelen:
-            out.append(factor)
-        else:
-            smooth = (old_ctx / wavelen - low) / (high - low)
-            out.append(1.0 / ((1 - smooth) / factor + smooth))
-    return torch.tensor(out, dtype=torch.float32)
-
-
-def _load_safetensors(folder: Path, _progress=_print_progress) -> LoadedModel:
-    from safetensors import safe_open
-
-    t0 = time.perf_counter()
-    cfg = json.loads((folder / "config.json").read_text())
-    model_type = cfg.get("model_type") or (cfg.get("architectures") or [""])[0]
-    arch = _HF_ARCH.get(model_type) or _HF_ARCH.get((cfg.get("architectures") or [""])[0])
-    if arch is None:
-        raise ValueError(f"unsupported model type {model_type!r} in {folder / 'config.json'}")
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {folder}")
-
-    weights: dict[str, Any] = {}
-    n_params = size = 0
-    qtypes: list[GGMLQuantizationType] = []
-    for fpath in files:
-        with safe_open(str(fpath), framework="pt") as f:
-            for hf_name in f.keys():
-                name = hf_to_gguf_name(hf_name)
-                if name is None:
-                    continue
-                t = f.get_tensor(hf_name)
-                if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-                    t = t.to(torch.float32)
-                n_params += t.numel()
-                size += t.numel() * t.element_size()
-                if t.dim() == 1:
-                    weights[name] = t.to(torch.float32)
-                else:
-                    w = QWeight.from_float(t.reshape(t.shape[0], -1))
-                    weights[name] = w
-                    qtypes.append(w.qtype)
-
-    n_embd = int(cfg["hidden_size"])
-    n_head = int(cfg["num_attention_heads"])
-    head_dim = int(cfg.get("head_dim") or n_embd // n_head)
-    base = float(cfg.get("rope_theta", 10000.0))
-    tied = bool(cfg.get("tie_word_embeddings", False)) or "output.weight" not in weights
-    if tied:
-        weights.pop("output.weight", None)
-    rs = cfg.get("rope_scaling") or {}
-    rs_type = rs.get("rope_type", rs.get("type", "none")) or "none"
-    scaling, factor, orig_ctx = "none", 1.0, 0
-    if rs_type == "linear":
-        scaling, factor = "linear", float(rs.get("factor", 1.0))
-    elif rs_type == "yarn":
-        scaling, factor = "yarn", float(rs.get("factor", 1.0))
-        orig_ctx = int(rs.get("original_max_position_embeddings", 0) or 0)
-    elif rs_type == "llama3":
-        weights["rope_freqs.weight"] = _llama3_rope_factors(cfg, head_dim, base)
-    config = ModelConfig(
-        arch=arch,
-        n_layer=int(cfg["num_hidden_layers"]),
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=int(cfg.get("num_key_value_heads") or n_head),
-        head_dim=head_dim,
-        n_ff=int(cfg["intermediate_size"]),
-        n_vocab=int(weights["token_embd.weight"].rows),
-        n_ctx_train=int(cfg.get("max_position_embeddings", 2048)),
-        rope_freq_base=base,
-        n_rot=head_dim,
-        rope_scaling_type=scaling,
-        rope_scaling_factor=factor,
-        rope_scaling_orig_ctx=orig_ctx,
-        yarn_beta_fast=float(rs.get("beta_fast", 32.0)),
-        yarn_beta_slow=float(rs.get("beta_slow", 1.0)),
-        has_rope_freqs="rope_freqs.weight" in weights,
-        rms_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        rope_neox=True,  # HF weights are not permuted for the pairwise rope
-        tie_embeddings=tied,
-        has_qkv_bias="blk.0.attn_q.bias" in weights,
-        has_qk_norm="blk.0.attn_q_norm.weight" in weights,
-    )
-    config.rope_freq_factors = weights.get("rope_freqs.weight")
-    ft = _guess_ftype(qtypes) & ~LlamaFileType.GUESSED
-    n_tensors = len(weights)
-    _progress(f"load_model: loaded {n_tensors}/{n_tensors} tensors, {size / 1e6:.1f} MB "
-              f"in {time.perf_counter() - t0:.2f} s")
-    return LoadedModel(config=config, weights=weights, file_type=ftype_name(ft),
-                       n_params=n_params, size=size, gguf_metadata={}, path=str(folder),
-                       format="safetensors")
-
-
-def load_model(path: str | Path, progress=_print_progress) -> LoadedModel:
+def load_model(path: str | Path, progress=print_progress) -> LoadedModel:
     """Load a GGUF file or a HF safetensors folder (config.json + *.safetensors).
     `progress(message)` receives the progress lines (default: printed to stderr)."""
+    from runtime.safetensors_loader import load_safetensors
+
     p = Path(path)
     if p.is_dir():
-        return _load_safetensors(p, progress)
+        if not (p / "config.json").exists():
+            raise ValueError(f"{p}: is a directory, not a GGUF file (nor a Hugging Face model "
+                             "folder: it has no config.json)")
+        return load_safetensors(p, progress)
     if p.suffix == ".safetensors" and (p.parent / "config.json").exists():
-        return _load_safetensors(p.parent, progress)
+        return load_safetensors(p.parent, progress)
     if not p.exists():
         raise FileNotFoundError(f"model file not found: {p}")
     return _load_gguf(p, progress)

@@ -245,7 +245,8 @@ class Model:
     def forward(self, kv: KVCache, batch: list[SeqBatch]) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
         """Run the batch; returns (logits [n_rows_with_logits, n_vocab] float32 in batch order,
         hidden states per sequence ([n_new, C] or None)). Blocks must be reserved beforehand
-        (`kv.reserve(seq, n_past + len(tokens))`); n_tokens of each sequence is advanced here."""
+        (`kv.reserve(seq, n_past + len(tokens))`). n_tokens of the sequences is not touched: the
+        caller advances it once the step is done (the serving room's `ModelRunner.run`)."""
         dev = self.device
         ids, pos, slots, q_lens, kv_lens = [], [], [], [], []
         for b in batch:
@@ -270,9 +271,6 @@ class Model:
         kv_lens_t = torch.tensor(kv_lens, dtype=torch.int32, device=dev)
 
         h = self._layers(kv, ids_t, pos_t, slot_t, tables, cu, kv_lens_t, max(q_lens))
-
-        for b in batch:
-            b.seq.n_tokens = b.n_past + len(b.tokens)
 
         # rows that need logits / hidden states
         ends = cu[1:].tolist()

@@ -107,3 +107,44 @@ def lesson_model(shared_dir, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("models") / "tiny-random-qwen2vocab-f32.gguf"
     write_tiny_model(path, TinyModelSpec(), vocab=shared_dir / "vocab" / "ggml-vocab-qwen2.gguf")
     return path
+
+
+# ---- in-process API tests (tests/test_api_*.py) -------------------------------------------
+
+API_N_CTX_SLOT = 256
+
+
+@pytest.fixture(scope="session")
+def api_engine(tmp_path_factory):
+    """A started engine on a tiny generated model (1 layer, 64 dims, built-in ChatML vocabulary):
+    2 slots of 256 tokens, slot files in a temporary folder."""
+    from runtime.serving import Engine, EngineConfig
+    from runtime.tiny_model import spec_with, write_tiny_model
+
+    d = tmp_path_factory.mktemp("api-inprocess")
+    path = d / "api-tiny.gguf"
+    write_tiny_model(path, spec_with(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=512,
+                                     name="api-tiny", seed=7), vocab="builtin")
+    (d / "slots").mkdir()
+    e = Engine(EngineConfig(model_path=str(path), n_ctx=2 * API_N_CTX_SLOT, n_parallel=2, verbosity=0,
+                            warmup=False, slot_save_path=str(d / "slots")))
+    e.load()
+    e.start()
+    yield e
+    e.stop()
+
+
+@pytest.fixture(scope="session")
+def api_client():
+    """`api_client(engine, **server_config)`: a FastAPI TestClient on a fresh, ready app
+    (`api.server.create_app`) around `engine`, without a server process."""
+    from fastapi.testclient import TestClient
+
+    from api.server import ServerConfig, create_app
+
+    def make(engine, **cfg) -> TestClient:
+        app = create_app(ServerConfig(model_path="api-tiny.gguf", **cfg), engine)
+        app.state.server.set_ready()
+        return TestClient(app, raise_server_exceptions=False)
+
+    return make

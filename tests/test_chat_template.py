@@ -7,7 +7,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from runtime.chat_template import (
+from runtime.chat import (
     CAPS_KEYS,
     ChatTemplate,
     default_chatml_template,

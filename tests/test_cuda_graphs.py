@@ -30,6 +30,7 @@ def _prefilled(model, lengths, block_size=4):
     for s, n in zip(seqs, lengths):
         kv.reserve(s, n)
         model.forward(kv, [SeqBatch(s, [random.randrange(300) for _ in range(n)], 0)])
+        s.n_tokens = n  # what the serving runner does after a forward
     return kv, seqs
 
 
@@ -51,11 +52,15 @@ def test_static_decode_matches_forward(model, lengths):
             kv_ref.reserve(r, r.n_tokens + 1)
         batch = [SeqBatch(s, [t], s.n_tokens) for s, t in zip(seqs, toks)]
         assert graphs.supports(batch)
+        n_before = [s.n_tokens for s in seqs]
         got = graphs.run(batch)
+        assert [s.n_tokens for s in seqs] == n_before  # only the serving runner advances them
         want, _ = model.forward(kv_ref, [SeqBatch(s, [t], s.n_tokens) for s, t in zip(seqs_ref, toks)])
         assert got.shape == want.shape == (len(seqs), 300)
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
-        assert [s.n_tokens for s in seqs] == [s.n_tokens for s in seqs_ref]
+        assert [s.n_tokens for s in seqs] == [s.n_tokens for s in seqs_ref]  # neither path advanced them
+        for s in seqs + seqs_ref:
+            s.n_tokens += 1  # the caller (the serving runner) does
     # the padding rows (bucket 4 or 8 for 3 or 5 sequences) wrote nothing to the cache: every cell that no
     # sequence owns is as it was; the owned cells hold what Model.forward wrote (up to the rounding of a
     # matmul over a padded batch, whose blocking may differ from the unpadded one)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.engine import Engine, EngineConfig, SlotError
+from runtime.serving import Engine, EngineConfig, SlotError
 from runtime.tasks import CompletionResult, CompletionTask, EmbeddingTask, SamplingParams, TaskError, TokenOut
 from runtime.tiny_model import spec_with, write_tiny_model
 
@@ -121,7 +121,7 @@ def test_decode_graph_path_gives_the_same_tokens(model_path, engine, monkeypatch
     monkeypatch.setenv("TRITIUM_CUDA_GRAPHS", "eager")
     e = _engine(model_path, n_ctx=2048, n_parallel=3)
     try:
-        assert e._graphs is not None and e._graphs.buckets == [1, 2, 3]
+        assert e.runner.graphs is not None and e.runner.graphs.buckets == [1, 2, 3]
         handles = [e.submit(CompletionTask(e.tokenizer.encode(p, add_special=True, parse_special=True), params,
                                            n_predict=10, cache_prompt=False)) for p in prompts]
         assert [h.result_sync(timeout=120).tokens for h in handles] == alone

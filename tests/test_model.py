@@ -142,7 +142,9 @@ def test_batched_paged_forward_matches_float64_reference(tiny, kv_dtype, tol):
             batch.append(SeqBatch(states[i], seqs[i][fed[i]:fed[i] + n], fed[i]))
         logits, _ = model.forward(kv, batch)
         for row, (i, n) in enumerate(step.items()):
+            assert states[i].n_tokens == fed[i]  # the forward does not advance the sequence
             fed[i] += n
+            states[i].n_tokens = fed[i]  # the caller (the serving runner) does
             assert _rel(logits[row], refs[i][fed[i] - 1]) < tol, (i, fed[i])
     assert fed == [37, 1, 70]
     # decode: feed one more token to each and compare with the reference on the longer sequence
@@ -155,7 +157,29 @@ def test_batched_paged_forward_matches_float64_reference(tiny, kv_dtype, tol):
     for i in range(3):
         ref = reference_logits(lm, seqs[i] + [extra[i]])[-1]
         assert _rel(logits[i], ref) < tol
-        assert states[i].n_tokens == fed[i] + 1
+        assert states[i].n_tokens == fed[i]
+
+
+def test_forward_does_not_advance_n_tokens(tmp_path):
+    """Only the serving room's model runner advances a sequence's token count: `Model.forward`
+    (prefill and decode rows, logits and hidden states) leaves `n_tokens` and the block table as the
+    caller reserved them."""
+    spec = spec_with(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=96, n_vocab=300, init_std=0.15, seed=11)
+    path = tmp_path / "n.gguf"
+    write_tiny_model(path, spec)
+    m = Model(load_model(path))
+    kv = m.new_cache(128, block_size=8, dtype=torch.float32)
+    a, b, c = SeqKV(), SeqKV(), SeqKV()
+    for s, n in ((a, 12), (b, 1), (c, 5)):
+        kv.reserve(s, n)
+    m.forward(kv, [SeqBatch(a, list(range(12)), 0), SeqBatch(b, [3], 0), SeqBatch(c, [1, 2, 3, 4, 5], 0, logits=False,
+                                                                              hidden=True)])
+    assert (a.n_tokens, b.n_tokens, c.n_tokens) == (0, 0, 0)
+    a.n_tokens = 12
+    kv.reserve(a, 13)
+    blocks = list(a.blocks)
+    m.forward(kv, [SeqBatch(a, [7], 12)])
+    assert a.n_tokens == 12 and a.blocks == blocks
 
 
 def test_rope_inv_freq_linear_scaling():

@@ -33,6 +33,8 @@ def _run(lm, backend: str, seqs: list[list[int]], n_decode: int, graphs: bool = 
         kv.reserve(s, len(toks))
         batch.append(SeqBatch(s, toks, 0))
     logits, _ = model.forward(kv, batch)
+    for s, toks in zip(states, seqs):
+        s.n_tokens = len(toks)  # the caller advances the sequences after a forward
     runner = DecodeGraphs(model, kv, max_batch=4, max_blocks=4, capture=DEVICE == "cuda") if graphs else None
     all_logits = [logits.float().cpu()]
     tokens = [logits.argmax(-1).tolist()]
@@ -46,6 +48,8 @@ def _run(lm, backend: str, seqs: list[list[int]], n_decode: int, graphs: bool = 
             logits = runner.run(batch)
         else:
             logits, _ = model.forward(kv, batch)
+        for s in states:
+            s.n_tokens += 1
         all_logits.append(logits.float().cpu())
         tokens.append(logits.argmax(-1).tolist())
     return torch.stack(all_logits), tokens

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import time
 from pathlib import Path
 
@@ -15,7 +14,6 @@ from runtime.tokenizer import (
     IncrementalDecoder,
     Tokenizer,
     load_tokenizer,
-    read_gguf_metadata,
     tokenizer_from_gguf_metadata,
 )
 
@@ -244,35 +242,6 @@ def test_qwen2_load_speed():
     assert time.perf_counter() - t < 6.0  # ~0.6 s on an idle machine
 
 
-# ---------------------------------------------------------------------------------------------
-# GGUF metadata reader
-
-def test_read_gguf_metadata_matches_gguf_reader(tmp_path):
-    gguf = pytest.importorskip("gguf")
-    path = tmp_path / "meta.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_uint32("t.u32", 7)
-    w.add_int32("t.i32", -3)
-    w.add_float32("t.f32", 1.5)
-    w.add_bool("t.bool", True)
-    w.add_string("t.str", "héllo")
-    w.add_array("t.strs", ["a", "b c", "", "\u2581x"])
-    w.add_array("t.ints", [1, 2, 3])
-    w.add_uint64("t.u64", 2**40)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    md = read_gguf_metadata(path)
-    assert md["general.architecture"] == "llama"
-    assert md["t.u32"] == 7 and md["t.i32"] == -3 and md["t.f32"] == 1.5 and md["t.bool"] is True
-    assert md["t.str"] == "héllo" and md["t.u64"] == 2**40
-    assert md["t.strs"] == [b"a", b"b c", b"", "\u2581x".encode()]
-    assert list(md["t.ints"]) == [1, 2, 3]
-    r = gguf.GGUFReader(str(path))
-    assert {k for k in r.fields if not k.startswith("GGUF.")} == set(md)
-
-
 def _write_vocab_gguf(path: Path, kv: dict) -> None:
     import gguf
     w = gguf.GGUFWriter(str(path), "llama")
@@ -324,75 +293,6 @@ def test_synthetic_spm_vocab(tmp_path):
     assert tok.encode("x", add_special=True)[0] == 1
 
 
-# ---------------------------------------------------------------------------------------------
-# the built-in tiny model's vocab (runtime/tiny_model.py)
-
-def test_builtin_tiny_vocab_loads():
-    tiny = pytest.importorskip("runtime.tiny_model")
-    if not hasattr(tiny, "builtin_vocab"):
-        pytest.skip("runtime.tiny_model has no builtin_vocab")
-    md = {k: v for k, v, *_ in tiny.builtin_vocab()}
-    tok = tokenizer_from_gguf_metadata(md)
-    assert tok.vocab_type == VOCAB_TYPE_BPE and tok.n_vocab == len(md["tokenizer.ggml.tokens"])
-    im_start = md["tokenizer.ggml.tokens"].index("<|im_start|>")
-    im_end = md["tokenizer.ggml.tokens"].index("<|im_end|>")
-    text = "<|im_start|>user\nHello, world! public static void main<|im_end|>\n"
-    ids = tok.encode(text, parse_special=True)
-    assert ids[0] == im_start and im_end in ids
-    assert tok.decode(ids) == text
-    assert im_start not in tok.encode(text, parse_special=False)
-    assert im_end in tok.eot_ids and tok.eos_id == im_end
-    assert tok.chat_template is not None
-
-
-# ---------------------------------------------------------------------------------------------
-# Hugging Face folder
-
-def _make_hf_folder(tmp_path: Path) -> Path:
-    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
-    hf = HFTokenizer(models.BPE())
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<|begin|>", "<|end|>", "<|im_start|>"])
-    corpus = ["hello world, this is a small corpus for a test tokenizer"] * 5 + ["héllo wörld 123"]
-    hf.train_from_iterator(corpus, trainer=trainer)
-    hf.add_tokens(["<tool>"])  # user-defined (not special)
-    folder = tmp_path / "hf"
-    folder.mkdir()
-    hf.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<|begin|>", "eos_token": {"content": "<|end|>"}, "add_bos_token": True,
-        "chat_template": "{{ messages[0]['content'] }}",
-    }))
-    return folder
-
-
-def test_hf_folder(tmp_path):
-    from tokenizers import Tokenizer as HFTokenizer
-    folder = _make_hf_folder(tmp_path)
-    ref = HFTokenizer.from_file(str(folder / "tokenizer.json"))
-    tok = load_tokenizer(folder)
-    assert tok.vocab_type == VOCAB_TYPE_BPE
-    assert tok.n_vocab == ref.get_vocab_size(with_added_tokens=True)
-    for text in ["hello world", "héllo wörld 123", "  spaces\n\nnewlines\t!", "ünïcödé 🦙"]:
-        assert tok.encode(text) == ref.encode(text, add_special_tokens=False).ids
-        assert tok.decode(tok.encode(text)) == text
-    begin, end, im_start = (ref.token_to_id(t) for t in ("<|begin|>", "<|end|>", "<|im_start|>"))
-    assert tok.bos_id == begin and tok.eos_id == end and tok.add_bos
-    assert tok.encode("hello", add_special=True)[0] == begin
-    assert tok.encode("<|im_start|>hello", parse_special=True)[0] == im_start
-    assert im_start not in tok.encode("<|im_start|>hello", parse_special=False)
-    tool = ref.token_to_id("<tool>")
-    assert tool in tok.encode("a <tool> b", parse_special=False)  # user-defined: always split
-    assert end in tok.eot_ids  # eos
-    assert tok.token_type(im_start) == 3 and tok.token_type(tool) == 4
-    assert tok.chat_template == "{{ messages[0]['content'] }}"
-    assert tok.piece(im_start) == b"<|im_start|>"
-    assert load_tokenizer(folder / "tokenizer.json").n_vocab == tok.n_vocab
-
-
 def test_unknown_pre_tokenizer_rejected():
     md = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "no-such-pre",
           "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.merges": []}
@@ -411,31 +311,3 @@ def test_encode_empty():
 def test_lone_surrogates_become_replacement_char():
     tok = _tok("gpt-2")
     assert tok.encode("a\ud83db") == tok.encode("a\ufffdb")
-
-
-def test_hf_folder_metaspace_spm(tmp_path):
-    """An SPM-style tokenizer.json (Metaspace, byte fallback): ids as HF gives them, decode drops
-    the prefix space as llama.cpp does for SPM."""
-    from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for b in range(256):
-        vocab[f"<0x{b:02X}>"] = len(vocab)
-    for t in ["\u2581", "h", "i", "\u2581h", "\u2581hi", "hi"]:
-        vocab[t] = len(vocab)
-    merges = [("\u2581", "h"), ("h", "i"), ("\u2581h", "i")]
-    hf = HFTokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>"))
-    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
-    hf.add_special_tokens(["<s>", "</s>"])
-    folder = tmp_path / "spm"
-    folder.mkdir()
-    hf.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}))
-    tok = load_tokenizer(folder)
-    assert tok.vocab_type == VOCAB_TYPE_SPM and tok.add_space_prefix
-    for text in ["hi", "hi hi", "hé"]:
-        ids = tok.encode(text)
-        assert ids == hf.encode(text, add_special_tokens=False).ids
-        assert tok.decode(ids) == text
-    assert tok.encode("hi", add_special=True) == [1, vocab["\u2581hi"]]
-    assert tok.piece(vocab["<0x41>"]) == b"A"

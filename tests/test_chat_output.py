@@ -1,4 +1,5 @@
-"""Chat output parsing: reasoning split, tool calls per format, streaming deltas, tool-call grammars."""
+"""Chat output parsing (runtime/chat/message.py, parsers.py, stream.py, json_scan.py): reasoning split,
+tool calls per format, streaming deltas."""
 from __future__ import annotations
 
 import json
@@ -8,13 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.chat_parser import (
-    StreamingChatParser,
-    merge_deltas,
-    parse_chat_output,
-    tool_call_grammar,
-    tool_call_triggers,
-)
+from runtime.chat import StreamingChatParser, merge_deltas, parse_chat_output
+from runtime.chat.json_scan import Incomplete, Invalid, scan_object, scan_value
+from runtime.chat.parsers import split_at_marker
 
 ID_RE = re.compile(r"^[A-Za-z0-9]{32}$")
 
@@ -198,81 +195,31 @@ def test_streaming_joins_to_final_parse(fmt, prefix, text, data):
     assert [c["id"] for c in merge_deltas(deltas).tool_calls] == [c["id"] for c in final.tool_calls]
 
 
-# -- grammars ----------------------------------------------------------------------------------
+# -- building blocks -------------------------------------------------------------------------------
 
-TOOLS = [
-    {"type": "function", "function": {"name": "read_file", "parameters": {
-        "type": "object", "properties": {"path": {"type": "string", "enum": ["pom.xml", "src/Main.java"]}},
-        "required": ["path"]}}},
-    {"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}},
-]
-
-
-def _accepts(gbnf: str, text: str) -> bool:
-    grammar = pytest.importorskip("grammar")
-    try:
-        vocab = grammar.Vocab([bytes([b]) for b in range(256)] + [b""], [256])
-        m = grammar.compile_grammar(gbnf, vocab).matcher()
-    except (NotImplementedError, ImportError) as e:  # pragma: no cover - grammar/ not ready
-        pytest.skip(f"grammar package not ready: {e}")
-    try:
-        for b in text.encode():
-            m.advance(b)
-    except grammar.GrammarError:
-        return False
-    return m.is_complete()
+def test_split_at_marker_holds_back_a_partial_marker():
+    markers = ("<tool_call>", "<function=")
+    assert split_at_marker("a <function=f> <tool_call>", markers, partial=True) == ("a ", 2, "<function=")
+    assert split_at_marker("a <function=f> <tool_call>", markers, partial=False, start=3) == (
+        "function=f> ", 15, "<tool_call>")
+    assert split_at_marker("Hello <tool_", markers, partial=True) == ("Hello ", -1, "")
+    assert split_at_marker("Hello <tool_", markers, partial=False) == ("Hello <tool_", -1, "")
+    assert split_at_marker("Hello <fun", markers, partial=True, start=2) == ("llo ", -1, "")
+    assert split_at_marker("x <tool_x", markers, partial=True) == ("x <tool_x", -1, "")
+    assert split_at_marker("<think>abc</th", ("</think>",), partial=True, start=7) == ("abc", -1, "")
 
 
-GOOD = {
-    "Hermes 2 Pro": ('<tool_call>\n{"name": "read_file", "arguments": {"path": "pom.xml"}}\n</tool_call>',
-                     '<tool_call>{"name": "read_file", "arguments": {"path": "README"}}</tool_call>'),
-    "Llama 3.x": ('{"name": "ls", "parameters": {}}', '{"name": "rm", "parameters": {}}'),
-    "Mistral Nemo": ('[TOOL_CALLS][{"name": "read_file", "arguments": {"path": "src/Main.java"}, "id": "abcDEF123"}]',
-                     '[TOOL_CALLS][{"name": "read_file", "arguments": {"path": "src/Main.java"}, "id": "abc"}]'),
-    "DeepSeek R1": ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>read_file\n```json\n"
-                    '{"path": "pom.xml"}```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
-                    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>cat\n```json\n"
-                    '{"path": "pom.xml"}```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'),
-    "Generic": ('{"tool_call": {"name": "read_file", "arguments": {"path": "pom.xml"}}}',
-                '{"tool_call": {"name": "read_file", "arguments": {}}}'),
-}
-
-
-@pytest.mark.parametrize("fmt", sorted(GOOD))
-def test_tool_call_grammar_accepts_calls_and_rejects_bad_ones(fmt):
-    gbnf = tool_call_grammar(TOOLS, fmt, parallel=False)
-    good, bad = GOOD[fmt]
-    assert _accepts(gbnf, good)
-    assert not _accepts(gbnf, bad)
-    m = parse_chat_output(good, format=fmt)
-    assert m.tool_calls and m.tool_calls[0]["function"]["name"] in {"read_file", "ls"}
-    if tool_call_triggers(fmt):
-        assert any(good.startswith(t) for t in tool_call_triggers(fmt))
-
-
-def test_tool_call_grammar_parallel_and_think():
-    one = '<tool_call>{"name": "ls", "arguments": {}}</tool_call>'
-    assert not _accepts(tool_call_grammar(TOOLS, "Hermes 2 Pro", parallel=False), one + one)
-    assert _accepts(tool_call_grammar(TOOLS, "Hermes 2 Pro", parallel=True), one + "\n" + one)
-    g = tool_call_grammar(TOOLS, "Hermes 2 Pro", thinking_forced_open=True)
-    assert _accepts(g, "</think>\n" + one) and _accepts(g, one)
-    assert _accepts(tool_call_grammar(TOOLS, "Generic", allow_response=True), '{"response": "no tool"}')
-    with pytest.raises(ValueError):
-        tool_call_grammar([], "Hermes 2 Pro")
-
-
-def test_required_hermes_tool_grammar_allows_free_text_before_the_call():
-    """tool_choice required on a Hermes/Qwen template: as llama-server b1-0c1e570 (and the lesson's
-    Example 13 says), free text may come before the first <tool_call>; a prefilled `<tool_call>`
-    continues inside the call."""
-    from api.chat import hermes_tool_grammar
-    tools = [TOOLS[0]]
-    call = '<tool_call>\n{"name": "read_file", "arguments": {"path": "pom.xml"}}\n</tool_call>'
-    g = hermes_tool_grammar(tools, parallel=False, opened=False)
-    assert _accepts(g, call)
-    assert _accepts(g, "Let me look at it. " + call)
-    assert not _accepts(g, "Let me look at it.")  # the call itself stays required
-    assert not _accepts(g, "a <b> tag " + call)  # free text has no '<'
-    opened = hermes_tool_grammar(tools, parallel=False, opened=True)
-    assert _accepts(opened, '\n{"name": "read_file", "arguments": {"path": "pom.xml"}}\n</tool_call>')
-    assert not _accepts(opened, "text " + call)
+def test_json_scan_spans_and_cut_off_ends():
+    s = '{"a": [1, {"b": "x\\"y"}], "c": -2.5e3, "d": null}'
+    end, spans = scan_object(s, 0)
+    assert end == len(s) and {k: s[a:b] for k, (a, b) in spans.items()} == {
+        "a": '[1, {"b": "x\\"y"}]', "c": "-2.5e3", "d": "null"}
+    with pytest.raises(Incomplete) as e:
+        scan_object('{"a": 1, "b": {"c": tr', 0)
+    assert set(e.value.spans) == {"a"} and e.value.open_key == "b" and e.value.open_start == 14
+    for cut in ('"abc', "12", "-", "nul", '"\\u00', "[1, "):
+        with pytest.raises(Incomplete):
+            scan_value(cut, 0)
+    for bad in ("{1: 2}", "[1 2]", "nope", '{"a" 1}'):
+        with pytest.raises(Invalid):
+            scan_value(bad + " ", 0)

@@ -1,0 +1,95 @@
+"""What every route gets: one `ApiContext` per app (settings, engine, logger, readiness).
+
+`create_app` (api/server.py) stores it as `app.state.server`; a route asks for it with a `Ctx`
+parameter (a FastAPI dependency) instead of closing over the app's internals.
+"""
+from __future__ import annotations
+
+import secrets
+import string
+from dataclasses import dataclass, field
+from typing import Annotated, cast
+
+from fastapi import Depends, Request
+
+from api.engine_api import EngineAPI, TokenizerAPI
+from api.log import Logger
+from runtime.tasks import SamplingParams
+
+BUILD_INFO = "b1-tritium"
+
+
+@dataclass
+class ServerConfig:
+    """Server-side settings (the engine has its own EngineConfig)."""
+    model_path: str = ""
+    alias: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_keys: list[str] = field(default_factory=list)
+    cors_origins: list[str] = field(default_factory=lambda: ["*"])
+    metrics: bool = False
+    slots: bool = True
+    props: bool = False
+    slot_save_path: str | None = None
+    sse_ping_interval: float = 30.0
+    embeddings: bool = False
+    pooling: str = "mean"
+    embd_normalize: int = 2
+    jinja: bool = True
+    reasoning_format: str = "auto"
+    reasoning_budget: int = -1
+    enable_thinking: bool | None = None
+    n_predict: int = -1
+    defaults: SamplingParams = field(default_factory=SamplingParams)
+
+    @property
+    def model_name(self) -> str:
+        return self.alias or self.model_path
+
+
+def random_id(n: int = 32) -> str:
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(n))
+
+
+class ApiContext:
+    """The server's settings, its engine and its logger, shared by the routes.
+
+    The engine may still be loading when the app starts: the CLI's loader thread attaches it
+    (`ctx.engine = ...`) and then calls `set_ready()`. Until then the middleware answers every
+    route 503 `Loading model`, so a route always sees an engine.
+    """
+
+    def __init__(self, cfg: ServerConfig, engine: EngineAPI | None, log: Logger):
+        self.cfg = cfg
+        self._engine = engine
+        self.log = log
+        self.ready = False
+        # llama-server draws a random marker for media placeholders in prompts once per server
+        # (tritium takes no media, but clients read the field in /props)
+        self.media_marker = "<__media_" + random_id() + "__>"
+
+    @property
+    def engine(self) -> EngineAPI:
+        return cast(EngineAPI, self._engine)  # None only before ready (see the class docstring)
+
+    @engine.setter
+    def engine(self, engine: EngineAPI | None) -> None:
+        self._engine = engine
+
+    def set_ready(self) -> None:
+        self.ready = True
+
+    @property
+    def tokenizer(self) -> TokenizerAPI:
+        return self.engine.tokenizer
+
+
+async def api_context(request: Request) -> ApiContext:
+    """The app's ApiContext (a FastAPI dependency; async so that it runs on the event loop)."""
+    return request.app.state.server
+
+
+# a route parameter `ctx: Ctx` receives the ApiContext
+Ctx = Annotated[ApiContext, Depends(api_context)]

@@ -1,0 +1,73 @@
+"""Request bodies and prompts -> plain data: the JSON body, prompt token ids, the context check.
+
+Shared by the route families (native, OpenAI, tokens, embeddings); every failure is an ApiError
+with llama-server's message.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import Request
+
+from api.context import ServerConfig
+from api.engine_api import TokenizerAPI
+from api.errors import ApiError, context_exceeded, not_supported
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object; a parse error is llama-server's 500 server_error."""
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ApiError(f"[json.exception.parse_error.101] parse error at line {e.lineno}, column {e.colno}: "
+                       f"syntax error while parsing value - {e.msg}", "server_error", 500)
+    except UnicodeDecodeError as e:
+        raise ApiError(f"[json.exception.parse_error.101] parse error: invalid UTF-8: {e}", "server_error", 500)
+    if not isinstance(data, dict):
+        raise ApiError(f"[json.exception.type_error.302] type must be object, but is {type(data).__name__}",
+                       "invalid_request_error", 400)
+    return data
+
+
+def tokenize_prompt(tok: TokenizerAPI, prompt: Any) -> list[int]:
+    """A /completion prompt: a string, a list of ids, or a list mixing ids and strings
+    (`tokenize_mixed`: add_special for the first string piece, special tokens parsed)."""
+    if isinstance(prompt, str):
+        return list(tok.encode(prompt, add_special=True, parse_special=True))
+    if isinstance(prompt, list):
+        out: list[int] = []
+        for i, p in enumerate(prompt):
+            if isinstance(p, str):
+                out.extend(tok.encode(p, add_special=(i == 0), parse_special=True))
+            elif isinstance(p, int) and not isinstance(p, bool):
+                if not 0 <= p < tok.n_vocab:
+                    raise ApiError(f"invalid token id {p} (n_vocab = {tok.n_vocab})")
+                out.append(p)
+            else:
+                raise ApiError('"prompt" must be a string, a list of tokens, or a list of mixed strings & tokens')
+        return out
+    raise ApiError('"prompt" must be a string, a list of tokens, a list of mixed strings & tokens, or a list of prompts')
+
+
+def split_prompts(prompt: Any) -> list[Any]:
+    """A `prompt` field that holds several prompts (a list of strings or token lists) -> each one."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if any(isinstance(p, list) for p in prompt) or len(prompt) > 1:
+            return list(prompt)
+    return [prompt]
+
+
+def check_context(n_tokens: int, n_ctx_slot: int) -> None:
+    """A prompt must leave room in its slot: llama-server's exceed_context_size_error otherwise."""
+    if n_tokens >= n_ctx_slot:
+        raise context_exceeded(n_tokens, n_ctx_slot)
+
+
+def require_generation(cfg: ServerConfig) -> None:
+    """Generation routes are off on an `--embeddings` server."""
+    if cfg.embeddings:
+        raise not_supported("This server does not support completions. Start it without `--embeddings`")

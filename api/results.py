@@ -1,0 +1,75 @@
+"""A task's events -> response parts shared by the route families: the whole event list of a
+non-streamed task, token probabilities, usage, finish reasons.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NoReturn
+
+from api.engine_api import TaskHandleAPI, TokenizerAPI
+from api.errors import ApiError
+from runtime.tasks import CompletionResult, TaskError, TokenOut
+
+
+def raise_task_error(err: TaskError) -> NoReturn:
+    raise ApiError(err.message, err.type, err.code, dict(err.extra))
+
+
+async def collect(handle: TaskHandleAPI) -> tuple[list[TokenOut], Any]:
+    """All events of a task: the TokenOut list and the final event (result or embedding)."""
+    tokens: list[TokenOut] = []
+    done = False
+    try:
+        async for ev in handle.events():
+            if isinstance(ev, TokenOut):
+                tokens.append(ev)
+                continue
+            done = True
+            if isinstance(ev, TaskError):
+                raise_task_error(ev)
+            return tokens, ev
+    finally:
+        if not done:
+            handle.cancel()
+    raise ApiError("task ended without a result", "server_error", 500)
+
+
+def probs_json(tok: TokenizerAPI, toks: list[TokenOut], post_sampling: bool) -> list[dict[str, Any]]:
+    """`completion_probabilities` / `logprobs.content` entries."""
+    key, top_key = ("prob", "top_probs") if post_sampling else ("logprob", "top_logprobs")
+
+    def val(lp: float | None) -> float:
+        if lp is None:
+            return 0.0
+        if post_sampling:
+            return math.exp(lp)
+        return lp if math.isfinite(lp) else -3.4028234663852886e38
+
+    out = []
+    for t in toks:
+        piece = tok.piece(t.id)
+        out.append({
+            "id": t.id,
+            "token": piece.decode("utf-8", "ignore"),
+            "bytes": list(piece),
+            key: val(t.logprob),
+            top_key: [{"id": p.id, "token": p.token, "bytes": list(p.bytes), key: val(p.logprob)}
+                      for p in (t.probs or [])],
+        })
+    return out
+
+
+def usage_json(res: CompletionResult) -> dict[str, Any]:
+    return {
+        "completion_tokens": res.n_decoded,
+        "prompt_tokens": res.n_prompt_tokens,
+        "total_tokens": res.n_decoded + res.n_prompt_tokens,
+        "prompt_tokens_details": {"cached_tokens": res.timings.cache_n},
+    }
+
+
+def finish_reason(res: CompletionResult, has_tool_calls: bool = False) -> str:
+    if res.stop_type in ("eos", "word"):
+        return "tool_calls" if has_tool_calls else "stop"
+    return "length"
+

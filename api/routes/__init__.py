@@ -1,0 +1,8 @@
+"""The HTTP routes, one module per family, each an `APIRouter` whose handlers take the app's
+`ApiContext` (`ctx: Ctx`). `ROUTERS` lists them in registration order (api/server.py)."""
+from __future__ import annotations
+
+from api.routes import embeddings, metrics, native, openai, props, slots, tokens
+
+ROUTERS = (props.router, tokens.router, native.router, openai.router, embeddings.router, slots.router,
+           metrics.router)

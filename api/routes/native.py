@@ -1,0 +1,140 @@
+"""llama-server's own generation routes: `/completion` (alias `/completions`) and `/infill`.
+
+A request becomes a `NativeRequest` (the CompletionTask plus what the response echoes); the
+response is the final object, or an SSE stream of one chunk per token and then the final object.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from api import infill as infill_api
+from api.context import ApiContext, Ctx
+from api.errors import ApiError, json_response
+from api.inputs import check_context, read_json, require_generation, split_prompts, tokenize_prompt
+from api.params import Fields, parse_sampling, parse_task, sampling_settings
+from api.results import collect, probs_json
+from api.sse import stream_events
+from runtime.tasks import CompletionResult, CompletionTask, TokenOut
+
+router = APIRouter()
+
+
+@dataclass
+class NativeRequest:
+    """What a native /completion response echoes besides the engine's result."""
+    task: CompletionTask
+    settings: dict[str, Any]
+    prompt_text: str
+    n_probs: int
+    post_sampling: bool
+    index: int = 0
+
+
+def native_request(ctx: ApiContext, body: dict[str, Any], prompt_tokens: list[int], index: int = 0) -> NativeRequest:
+    params = parse_sampling(body, ctx.cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
+    task = parse_task(body, prompt_tokens, params, ctx.cfg.n_predict)
+    f = Fields(body)
+    settings = sampling_settings(params, task.n_predict, task.stream, "Content-only", "none",
+                                 only_metrics=False, stop=task.stop, n_keep=task.n_keep,
+                                 timings_per_token=f.boolean("timings_per_token", False),
+                                 post_sampling_probs=f.boolean("post_sampling_probs", False))
+    return NativeRequest(task, settings, ctx.tokenizer.decode(prompt_tokens), params.n_probs,
+                         f.boolean("post_sampling_probs", False), index)
+
+
+def completion_final_json(ctx: ApiContext, req: NativeRequest, res: CompletionResult, toks: list[TokenOut],
+                          stream: bool) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "index": req.index,
+        "content": "" if stream else res.content,
+        "tokens": list(res.tokens) if (req.task.return_tokens and not stream) else [],
+        "id_slot": res.id_slot,
+        "stop": True,
+        "model": ctx.cfg.model_name,
+        "tokens_predicted": res.n_decoded,
+        "tokens_evaluated": res.n_prompt_tokens,
+        "generation_settings": req.settings,
+        "prompt": req.prompt_text,
+        "has_new_line": res.has_new_line,
+        "truncated": res.truncated,
+        "stop_type": res.stop_type,
+        "stopping_word": res.stopping_word,
+        "tokens_cached": res.tokens_cached,
+        "timings": res.timings.as_dict(),
+    }
+    if not stream and req.n_probs > 0:
+        d["completion_probabilities"] = probs_json(ctx.tokenizer, toks, req.post_sampling)
+    return d
+
+
+async def native_stream(ctx: ApiContext, req: NativeRequest) -> Response:
+    """SSE stream of one native request: a chunk per token, then the final object."""
+    handle = ctx.engine.submit(req.task)
+    n_predicted = 0
+
+    def on_token(ev: TokenOut) -> list[dict[str, Any]]:
+        nonlocal n_predicted
+        n_predicted += 1
+        if not ev.text and not req.task.return_tokens and req.n_probs <= 0:
+            return []
+        # as llama-server b1-0c1e570 streams them: the token id always, the running count
+        d: dict[str, Any] = {"index": req.index, "content": ev.text, "tokens": [ev.id],
+                             "stop": False, "id_slot": -1,
+                             "tokens_predicted": n_predicted, "tokens_evaluated": len(req.task.prompt_tokens)}
+        if req.n_probs > 0:
+            d["completion_probabilities"] = probs_json(ctx.tokenizer, [ev], req.post_sampling)
+        return [d]
+
+    return await stream_events(ctx.cfg.sse_ping_interval, handle, on_token,
+                               lambda res: [completion_final_json(ctx, req, res, [], True)], False)
+
+
+@router.post("/completion")
+@router.post("/completions")
+async def completion(ctx: Ctx, request: Request) -> Response:
+    require_generation(ctx.cfg)
+    body = await read_json(request)
+    if "prompt" not in body or body["prompt"] is None:
+        raise ApiError('"prompt" must be provided')
+    prompts = split_prompts(body["prompt"])
+    reqs = []
+    for i, p in enumerate(prompts):
+        toks = tokenize_prompt(ctx.tokenizer, p)
+        check_context(len(toks), ctx.engine.n_ctx_slot)
+        reqs.append(native_request(ctx, body, toks, i))
+    if reqs[0].task.stream:
+        if len(reqs) > 1:
+            raise ApiError("streaming is supported for a single prompt only")
+        return await native_stream(ctx, reqs[0])
+    handles = [ctx.engine.submit(r.task) for r in reqs]
+    outs = await asyncio.gather(*(collect(h) for h in handles))
+    results = [completion_final_json(ctx, r, res, toks or res.probs, False) for r, (toks, res) in zip(reqs, outs)]
+    return json_response(results[0] if len(results) == 1 else results)
+
+
+@router.post("/infill")
+async def infill(ctx: Ctx, request: Request) -> Response:
+    require_generation(ctx.cfg)
+    tok = ctx.tokenizer
+    infill_api.check_model(tok.fim_ids)
+    body = await read_json(request)
+    extra = infill_api.parse_extra(body.get("input_extra"))
+    prefix, suffix = body.get("input_prefix", ""), body.get("input_suffix", "")
+    if not isinstance(prefix, str) or not isinstance(suffix, str):
+        raise ApiError('"input_prefix" and "input_suffix" must be strings')
+    prompt = body.get("prompt", "")
+    prompt_tokens = [] if prompt in ("", None) else list(tok.encode(prompt, add_special=False, parse_special=True)) \
+        if isinstance(prompt, str) else tokenize_prompt(tok, prompt)
+    toks = infill_api.format_infill(tok, prefix, suffix, extra, prompt_tokens,
+                                    ctx.engine.cfg.n_batch, ctx.cfg.n_predict, ctx.engine.n_ctx_slot)
+    check_context(len(toks), ctx.engine.n_ctx_slot)
+    req = native_request(ctx, body, toks, 0)
+    if req.task.stream:
+        return await native_stream(ctx, req)
+    toks_out, res = await collect(ctx.engine.submit(req.task))
+    return json_response(completion_final_json(ctx, req, res, toks_out or res.probs, False))

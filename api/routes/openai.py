@@ -1,0 +1,143 @@
+"""The OpenAI-compatible generation routes: `/v1/completions` and `/v1/chat/completions` (alias
+`/chat/completions`), whole or streamed (`chat.completion.chunk` / `text_completion` chunks, then
+`data: [DONE]`). Chat messages become a prompt and the output an assistant message in api/chat.py.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from api import chat as chat_api
+from api.context import BUILD_INFO, Ctx, random_id
+from api.errors import ApiError, json_response
+from api.inputs import check_context, read_json, require_generation, split_prompts, tokenize_prompt
+from api.params import Fields, parse_sampling, parse_task
+from api.results import collect, finish_reason, probs_json, usage_json
+from api.sse import stream_events
+from runtime.tasks import CompletionResult, TokenOut
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def oai_completion(ctx: Ctx, request: Request) -> Response:
+    cfg = ctx.cfg
+    require_generation(cfg)
+    body = await read_json(request)
+    if body.get("prompt") is None:
+        raise ApiError("'prompt' is required")
+    if Fields(body).integer("n", 1) != 1:
+        raise ApiError("Only one completion choice is allowed")
+    prompts = split_prompts(body["prompt"])
+    if len(prompts) != 1:
+        raise ApiError("Only one prompt is supported")
+    toks = tokenize_prompt(ctx.tokenizer, prompts[0])
+    check_context(len(toks), ctx.engine.n_ctx_slot)
+    body = dict(body)
+    if body.get("logprobs") is not None:  # OpenAI: logprobs is the number of top candidates
+        body["n_probs"] = Fields(body).integer("logprobs", 0)
+    params = parse_sampling(body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
+    task = parse_task(body, toks, params, cfg.n_predict, openai=True)
+    cmpl_id = "chatcmpl-" + random_id()
+    model = cfg.model_name
+
+    def base(choice: dict[str, Any]) -> dict[str, Any]:
+        return {"choices": [choice], "created": int(time.time()), "model": model,
+                "system_fingerprint": BUILD_INFO, "object": "text_completion", "id": cmpl_id}
+
+    handle = ctx.engine.submit(task)
+    if task.stream:
+        def on_token(ev: TokenOut) -> list[dict[str, Any]]:
+            if not ev.text:
+                return []
+            return [base({"text": ev.text, "index": 0, "logprobs": None, "finish_reason": None})]
+
+        def on_final(res: CompletionResult) -> list[dict[str, Any]]:
+            # llama-server b1-0c1e570 puts usage in this last chunk whether or not
+            # stream_options.include_usage asks for it, before the id
+            d = base({"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason(res)})
+            cid = d.pop("id")
+            d["usage"], d["id"] = usage_json(res), cid
+            d["timings"] = res.timings.as_dict()
+            return [d]
+
+        return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True)
+    toks_out, res = await collect(handle)
+    logprobs = None
+    if params.n_probs > 0:
+        logprobs = {"content": probs_json(ctx.tokenizer, toks_out or res.probs, False)}
+    d = base({"text": res.content, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason(res)})
+    d["usage"] = usage_json(res)
+    d["timings"] = res.timings.as_dict()
+    d = {k: d[k] for k in ("choices", "created", "model", "system_fingerprint", "object", "usage", "id", "timings")}
+    return json_response(d)
+
+
+@router.post("/chat/completions")
+@router.post("/v1/chat/completions")
+async def chat_completions(ctx: Ctx, request: Request) -> Response:
+    cfg = ctx.cfg
+    require_generation(cfg)
+    body = await read_json(request)
+    prep = chat_api.prepare(ctx, body)
+    prompt_tokens = list(ctx.tokenizer.encode(prep.prompt, add_special=True, parse_special=True))
+    check_context(len(prompt_tokens), ctx.engine.n_ctx_slot)
+    params = parse_sampling(prep.body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
+    chat_api.apply_grammar(ctx, prep, params)
+    task = parse_task(prep.body, prompt_tokens, params, cfg.n_predict, openai=True)
+    cmpl_id = "chatcmpl-" + random_id()
+    model = cfg.model_name
+    handle = ctx.engine.submit(task)
+    parser = chat_api.ChatOutput(prep)
+    if task.stream:
+        def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
+            return {"choices": choices, "created": int(time.time()), "id": cmpl_id, "model": model,
+                    "system_fingerprint": BUILD_INFO, "object": "chat.completion.chunk"}
+
+        started = False
+
+        def on_token(ev: TokenOut) -> list[dict[str, Any]]:
+            nonlocal started
+            out = []
+            if not started:
+                started = True
+                out.append(chunk([{"finish_reason": None, "index": 0,
+                                   "delta": {"role": "assistant", "content": None}}]))
+            for delta in parser.add(ev.text):
+                c = {"finish_reason": None, "index": 0, "delta": delta}
+                if params.n_probs > 0 and prep.logprobs:
+                    c["logprobs"] = {"content": probs_json(ctx.tokenizer, [ev], False)}
+                out.append(chunk([c]))
+            return out
+
+        def on_final(res: CompletionResult) -> list[dict[str, Any]]:
+            out = []
+            if not started:
+                out.append(chunk([{"finish_reason": None, "index": 0,
+                                   "delta": {"role": "assistant", "content": None}}]))
+            for delta in parser.finish():
+                out.append(chunk([{"finish_reason": None, "index": 0, "delta": delta}]))
+            fin = chunk([{"finish_reason": finish_reason(res, parser.has_tool_calls), "index": 0, "delta": {}}])
+            out.append(fin)
+            if prep.include_usage:
+                u = chunk([])
+                u["usage"] = usage_json(res)
+                out.append(u)
+            out[-1]["timings"] = res.timings.as_dict()
+            return out
+
+        return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True)
+    toks_out, res = await collect(handle)
+    msg = parser.final_message(res.content)
+    choice: dict[str, Any] = {"finish_reason": finish_reason(res, bool(msg.get("tool_calls"))),
+                              "index": 0, "message": msg}
+    if params.n_probs > 0 and prep.logprobs:
+        choice["logprobs"] = {"content": probs_json(ctx.tokenizer, toks_out or res.probs, False)}
+    return json_response({
+        "choices": [choice], "created": int(time.time()), "model": model, "system_fingerprint": BUILD_INFO,
+        "object": "chat.completion", "usage": usage_json(res), "id": cmpl_id,
+        "timings": res.timings.as_dict(),
+    })

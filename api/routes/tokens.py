@@ -1,0 +1,60 @@
+"""Text <-> tokens without generating: `/tokenize`, `/detokenize`, `/apply-template`."""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from api import chat as chat_api
+from api.context import Ctx
+from api.errors import ApiError, json_response
+from api.inputs import read_json, tokenize_prompt
+from api.params import Fields
+
+router = APIRouter()
+
+
+@router.post("/tokenize")
+async def tokenize(ctx: Ctx, request: Request) -> Response:
+    body = await read_json(request)
+    f = Fields(body)
+    content = body.get("content")
+    with_pieces = f.boolean("with_pieces", False)
+    toks: list[int] = []
+    if content is not None:
+        if isinstance(content, str):
+            toks = list(ctx.tokenizer.encode(content, add_special=f.boolean("add_special", False),
+                                             parse_special=f.boolean("parse_special", True)))
+        else:
+            toks = tokenize_prompt(ctx.tokenizer, content)
+    if not with_pieces:
+        return json_response({"tokens": toks})
+    out = []
+    for t in toks:
+        piece = ctx.tokenizer.piece(t)
+        try:
+            p: Any = piece.decode("utf-8")
+        except UnicodeDecodeError:
+            p = list(piece)
+        out.append({"id": t, "piece": p})
+    return json_response({"tokens": out})
+
+
+@router.post("/detokenize")
+async def detokenize(ctx: Ctx, request: Request) -> Response:
+    body = await read_json(request)
+    toks = Fields(body).array("tokens", [])
+    n_vocab = ctx.tokenizer.n_vocab
+    for t in toks:
+        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < n_vocab:
+            raise ApiError(f"invalid token id {t!r}")
+    # llama-server joins the pieces (tokens_to_str): no SPM leading-space removal
+    return json_response({"content": ctx.tokenizer.decode(toks, remove_leading_space=False) if toks else ""})
+
+
+@router.post("/apply-template")
+async def apply_template(ctx: Ctx, request: Request) -> Response:
+    body = await read_json(request)
+    prep = chat_api.prepare(ctx, body)
+    return json_response({"prompt": prep.prompt})

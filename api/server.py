@@ -1,0 +1,99 @@
+"""The llama-server compatible FastAPI application.
+
+`create_app(cfg, engine, log)` builds the app around an engine (api/engine_api.py `EngineAPI`)
+that may still be loading: every route answers 503 `Loading model` until the CLI's loader thread
+attaches the engine and calls `app.state.server.set_ready()`. The routes live in api/routes/, one
+module per family; they talk to the engine only through plain data (token ids, `runtime.tasks`
+dataclasses, dicts).
+
+Before any route, as llama-server's pre-routing (server-http.cpp): CORS (an OPTIONS preflight is
+answered here), readiness, then the API key (`Authorization: Bearer` or `X-Api-Key`; /health is
+public). Every response carries `Server: llama.cpp`. Errors are llama-server's envelope
+(api/errors.py); an unknown route or method is its 404 `File Not Found`.
+"""
+from __future__ import annotations
+
+import secrets
+from typing import Awaitable, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api.context import ApiContext, ServerConfig
+from api.engine_api import EngineAPI
+from api.errors import ApiError, invalid_api_key, loading_model, not_found
+from api.log import Logger
+from api.routes import ROUTERS
+
+__all__ = ["ApiContext", "ServerConfig", "create_app"]
+
+PUBLIC_PATHS = {"/health", "/v1/health"}
+
+
+def create_app(cfg: ServerConfig, engine: EngineAPI | None, log: Logger | None = None) -> FastAPI:
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = ApiContext(cfg, engine, log or Logger())
+    app.middleware("http")(pre_routing)
+    app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_error)
+    for router in ROUTERS:
+        app.include_router(router)
+    return app
+
+
+def cors_headers(cfg: ServerConfig, request: Request) -> dict[str, str]:
+    origin = request.headers.get("origin")
+    if origin is None:
+        return {}
+    if "*" in cfg.cors_origins or origin in cfg.cors_origins:
+        return {"Access-Control-Allow-Origin": origin, "Access-Control-Allow-Credentials": "true"}
+    return {}
+
+
+def key_ok(cfg: ServerConfig, request: Request) -> bool:
+    auth = request.headers.get("authorization", "")
+    key = auth[7:] if auth.startswith("Bearer ") else request.headers.get("x-api-key", "")
+    return any(secrets.compare_digest(key.encode(), k.encode()) for k in cfg.api_keys)
+
+
+async def pre_routing(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    """CORS, loading state, API key, in server-http.cpp's pre-routing order."""
+    ctx: ApiContext = request.app.state.server
+    cfg = ctx.cfg
+    cors = cors_headers(cfg, request)
+    if request.method == "OPTIONS":
+        headers = dict(cors)
+        if cors:
+            headers.update({"Access-Control-Allow-Methods": "GET, POST",
+                            "Access-Control-Allow-Headers": "*"})
+        return Response(b"", status_code=200, media_type="text/html", headers=headers)
+    if not ctx.ready:
+        resp = loading_model().response()
+    elif cfg.api_keys and request.url.path not in PUBLIC_PATHS and not key_ok(cfg, request):
+        resp = invalid_api_key().response()
+    else:
+        try:
+            resp = await call_next(request)
+        except ApiError as e:
+            resp = e.response()
+    resp.headers["Server"] = "llama.cpp"
+    for k, v in cors.items():
+        resp.headers[k] = v
+    return resp
+
+
+async def on_api_error(request: Request, e: ApiError) -> Response:
+    return e.response()
+
+
+async def on_http_error(request: Request, e: StarletteHTTPException) -> Response:
+    if e.status_code in (404, 405):
+        return not_found().response()
+    return ApiError(str(e.detail), "server_error", e.status_code).response()
+
+
+async def on_error(request: Request, e: Exception) -> Response:
+    request.app.state.server.log.srv("E", "operator()", f"got exception: {e!r}")
+    return ApiError(str(e) or type(e).__name__, "server_error", 500).response()

@@ -1,0 +1,264 @@
+"""Grammars that force (tool_choice required) or, lazily triggered, permit (tool_choice auto) the
+format's tool-call syntax, each call naming a declared tool with arguments valid for its
+`parameters` JSON schema (via `grammar.json_schema_to_gbnf`).
+
+`tool_grammar_for(...)` is what a chat request needs: which grammar, whether it waits for a trigger
+word, and which words. `tool_call_grammar(tools, format, ...)` is the per-format builder, and
+`hermes_grammar(...)` the one Hermes builder behind both Hermes spellings:
+
+* required (`required=True`): llama-server b1-0c1e570's grammar for tool_choice required on a
+  Hermes/Qwen template: free text without `<` may come before the first `<tool_call>`, the JSON
+  sits between optional newlines, parallel calls are separated by one newline, a tool without
+  `parameters` takes any object, and a prompt ending in a prefilled `<tool_call>` continues inside
+  the call.
+* lazy (`required=False`): tool_choice auto, active from the `<tool_call>` trigger on: flexible
+  whitespace (`tc-space`) around the JSON and after each call, a leading `</think>` when the prompt
+  left a think block open, a tool without `parameters` takes `{}`.
+
+The two spellings let different tokens through, so both are kept exactly as they were.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from runtime.chat.formats import ChatFormat, Marker, ToolChoice
+
+_GBNF_SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
+
+# words that start a tool call (grammar_triggers of a lazy grammar); formats not listed have none
+_TRIGGERS: Mapping[ChatFormat, tuple[str, ...]] = MappingProxyType({
+    ChatFormat.HERMES_2_PRO: (Marker.HERMES_CALL_OPEN,),
+    ChatFormat.MISTRAL_NEMO: (Marker.MISTRAL_CALLS,),
+    ChatFormat.DEEPSEEK_R1: (Marker.DS_CALLS_BEGIN,),
+    ChatFormat.LLAMA_3X: ('{"',),
+    ChatFormat.LLAMA_3X_BUILTIN: ('{"',),
+})
+
+
+class ToolGrammarError(ValueError):
+    """No grammar can be built for these tools; the message is the client's (400) error text."""
+
+
+@dataclass(frozen=True)
+class ToolGrammar:
+    """The grammar of a chat request with tools. `lazy`: wait for one of `triggers`; None leaves the
+    request's own grammar_lazy / grammar_triggers as they are (the required Hermes grammar)."""
+    grammar: str
+    lazy: bool | None
+    triggers: tuple[str, ...] = ()
+
+
+def tool_call_triggers(format: str) -> list[str]:
+    """Words that start a tool call in `format` (grammar_triggers for a lazy grammar)."""
+    return [str(w) for w in _TRIGGERS.get(format, ())]
+
+
+def tool_grammar_for(tools: list[dict], format: str, tool_choice: str, parallel: bool, prefill: str = "",
+                     thinking_forced_open: bool = False) -> ToolGrammar | None:
+    """The grammar a chat request with `tools` gets, None for none.
+
+    tool_choice required forces a call: on a Hermes template, or after a prefilled `<tool_call>`,
+    with llama-server's required Hermes grammar (free text may come first), else with the format's
+    grammar from the start. auto adds the format's grammar lazily, active once the model writes a
+    trigger word, so free text stays possible before it (formats without triggers get none).
+    Raises ToolGrammarError with the message llama-server answers bad tools with.
+    """
+    if not tools or tool_choice not in (ToolChoice.REQUIRED, ToolChoice.AUTO):
+        return None
+    opened = prefill.rstrip().endswith(Marker.HERMES_CALL_OPEN)
+    if tool_choice == ToolChoice.REQUIRED and (format == ChatFormat.HERMES_2_PRO or opened):
+        try:
+            fns = _functions(tools, any_object_without_params=True)
+        except ValueError:
+            raise ToolGrammarError("Missing tool function name") from None
+        try:
+            grammar = hermes_grammar(fns, parallel, required=True, opened=opened)
+        except Exception as e:  # GrammarError, or a malformed schema: as for a request's json_schema
+            raise ToolGrammarError(f"JSON schema conversion failed: {e}") from e
+        return ToolGrammar(grammar, None)
+    lazy = tool_choice == ToolChoice.AUTO
+    triggers = tuple(tool_call_triggers(format))
+    if lazy and not triggers:
+        return None
+    try:
+        grammar = tool_call_grammar(tools, format, parallel, thinking_forced_open=thinking_forced_open)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ToolGrammarError(f"Invalid tools: {e}") from e
+    return ToolGrammar(grammar, lazy, triggers if lazy else ())
+
+
+# ---------------------------------------------------------------------------------------------
+# GBNF pieces
+
+def _gbnf_literal(s: str) -> str:
+    out = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return f'"{out}"'
+
+
+def _prefix_rules(gbnf: str, prefix: str) -> str:
+    """Rename every rule of `gbnf` (definitions and references) to `prefix + name`, leaving
+    string literals, character classes, repetition counts and comments alone."""
+    out: list[str] = []
+    i, n = 0, len(gbnf)
+    while i < n:
+        c = gbnf[i]
+        if c in "\"[":
+            close = '"' if c == '"' else "]"
+            j = i + 1
+            while j < n and gbnf[j] != close:
+                j += 2 if gbnf[j] == "\\" else 1
+            out.append(gbnf[i:j + 1])
+            i = j + 1
+        elif c == "{":
+            j = gbnf.index("}", i)
+            out.append(gbnf[i:j + 1])
+            i = j + 1
+        elif c == "#":
+            j = gbnf.find("\n", i)
+            j = n if j < 0 else j
+            out.append(gbnf[i:j])
+            i = j
+        elif c.isalnum() or c in "-_":
+            j = i
+            while j < n and (gbnf[j].isalnum() or gbnf[j] in "-_"):
+                j += 1
+            out.append(prefix + gbnf[i:j])
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _schema_gbnf(schema: dict) -> str:
+    from grammar import json_schema_to_gbnf  # lazy: grammar/ is optional for plain chat
+
+    return json_schema_to_gbnf(schema)
+
+
+def _schema_rules(schema: dict, prefix: str) -> str:
+    """The GBNF of a JSON schema with every rule renamed `prefix + name` (its root `prefix + root`)."""
+    return _prefix_rules(_schema_gbnf(schema), prefix).strip()
+
+
+def _functions(tools: list[dict], any_object_without_params: bool) -> list[dict]:
+    """`{"name", "parameters"}` of each tool. A tool that declares no parameters takes any object
+    (the required Hermes grammar) or only `{}` (all others)."""
+    fns = []
+    for t in tools or []:
+        fn = t.get("function", t) if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ValueError("each tool needs function.name")
+        params = fn.get("parameters") or (
+            {"type": "object"} if any_object_without_params else {"type": "object", "properties": {}})
+        fns.append({"name": fn["name"], "parameters": params})
+    if not fns:
+        raise ValueError("tool_call_grammar needs at least one tool")
+    return fns
+
+
+def _call_schema(fn: dict, args_key: str, with_id: dict | None = None) -> dict:
+    """JSON schema of one `{"name": ..., args_key: {...}}` call of `fn`."""
+    props: dict[str, Any] = {"name": {"const": fn["name"]}, args_key: fn["parameters"]}
+    req = ["name", args_key]
+    if with_id is not None:
+        props["id"] = with_id
+        req.append("id")
+    return {"type": "object", "properties": props, "required": req}
+
+
+# ---------------------------------------------------------------------------------------------
+# builders
+
+def hermes_grammar(fns: list[dict], parallel: bool, required: bool, opened: bool = False,
+                   thinking_forced_open: bool = False) -> str:
+    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (several when `parallel`), spelled
+    for tool_choice required or for a lazy grammar (see the module doc). `opened`: required only,
+    the prompt already ends inside `<tool_call>`. `thinking_forced_open`: lazy only, allow a
+    leading `</think>`."""
+    calls = [_call_schema(f, "arguments") for f in fns]
+    if required:
+        schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        rules = re.sub(r"^root ::=", "tool-call-json ::=", _schema_gbnf(schema), flags=re.M)
+        ws, json_rule = '"\\n"?', "tool-call-json"
+    else:
+        rules = _schema_rules({"anyOf": calls}, "tc-")
+        ws, json_rule = "tc-space", "tc-root"
+    inside = f'{ws} {json_rule} {ws} {_gbnf_literal(Marker.HERMES_CALL_CLOSE)}'  # after the opening tag
+    call = f"{_gbnf_literal(Marker.HERMES_CALL_OPEN)} {inside}"
+    if required:
+        rest = f' ( "\\n" {call} )*' if parallel else ""
+        root = f"root ::= {inside if opened else 'tool-free ' + call}{rest}\n"
+        return root + ("" if opened else "tool-free ::= [^<]*\n") + rules
+    head = _think_head(thinking_forced_open)
+    lines = [rules, f"tool-call ::= {call} tc-space", f"root ::= {head}" + ("tool-call+" if parallel else "tool-call")]
+    return _with_space("\n".join(lines))
+
+
+def _think_head(thinking_forced_open: bool) -> str:
+    """The start of a root rule: a leading `</think>` is allowed when the prompt left one open."""
+    return f'( {_gbnf_literal(Marker.THINK_END)} tc-space )? ' if thinking_forced_open else ""
+
+
+def _with_space(gbnf: str) -> str:
+    """`gbnf` ending in a newline, with a `tc-space` rule when the schema rules brought none."""
+    if not any(line.startswith("tc-space ::=") for line in gbnf.splitlines()):
+        gbnf += f"\ntc-space ::= {_GBNF_SPACE}"
+    return gbnf + "\n"
+
+
+def tool_call_grammar(tools: list[dict], format: str, parallel: bool = False,
+                      thinking_forced_open: bool = False, allow_response: bool = False) -> str:
+    """GBNF for a tool call (or several when `parallel`) in `format`'s syntax, each call naming a
+    declared tool with arguments valid for its `parameters` schema.
+
+    `thinking_forced_open`: allow a leading `</think>` (the prompt ended in an open think block).
+    `allow_response`: Generic format only, also allow `{"response": "..."}` (tool_choice auto).
+    For lazy use (tool_choice auto) start the grammar at one of `tool_call_triggers(format)`.
+    """
+    fns = _functions(tools, any_object_without_params=False)
+    if format == ChatFormat.HERMES_2_PRO:
+        return hermes_grammar(fns, parallel, required=False, thinking_forced_open=thinking_forced_open)
+    head = _think_head(thinking_forced_open)
+    lines: list[str] = []
+    if format in (ChatFormat.LLAMA_3X, ChatFormat.LLAMA_3X_BUILTIN):
+        lines.append(_schema_rules({"anyOf": [_call_schema(f, "parameters") for f in fns]}, "tc-"))
+        lines.append(f"root ::= {head}tc-root")
+    elif format == ChatFormat.MISTRAL_NEMO:
+        item = {"anyOf": [_call_schema(f, "arguments", {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"})
+                          for f in fns]}
+        arr: dict[str, Any] = {"type": "array", "items": item, "minItems": 1}
+        if not parallel:
+            arr["maxItems"] = 1
+        lines.append(_schema_rules(arr, "tc-"))
+        lines.append(f"root ::= {head}{_gbnf_literal(Marker.MISTRAL_CALLS)} tc-root")
+    elif format == ChatFormat.DEEPSEEK_R1:
+        alts = []
+        for k, f in enumerate(fns):
+            lines.append(_schema_rules(f["parameters"], f"tc{k}-"))
+            alts.append(f"tc-call-{k}")
+            lines.append(f"tc-call-{k} ::= {_gbnf_literal(Marker.DS_CALL_BEGIN + 'function' + Marker.DS_SEP)} "
+                         f'{_gbnf_literal(f["name"])} "\\n```json\\n" tc{k}-root "\\n"? '
+                         f"{_gbnf_literal('```' + Marker.DS_CALL_END)}")
+        lines.append("tool-call ::= " + " | ".join(alts))
+        calls = 'tool-call ( "\\n"? tool-call )*' if parallel else "tool-call"
+        begin, end = _gbnf_literal(Marker.DS_CALLS_BEGIN), _gbnf_literal(Marker.DS_CALLS_END)
+        lines.append(f"root ::= {head}{begin} {calls} {end} tc-space")
+    else:  # Generic (also what a Content-only template gets once tools are given)
+        any_call = {"anyOf": [_call_schema(f, "arguments") for f in fns]}
+        if parallel:
+            call: dict[str, Any] = {"type": "object", "required": ["tool_calls"], "properties": {
+                "tool_calls": {"type": "array", "items": any_call, "minItems": 1}}}
+        else:
+            call = {"type": "object", "required": ["tool_call"], "properties": {"tool_call": any_call}}
+        schema = call
+        if allow_response:
+            schema = {"anyOf": [call, {"type": "object", "required": ["response"],
+                                       "properties": {"response": {"type": "string"}}}]}
+        lines.append(_schema_rules(schema, "tc-"))
+        lines.append(f"root ::= {head}tc-root")
+    return _with_space("\n".join(lines))

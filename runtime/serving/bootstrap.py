@@ -1,0 +1,187 @@
+"""Start-up: read the environment into the config, load the model, tokenizer and chat template,
+size the slots and the KV cache, set up CUDA graphs and warm up.
+
+`load(cfg, log)` does it all once, on the caller's thread (the API calls it in a thread so that
+/health answers 503 meanwhile), and returns a `Loaded` bundle that the engine keeps.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from runtime.cuda_graphs import DecodeGraphs
+from runtime.kv_cache import KVCache, SeqKV
+from runtime.model import Model, SeqBatch
+from runtime.serving.config import EngineConfig
+from runtime.serving.plan import StepPlan
+from runtime.serving.prompt_cache import PromptCache
+from runtime.serving.runner import ModelRunner
+from runtime.serving.sampling import Vocabulary
+
+Log = Callable[[str, str], None]  # (level letter, message)
+
+
+@dataclass
+class Loaded:
+    model: Model
+    kv: KVCache
+    runner: ModelRunner
+    tokenizer: Any  # runtime.tokenizer.Tokenizer
+    chat_template: Any  # runtime.chat.ChatTemplate
+    vocab: Vocabulary
+    prompt_cache: PromptCache | None
+    n_ctx: int
+    n_slots: int
+    n_ctx_slot: int
+    kv_unified: bool
+    model_info: dict[str, Any]
+
+
+def resolve_config(cfg: EngineConfig) -> None:
+    """Settle what the config leaves to the machine or the environment: the device for "auto",
+    and the CUDA graph mode from TRITIUM_CUDA_GRAPHS when the config does not set it."""
+    if cfg.device == "auto":
+        cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.cuda_graphs is None:
+        cfg.cuda_graphs = os.environ.get("TRITIUM_CUDA_GRAPHS", "1")
+
+
+def slot_layout(cfg: EngineConfig, n_ctx_train: int) -> tuple[int, int, bool, int]:
+    """(n_ctx, n_slots, kv_unified, n_ctx_slot): -np auto is 4 slots sharing one unified cache of
+    n_ctx tokens; otherwise each of the -np slots gets n_ctx / np unless -kvu."""
+    n_ctx = cfg.n_ctx if cfg.n_ctx > 0 else n_ctx_train
+    if cfg.n_parallel is None or cfg.n_parallel < 0:
+        n_slots, unified = 4, True
+    else:
+        n_slots, unified = max(1, cfg.n_parallel), bool(cfg.kv_unified)
+    return n_ctx, n_slots, unified, n_ctx if unified else n_ctx // n_slots
+
+
+def load(cfg: EngineConfig, log: Log) -> Loaded:
+    from runtime.loader import load_model
+    from runtime.tokenizer import load_tokenizer
+
+    resolve_config(cfg)
+    if cfg.n_threads and cfg.n_threads > 0:
+        torch.set_num_threads(cfg.n_threads)
+    if cfg.device == "cpu":
+        _single_threaded_openblas()
+    path = cfg.model_path
+    if path is None:
+        from runtime.tiny_model import ensure_default_model
+        path = str(ensure_default_model())
+        cfg.model_path = path
+    log("I", f"srv    load_model: loading model '{path}'")
+    lm = load_model(path, progress=lambda msg: log("I", f"srv    {msg}"))
+    for key, value in cfg.config_overrides.items():
+        if not hasattr(lm.config, key):
+            raise ValueError(f"unknown model config field {key!r}")
+        log("I", f"srv    load_model: {key} = {value} (command line)")
+        setattr(lm.config, key, value)
+    device = cfg.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda requested but no CUDA device is available")
+    model = Model(lm, device)
+    log("I", f"cmn          init: n_threads = {torch.get_num_threads()}, device = {device}")
+    if model.unpacked_quantized:
+        log("I", "srv    load_model: quantized weights dequantized once to float32 for the CPU path")
+    elif model.packed_quantized:
+        log("I", "srv    load_model: quantized weights repacked into integer tiles for the CPU kernels")
+    tk = load_tokenizer(path)
+    chat_template = _chat_template(cfg, tk)
+    vocab = Vocabulary(tk, frozenset(tk.eot_ids), set(tk.control_ids()))
+    for w in getattr(tk, "warnings", []):
+        log("W", f"load: {w}")
+
+    c = lm.config
+    n_ctx, n_slots, unified, n_ctx_slot = slot_layout(cfg, c.n_ctx_train)
+    kv_dtype = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}[cfg.kv_dtype]
+    bs = cfg.block_size
+    n_blocks = (n_ctx + bs - 1) // bs + n_slots
+    kv = KVCache(len(model.layers), model.n_head_kv, model.head_dim, n_blocks, bs, kv_dtype, model.device)
+    graphs = None
+    mode = cfg.cuda_graphs  # "0": off; "eager": static buffers, no capture
+    if mode == "eager" or (mode != "0" and model.device.type == "cuda"):
+        graphs = DecodeGraphs(model, kv, n_slots, kv.blocks_needed(n_ctx_slot) + 1, capture=mode != "eager")
+    runner = ModelRunner(model, kv, graphs)
+    if cfg.warmup:
+        warm_up(runner, log)
+    prompt_cache = None
+    if cfg.cache_ram_mib != 0:
+        limit = None if cfg.cache_ram_mib < 0 else cfg.cache_ram_mib * 1024 * 1024
+        prompt_cache = PromptCache(limit, limit_tokens=n_ctx)
+    model_info = {
+        "vocab_type": tk.vocab_type,
+        "n_vocab": tk.n_vocab,
+        "n_ctx_train": c.n_ctx_train,
+        "n_embd": c.n_embd,
+        "n_params": lm.n_params,
+        "size": lm.size,
+        "ftype": lm.file_type,
+        "arch": c.arch,
+        "n_layer": c.n_layer,
+        "path": path,
+    }
+    return Loaded(model, kv, runner, tk, chat_template, vocab, prompt_cache, n_ctx, n_slots, n_ctx_slot, unified,
+                  model_info)
+
+
+def warm_up(runner: ModelRunner, log: Log) -> None:
+    """One small forward at load (as llama.cpp's warm-up run), so the first request does not
+    pay for first-touch page faults, thread pool start-up and kernel builds; with CUDA graphs,
+    every bucket is captured now rather than on a request's time (a failed capture: decode eagerly)."""
+    kv, seq = runner.kv, SeqKV()
+    try:
+        for n in (8, 1):
+            kv.reserve(seq, seq.n_tokens + n)
+            runner.run(StepPlan([SeqBatch(seq, [0] * n, seq.n_tokens)]), graphs=False)
+        if runner.graphs is not None:
+            t0 = time.perf_counter()
+            try:
+                for B in runner.graphs.buckets:
+                    kv.reserve(seq, seq.n_tokens + 1)
+                    runner.run(StepPlan([SeqBatch(seq, [0], seq.n_tokens) for _ in range(B)]))
+            except Exception as e:  # an untested GPU/driver combination: stay eager
+                log("W", f"srv    load_model: CUDA graph capture failed ({e!r}), decoding eagerly")
+                runner.graphs = None
+            else:
+                log("I", f"srv    load_model: CUDA graphs captured for decode batches of "
+                         f"{', '.join(map(str, runner.graphs.buckets))} in {time.perf_counter() - t0:.1f} s")
+    finally:
+        kv.clear(seq)
+
+
+def _chat_template(cfg: EngineConfig, tk):
+    """--chat-template-file, else --chat-template (a built-in name or the template's text), else the
+    model's, else ChatML."""
+    from runtime.chat import ChatTemplate, default_chatml_template
+
+    src = None
+    if cfg.chat_template_file:
+        with open(cfg.chat_template_file, encoding="utf-8") as f:
+            src = f.read()
+    elif cfg.chat_template:
+        src = default_chatml_template() if cfg.chat_template == "chatml" else cfg.chat_template
+    if src is None:
+        src = tk.chat_template
+    if src is None:
+        src = default_chatml_template()
+    bos = tk.piece(tk.bos_id).decode("utf-8", "replace") if tk.bos_id is not None and tk.bos_id >= 0 else ""
+    eos = tk.piece(tk.eos_id).decode("utf-8", "replace") if tk.eos_id is not None and tk.eos_id >= 0 else ""
+    return ChatTemplate(src, bos, eos)
+
+
+def _single_threaded_openblas() -> None:
+    """The CPU path runs small matmuls through numpy's OpenBLAS between torch ops (OpenMP pool) and
+    the batched-GEMV kernel (OpenMP too). A second pool of BLAS threads spinning on the same cores
+    makes every step slower (measured: 4 sequences 19.8 ms -> 12.4 ms per step with one BLAS thread),
+    so OpenBLAS runs single-threaded; torch and the GEMV kernel keep all threads."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # optional: without it, OpenBLAS keeps its default thread count
+        return
+    ThreadpoolController().select(internal_api="openblas").limit(limits=1)

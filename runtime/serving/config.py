@@ -1,0 +1,42 @@
+"""`EngineConfig`: everything the serving room is told at start-up (the CLI builds it from flags).
+
+Environment variables that change how the engine runs are read into it once, by
+`bootstrap.resolve_config` (`cuda_graphs` from `TRITIUM_CUDA_GRAPHS`), never deep in the load.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from runtime.tasks import SamplingParams
+
+
+@dataclass
+class EngineConfig:
+    model_path: str | None = None
+    n_ctx: int = 4096  # 0 = the model's training context
+    n_parallel: int = -1  # -1 = auto: 4 slots, unified KV
+    kv_unified: bool | None = None
+    n_threads: int = -1
+    device: str = "cpu"  # cpu | cuda | auto (cuda when available)
+    cache_ram_mib: int = 8192  # -1 unlimited, 0 off
+    cache_reuse: int = 0
+    slot_prompt_similarity: float = 0.10
+    slot_save_path: str | None = None
+    embeddings: bool = False
+    pooling: str = "mean"
+    n_predict: int = -1
+    n_batch: int = 2048
+    n_prefill_chunk: int = 512  # prompt tokens per step while other slots decode
+    block_size: int = 16
+    kv_dtype: str = "f16"
+    defaults: SamplingParams = field(default_factory=SamplingParams)
+    chat_template: str | None = None
+    chat_template_file: str | None = None
+    verbosity: int = 3
+    log: Callable[[str, str], None] | None = None  # (level letter, message)
+    warmup: bool = True  # one forward at load (--no-warmup: off)
+    config_overrides: dict[str, Any] = field(default_factory=dict)  # model config fields (RoPE flags)
+    # decode steps from CUDA graphs: "1" on CUDA (default), "0" off, "eager" static buffers without
+    # capture (also on the CPU, for tests); None = TRITIUM_CUDA_GRAPHS, read by bootstrap.resolve_config
+    cuda_graphs: str | None = None

@@ -1,0 +1,162 @@
+"""The engine object: the thread that runs the steps, its inbox and outbox, and what `api/` calls.
+
+`api/` talks to it through `submit()` (plain dataclasses from `runtime/tasks.py`) and a few
+read-only views; everything mutable is touched only by the loop thread (slot actions and metric
+reads from the API are queued to it through the inbox and run between steps).
+
+One step = `Scheduler.schedule()` (the batch: a decode token for each generating slot plus
+prompt chunks of slots still reading their prompts) -> `ModelRunner.run(plan)` (one batched
+forward) -> `Scheduler.postprocess(plan, out)` (books, sampling, stop rules, events).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import queue
+import sys
+import threading
+import traceback
+from typing import Any, Callable
+
+from runtime.serving import bootstrap
+from runtime.serving.config import EngineConfig
+from runtime.serving.handle import Outbox, TaskHandle
+from runtime.serving.metrics import Metrics
+from runtime.serving.scheduler import Scheduler
+from runtime.serving.slot_files import check_action, erase_slot, restore_slot, save_slot
+from runtime.serving.slots import Slot, new_slots, slot_view
+from runtime.tasks import CompletionTask, EmbeddingTask
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig):
+        self.cfg = cfg
+        self.loaded = False
+        # set by load()
+        self.model = self.kv = self.runner = self.tokenizer = self.chat_template = None
+        self.prompt_cache = None
+        self.scheduler: Scheduler | None = None
+        self.model_info: dict[str, Any] = {}
+        self.slots: list[Slot] = []
+        self.n_slots = self.n_ctx = self.n_ctx_slot = 0
+        self.kv_unified = False
+        # the loop thread and what crosses into it
+        self._inbox: queue.Queue = queue.Queue()
+        self._outbox = Outbox()  # events for asyncio handles, sent once per step
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._metrics = Metrics()
+        self._task_ids = itertools.count()
+
+    def _log(self, level: str, msg: str) -> None:
+        if self.cfg.log is not None:
+            self.cfg.log(level, msg)
+        elif self.cfg.verbosity >= 3 or level in "WE":
+            print(f"{level} {msg}", file=sys.stderr, flush=True)
+
+    # ---- life cycle ------------------------------------------------------------------------
+    def load(self) -> None:
+        """Blocking: model, tokenizer, chat template, KV cache, slots, warm-up (bootstrap.py)."""
+        b = bootstrap.load(self.cfg, self._log)
+        self.model, self.kv, self.runner = b.model, b.kv, b.runner
+        self.tokenizer, self.chat_template, self.model_info = b.tokenizer, b.chat_template, b.model_info
+        self.n_ctx, self.n_slots, self.n_ctx_slot, self.kv_unified = b.n_ctx, b.n_slots, b.n_ctx_slot, b.kv_unified
+        self.prompt_cache = b.prompt_cache
+        self.slots = new_slots(b.n_slots, b.n_ctx_slot)
+        self.scheduler = Scheduler(self.cfg, self.slots, b.kv, b.model, b.vocab, b.prompt_cache, self._metrics,
+                                   self._log)
+        self.loaded = True
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="tritium-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # ---- API-facing ------------------------------------------------------------------------
+    def submit(self, task: CompletionTask | EmbeddingTask) -> TaskHandle:
+        """Thread-safe (call it from asyncio or from a plain thread)."""
+        h = TaskHandle(task, next(self._task_ids), self._outbox, self._wake)
+        self._inbox.put(("task", h))
+        self._wake.set()
+        return h
+
+    def run_on_loop(self, fn: Callable[[], Any], timeout: float = 600) -> Any:
+        """Run fn on the engine thread between steps and return its result."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(("call", (fn, fut)))
+        self._wake.set()
+        return fut.result(timeout=timeout)
+
+    def idle_slot_available(self) -> bool:
+        return any(not s.busy for s in self.slots)
+
+    def slots_info(self) -> list[dict]:
+        """/slots (see slots.slot_view)."""
+        return [slot_view(s) for s in self.slots]
+
+    def metrics(self) -> dict[str, float]:
+        """Counters (cumulative) and gauges (averaged over the window since the last call)."""
+        def snapshot():
+            deferred = len(self.scheduler.waiting) if self.scheduler is not None else 0
+            return self._metrics.snapshot(sum(1 for s in self.slots if s.busy), deferred)
+        if self._thread is None or not self._thread.is_alive():
+            return snapshot()
+        return self.run_on_loop(snapshot, timeout=30)
+
+    def slot_action(self, id_slot: int, action: str, filename: str | None = None) -> dict:
+        """save | restore | erase an idle slot's cache; raises slot_files.SlotError."""
+        check_action(action, id_slot, len(self.slots), self.cfg.slot_save_path, filename)
+        s = self.slots[id_slot]
+        n_stream = 1 if self.kv_unified else self.n_slots  # llama.cpp's KV streams: one per slot unless unified
+        if action == "save":
+            return self.run_on_loop(lambda: save_slot(self.kv, s, self.cfg.slot_save_path, filename, n_stream))
+        if action == "restore":
+            return self.run_on_loop(lambda: restore_slot(self.kv, s, self.cfg.slot_save_path, filename, n_stream))
+        return self.run_on_loop(lambda: erase_slot(self.kv, s))
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        sched = self.scheduler
+        while not self._stop:
+            try:
+                self._drain_inbox()
+                sched.admit()
+                self._outbox.flush()
+                if not any(s.busy for s in self.slots):
+                    self._wake.wait(timeout=0.5)
+                    self._wake.clear()
+                    continue
+                self._step()
+            except Exception as e:  # never let one bad step kill the server
+                traceback.print_exc()
+                sched.fail_all(f"internal error: {e}")
+            finally:
+                self._outbox.flush()
+
+    def _step(self) -> None:
+        plan = self.scheduler.schedule()
+        if not plan:
+            return
+        out = self.runner.run(plan)
+        self.scheduler.postprocess(plan, out)
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "task":
+                self.scheduler.waiting.append(item)
+            elif kind == "call":
+                fn, fut = item
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # noqa: BLE001 - handed back to the caller
+                    fut.set_exception(e)

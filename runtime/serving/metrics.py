@@ -1,0 +1,81 @@
+"""The engine's counters for `/metrics` (llama-server's `llamacpp:` series).
+
+Counters are cumulative; the gauges (`prompt_tokens_seconds`, `predicted_tokens_seconds`,
+`n_busy_slots_per_decode`) average over the window since the previous read, which `snapshot`
+resets. Only the engine thread touches a `Metrics` (the API reads it through `Engine.metrics`,
+which runs `snapshot` between steps).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Metrics:
+    n_prompt_tokens_processed_total: int = 0
+    n_prompt_tokens_cached_total: int = 0
+    t_prompt_processing_total: float = 0.0  # seconds
+    n_tokens_predicted_total: int = 0
+    t_tokens_generation_total: float = 0.0
+    n_decode_total: int = 0
+    n_busy_slots_total: int = 0
+    n_tokens_max: int = 0
+    # window since the last scrape
+    n_prompt_tokens_processed: int = 0
+    t_prompt_processing: float = 0.0
+    n_tokens_predicted: int = 0
+    t_tokens_generation: float = 0.0
+    n_decode: int = 0
+    n_busy_slots: int = 0
+
+    def on_forward(self, n_rows: int) -> None:
+        """One batched forward over `n_rows` slots."""
+        self.n_decode_total += 1
+        self.n_decode += 1
+        self.n_busy_slots_total += n_rows
+        self.n_busy_slots += n_rows
+
+    def on_prompt_done(self, n_processed: int, n_cached: int, seconds: float) -> None:
+        self.n_prompt_tokens_processed_total += n_processed
+        self.n_prompt_tokens_processed += n_processed
+        self.n_prompt_tokens_cached_total += n_cached
+        self.t_prompt_processing_total += seconds
+        self.t_prompt_processing += seconds
+
+    def on_finish(self, n_decoded: int, seconds: float, n_tokens: int) -> None:
+        """A completion ended after `n_decoded` tokens generated in `seconds`; `n_tokens` = prompt
+        + generated."""
+        self.n_tokens_predicted_total += n_decoded
+        self.n_tokens_predicted += n_decoded
+        self.t_tokens_generation_total += seconds
+        self.t_tokens_generation += seconds
+        self.n_tokens_max = max(self.n_tokens_max, n_tokens)
+
+    def snapshot(self, requests_processing: int, requests_deferred: int) -> dict[str, float]:
+        """The values `/metrics` prints; starts a new gauge window."""
+        d = {
+            "prompt_tokens_total": self.n_prompt_tokens_processed_total,
+            "prompt_tokens_cached_total": self.n_prompt_tokens_cached_total,
+            "prompt_seconds_total": self.t_prompt_processing_total,
+            "tokens_predicted_total": self.n_tokens_predicted_total,
+            "tokens_predicted_seconds_total": self.t_tokens_generation_total,
+            "n_decode_total": self.n_decode_total,
+            "n_tokens_max": self.n_tokens_max,
+            "spec_decode_num_draft_tokens_total": 0,
+            "spec_decode_num_accepted_tokens_total": 0,
+            "spec_decode_num_drafts_total": 0,
+            "prompt_tokens_seconds": (self.n_prompt_tokens_processed / self.t_prompt_processing
+                                      if self.t_prompt_processing else 0.0),
+            "predicted_tokens_seconds": (self.n_tokens_predicted / self.t_tokens_generation
+                                         if self.t_tokens_generation else 0.0),
+            "requests_processing": requests_processing,
+            "requests_deferred": requests_deferred,
+            "n_busy_slots_per_decode": self.n_busy_slots / self.n_decode if self.n_decode else 0.0,
+        }
+        self.n_prompt_tokens_processed = 0
+        self.t_prompt_processing = 0.0
+        self.n_tokens_predicted = 0
+        self.t_tokens_generation = 0.0
+        self.n_decode = 0
+        self.n_busy_slots = 0
+        return d

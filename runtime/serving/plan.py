@@ -1,0 +1,72 @@
+"""What one step computes: a pure function of the slots and the token budget.
+
+The scheduling model (vLLM v1's, without preemption): there are no prefill and decode phases.
+Every busy slot is a request with tokens still to feed, and each step gives some of them a
+number of new tokens within one budget (`n_batch` tokens per forward):
+
+1. decode rows first: every generating slot whose last sampled token is not yet in the cache
+   feeds that one token (so a long prompt never stalls the running generations);
+2. then prompt chunks, slot order: each prompt-reading slot feeds the next
+   min(remaining prompt, budget left, chunk cap) tokens, where the chunk cap is `n_prefill_chunk`
+   while some slot decodes (chunked prefill) and the whole `n_batch` when none does; once the
+   budget is spent the other prompts wait for the next step.
+
+A row asks for logits when its last token's are needed (every decode row; the prompt chunk that
+ends a completion's prompt) with the sampler's top-k shortcut (`sampler.topk_needed`); a prompt
+chunk of an embedding task asks for hidden states instead.
+
+Admission (a waiting task getting a slot) happens before planning and KV blocks are reserved
+after it (`Scheduler.schedule`): a row whose blocks cannot be found is dropped from the plan, its
+task ended. Nothing here touches the model, the cache or the slots.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime.model import SeqBatch
+from runtime.sampler import topk_needed
+from runtime.serving.slots import Slot, SlotState
+
+
+@dataclass
+class StepPlan:
+    """One forward: `batch` is all the model runner sees; `slots[i]` owns `batch[i]`."""
+    batch: list[SeqBatch] = field(default_factory=list)
+    slots: list[Slot] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.batch)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(b.tokens) for b in self.batch)
+
+    def keep(self, keep: list[bool]) -> "StepPlan":
+        """The plan without the rows whose flag is False."""
+        return StepPlan([b for b, k in zip(self.batch, keep) if k], [s for s, k in zip(self.slots, keep) if k])
+
+
+def plan_step(slots: list[Slot], n_batch: int, n_prefill_chunk: int) -> StepPlan:
+    plan = StepPlan()
+    decoding = [s for s in slots if s.state is SlotState.GENERATING and s.req.pending is not None]
+    prefilling = [s for s in slots if s.state is SlotState.PROMPT]
+    budget = n_batch
+    for s in decoding:
+        k, banned = topk_needed(s.req.sampler)
+        plan.batch.append(SeqBatch(s.seq, [s.req.pending], len(s.tokens), logits=True, topk=k, banned=banned))
+        plan.slots.append(s)
+        budget -= 1
+    chunk_cap = n_prefill_chunk if decoding else n_batch
+    for s in prefilling:
+        if budget <= 0:
+            break
+        r = s.req
+        n = min(len(r.prompt) - r.n_past, budget, chunk_cap)
+        last = r.n_past + n == len(r.prompt)
+        sample = last and not r.embedding
+        k, banned = topk_needed(r.sampler) if sample else (0, ())
+        plan.batch.append(SeqBatch(s.seq, r.prompt[r.n_past:r.n_past + n], r.n_past, logits=sample,
+                                   hidden=r.embedding, topk=k, banned=banned))
+        plan.slots.append(s)
+        budget -= n
+    return plan

@@ -1,0 +1,159 @@
+"""Prompt reuse across requests: the longest common prefix, llama.cpp's `--cache-reuse` chunk walk,
+and the host-RAM prompt cache (`--cache-ram`) of saved slot states.
+
+`swap_with_ram_cache` and `reusable_prefix` are what a slot does with them when a new prompt
+arrives (called by the scheduler while admitting a task); the rest are pure functions and a small
+data structure.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import torch
+
+from runtime.kv_cache import KVCache, OutOfBlocks
+
+if TYPE_CHECKING:  # slots.py uses common_prefix
+    from runtime.serving.slots import Slot
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.nonzero(x != y)[0]
+    return int(diff[0]) if diff.size else n
+
+
+def cache_reuse_plan(cache: list[int], prompt: list[int], n_past: int, n_reuse: int) -> tuple[list[tuple[int, int, int]], int]:
+    """llama.cpp's reuse loop: walk the cached tokens after the common prefix and move every run of
+    at least `n_reuse` tokens that matches the prompt at the current position to that position.
+    Returns ([(src, dst, n), ...], new n_past)."""
+    moves = []
+    head_c = head_p = n_past
+    while head_c < len(cache) and head_p < len(prompt):
+        n = 0
+        while head_c + n < len(cache) and head_p + n < len(prompt) and cache[head_c + n] == prompt[head_p + n]:
+            n += 1
+        if n >= n_reuse:
+            if head_c != head_p:
+                moves.append((head_c, head_p, n))
+            n_past += n
+            head_c += n
+            head_p += n
+        else:
+            head_c += 1
+    return moves, n_past
+
+
+# ---- host-RAM prompt cache -------------------------------------------------------------------
+
+@dataclass
+class CacheEntry:
+    tokens: list[int]
+    state: dict  # {"k": [L, n, KVH, D], "v": ...} on the host
+    size: int
+
+
+@dataclass
+class PromptCache:
+    """Saved slot states, oldest first (FIFO eviction, as llama.cpp's server_prompt_cache)."""
+    limit_bytes: int | None  # None = no size limit
+    limit_tokens: int = 0
+    entries: list[CacheEntry] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(e.tokens) for e in self.entries)
+
+    def save(self, tokens: list[int], export) -> bool:
+        """Save a slot's state unless an entry already holds these tokens as a prefix; entries
+        that the new one fully contains are dropped."""
+        for e in self.entries:
+            if len(e.tokens) >= len(tokens) and e.tokens[: len(tokens)] == tokens:
+                return False
+        self.entries = [e for e in self.entries
+                        if not (len(e.tokens) <= len(tokens) and tokens[: len(e.tokens)] == e.tokens)]
+        state = export()
+        size = sum(t.numel() * t.element_size() for t in state.values())
+        self.entries.append(CacheEntry(list(tokens), state, size))
+        return True
+
+    def take_best(self, cur: list[int], new: list[int]) -> CacheEntry | None:
+        """Remove and return the entry that keeps more of itself and covers more of `new` than the
+        slot's current content does (entries keeping < 25% of themselves are never used)."""
+        if not new:
+            return None
+        lcp = common_prefix(cur, new)
+        f_keep_best = lcp / len(cur) if cur else -1.0
+        sim_best = lcp / len(new)
+        best = None
+        for e in self.entries:
+            lcp_cur = common_prefix(e.tokens, new)
+            f_keep = lcp_cur / len(e.tokens)
+            sim = lcp_cur / len(new)
+            if f_keep < 0.25:
+                continue
+            if f_keep_best < f_keep and sim_best < sim:
+                f_keep_best, sim_best, best = f_keep, sim, e
+        if best is not None:
+            self.entries.remove(best)
+        return best
+
+    def update(self) -> None:
+        """Evict oldest entries over the size limit or the token limit (always keep one)."""
+        if self.limit_bytes is not None:
+            while len(self.entries) > 1 and self.size > self.limit_bytes:
+                self.entries.pop(0)
+        limit_tokens = self.limit_tokens
+        if self.limit_bytes and self.entries:
+            per_tok = max(1, self.size // max(self.n_tokens, 1))
+            limit_tokens = max(limit_tokens, self.limit_bytes // per_tok)
+        if limit_tokens > 0:
+            while len(self.entries) > 1 and self.n_tokens > limit_tokens:
+                self.entries.pop(0)
+
+
+def swap_with_ram_cache(cache: PromptCache, kv: KVCache, s: Slot, prompt: list[int], by_lru: bool,
+                        reserve: Callable[[Slot, int], None]) -> None:
+    """When the slot's content is mostly lost to the new prompt (or the slot was picked as the least
+    recently used one), save it to the RAM cache and load the entry that matches the prompt better,
+    if any (`reserve` may purge idle slots to make room; without room the prompt is recomputed)."""
+    lcp = common_prefix(s.tokens, prompt)
+    f_keep = lcp / len(s.tokens) if s.tokens else 0.0
+    if not (by_lru or f_keep < 0.5):
+        return
+    if s.tokens:
+        cache.save(s.tokens, lambda: kv.export(s.seq, len(s.tokens)))
+    entry = cache.take_best(s.tokens, prompt)
+    if entry is not None:
+        kv.clear(s.seq)  # its content is in the RAM cache now
+        s.tokens = []
+        try:
+            reserve(s, len(entry.tokens))
+            kv.import_(s.seq, entry.state)
+            s.tokens = list(entry.tokens)
+        except OutOfBlocks:
+            kv.clear(s.seq)
+    cache.update()
+
+
+def reusable_prefix(kv: KVCache, s: Slot, prompt: list[int], n_reuse: int, inv_freq: torch.Tensor,
+                    neox: bool) -> int:
+    """How many of the prompt's first tokens the slot already holds: the common prefix, extended by
+    moving matching chunks of at least `n_reuse` tokens into place (`--cache-reuse`, keys re-rotated)."""
+    n_past = common_prefix(s.tokens, prompt)
+    if n_reuse and n_reuse > 0:
+        moves, n_past = cache_reuse_plan(s.tokens, prompt, n_past, n_reuse)
+        for src, dst, n in moves:
+            kv.move(s.seq, src, dst, n, inv_freq, neox)
+            s.tokens[dst:dst + n] = s.tokens[src:src + n]
+    return n_past

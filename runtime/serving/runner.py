@@ -1,0 +1,63 @@
+"""The model runner: runs a step's batch through the model and records what the cache now holds.
+
+`run` takes a `StepPlan` (it reads only `plan.batch`), replays decode-only batches from CUDA
+graphs when they are set up (`runtime.cuda_graphs`) and runs everything else through
+`Model.forward`. The model and the graphs only compute; this is the one place where a
+sequence's `n_tokens` advances after a forward (blocks were reserved by the scheduler before).
+
+`pool_embeddings` turns the hidden states of an embedding task's prompt into its vectors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.cuda_graphs import DecodeGraphs
+from runtime.kv_cache import KVCache
+from runtime.model import Model
+from runtime.serving.plan import StepPlan
+
+
+@dataclass
+class StepOutput:
+    logits: torch.Tensor | None  # [rows with logits, n_vocab] float32, in batch order
+    hidden: list[torch.Tensor | None]  # per row: [n_new, C] final normed hidden states, or None
+
+
+class ModelRunner:
+    def __init__(self, model: Model, kv: KVCache, graphs: DecodeGraphs | None = None):
+        self.model, self.kv, self.graphs = model, kv, graphs
+
+    def run(self, plan: StepPlan, graphs: bool = True) -> StepOutput:
+        """One forward over `plan.batch`; `graphs=False` forces the eager path."""
+        batch = plan.batch
+        if graphs and self.graphs is not None and self.graphs.supports(batch):
+            out = StepOutput(self.graphs.run(batch), [None] * len(batch))
+        else:
+            out = StepOutput(*self.model.forward(self.kv, batch))
+        for b in batch:
+            b.seq.n_tokens = b.n_past + len(b.tokens)
+        return out
+
+
+def pool_embeddings(hid: torch.Tensor, pooling: str, normalize: int) -> list[list[float]]:
+    """hid: [n_tokens, C] -> list of vectors (one per token for pooling 'none')."""
+    if pooling == "none":
+        vecs = hid
+    elif pooling == "cls":
+        vecs = hid[:1]
+    elif pooling == "last":
+        vecs = hid[-1:]
+    else:
+        vecs = hid.mean(0, keepdim=True)
+    vecs = vecs.double()
+    if normalize == 0:
+        vecs = vecs / vecs.abs().amax(1, keepdim=True).clamp_min(1e-30) * 32760.0
+    elif normalize == 1:
+        vecs = vecs / vecs.abs().sum(1, keepdim=True).clamp_min(1e-30)
+    elif normalize == 2:
+        vecs = vecs / vecs.norm(dim=1, keepdim=True).clamp_min(1e-30)
+    elif normalize > 2:
+        vecs = vecs / vecs.abs().pow(normalize).sum(1, keepdim=True).pow(1.0 / normalize).clamp_min(1e-30)
+    return vecs.tolist()

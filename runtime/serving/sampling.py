@@ -1,0 +1,106 @@
+"""A request's sampler over the model's vocabulary: set up when its task is admitted (penalty
+history, DRY sequence breakers, grammar, lazy grammar triggers) and used after each forward
+(`sample_rows`, token pieces and probabilities).
+
+`Vocabulary` bundles what this needs of the tokenizer and keeps the grammar compiler (built on
+first use, it caches compiled grammars by text); the engine owns one.
+"""
+from __future__ import annotations
+
+import torch
+
+from runtime.sampler import Sampled, SamplerState, sample_batch
+from runtime.serving.plan import StepPlan
+from runtime.serving.slots import Request, Slot
+from runtime.tasks import TokenProb
+
+
+class GrammarError(ValueError):
+    """A request's grammar does not parse (answered with a 400)."""
+
+
+class Vocabulary:
+    def __init__(self, tokenizer, eog: frozenset[int], control: set[int]):
+        self.tokenizer, self.eog, self.control = tokenizer, eog, control
+        self._grammar_compiler = None
+
+    def piece(self, tok: int) -> bytes:
+        """The bytes a sampled token adds to the text (control tokens add none)."""
+        return b"" if tok in self.control else self.tokenizer.piece(tok)
+
+    def token_prob(self, tok: int, logprob: float) -> TokenProb:
+        b = self.tokenizer.piece(tok)
+        return TokenProb(tok, b.decode("utf-8", "replace"), list(b), logprob)
+
+    # ---- set-up at admission ---------------------------------------------------------------
+    def start_sampler(self, req: Request, grammar_prefix: str = "") -> None:
+        """req.sampler for the task's params, its history primed with the prompt; a grammar is
+        compiled now (GrammarError when it does not parse) and either constrains from the start,
+        after `grammar_prefix` (a prefilled assistant turn), or waits for a trigger word (lazy)."""
+        p = req.task.params
+        req.sampler = SamplerState(p, self.eog)
+        if p.dry_multiplier > 0:
+            req.sampler.dry_breakers = frozenset(self._dry_breaker_ids(p.dry_sequence_breakers))
+        req.sampler.history.extend(req.prompt)
+        if not p.grammar:
+            return
+        try:
+            matcher = self._compile_grammar(p.grammar)
+        except Exception as e:  # noqa: BLE001
+            raise GrammarError(f"Failed to parse grammar: {e}") from e
+        if p.grammar_lazy and p.grammar_triggers:
+            # unconstrained until a trigger word appears in the output (tool_choice auto)
+            req.lazy_grammar, req.lazy_triggers = matcher, list(p.grammar_triggers)
+        else:
+            req.sampler.grammar = matcher
+            if grammar_prefix:
+                self._advance_grammar_over(matcher, grammar_prefix)
+
+    def _advance_grammar_over(self, matcher, text: str) -> None:
+        """Feed text already in the prompt (a prefilled assistant turn) through the grammar."""
+        for t in self.tokenizer.encode(text, add_special=False, parse_special=True):
+            try:
+                matcher.advance(t)
+            except Exception:  # noqa: BLE001 - text outside the grammar: leave it unconstrained there
+                return
+
+    def _dry_breaker_ids(self, breakers: list[str]) -> set[int]:
+        ids: set[int] = set()
+        for b in breakers:
+            toks = self.tokenizer.encode(b, add_special=False, parse_special=False)
+            if len(toks) == 1:
+                ids.add(toks[0])
+        return ids
+
+    def _compile_grammar(self, gbnf: str):
+        if self._grammar_compiler is None:
+            from grammar import GrammarCompiler, Vocab
+            vocab = Vocab(self.tokenizer.token_pieces(), set(self.eog))
+            self._grammar_compiler = GrammarCompiler(vocab)
+        return self._grammar_compiler.matcher(gbnf)
+
+
+def maybe_trigger_grammar(req: Request) -> None:
+    """Activate a lazy grammar at the first trigger word, feeding it the text from there."""
+    text = req.text.text
+    hits = [(i, w) for w in req.lazy_triggers if (i := text.find(w)) >= 0]
+    if not hits:
+        return
+    start = min(hits)[0]
+    matcher, req.lazy_grammar = req.lazy_grammar, None
+    try:
+        matcher.advance_bytes(text[start:].encode("utf-8"))
+    except Exception:  # noqa: BLE001 - the output already left the grammar: stay unconstrained
+        return
+    req.sampler.grammar = matcher
+
+
+def sample_rows(plan: StepPlan, logits: torch.Tensor, need: list[Slot]) -> list[tuple[Slot, Sampled]]:
+    """Sample the next token of each slot in `need` from its row of `logits` (one row per batch
+    row that asked for logits, in batch order), all rows in one `sample_batch` call."""
+    logit_owners = [s for b, s in zip(plan.batch, plan.slots) if b.logits]  # one per logits row
+    wanted = {id(s) for s in need}
+    keep = [i for i, s in enumerate(logit_owners) if id(s) in wanted]
+    sel = logits if len(keep) == logits.shape[0] else logits[torch.tensor(keep, device=logits.device)]
+    results = sample_batch(sel, [logit_owners[i].req.sampler for i in keep])
+    return [(logit_owners[i], r) for i, r in zip(keep, results)]

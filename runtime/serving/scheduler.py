@@ -1,0 +1,218 @@
+"""The scheduler: tasks waiting for a slot, the slots' request state machine, and the books
+after each forward.
+
+One engine step is `schedule()` -> `ModelRunner.run(plan)` -> `postprocess(plan, out)`:
+
+- `admit()` (between steps) gives waiting tasks an idle slot (`slots.pick_slot`) and starts their
+  request: prompt-cache swap and prefix reuse, sampler and grammar, limits, text state;
+- `schedule()` frees cancelled slots, plans the step (`plan.plan_step`, pure) and reserves the KV
+  blocks of each row (purging idle slots when the pool is full); a row without room ends its task;
+- `postprocess()` records what was fed, finishes prompts (metrics, embeddings), samples the rows
+  that asked for logits, applies the stop rules and emits the events.
+
+Everything here runs on the engine thread.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from runtime.kv_cache import KVCache, OutOfBlocks
+from runtime.model import Model
+from runtime.sampler import Sampled
+from runtime.serving.config import EngineConfig
+from runtime.serving.handle import TaskHandle
+from runtime.serving.metrics import Metrics
+from runtime.serving.plan import StepPlan, plan_step
+from runtime.serving.prompt_cache import PromptCache, reusable_prefix, swap_with_ram_cache
+from runtime.serving.runner import StepOutput, pool_embeddings
+from runtime.serving.sampling import GrammarError, Vocabulary, maybe_trigger_grammar, sample_rows
+from runtime.serving.slots import Request, Slot, SlotState, pick_slot, release, reserve
+from runtime.serving.stopping import StopType, TextState, check_stop, effective_n_predict
+from runtime.tasks import CompletionResult, EmbeddingTask, TaskError, Timings, TokenOut
+
+
+class Scheduler:
+    def __init__(self, cfg: EngineConfig, slots: list[Slot], kv: KVCache, model: Model, vocab: Vocabulary,
+                 prompt_cache: PromptCache | None, metrics: Metrics, log: Callable[[str, str], None]):
+        self.cfg, self.slots, self.kv, self.model, self.vocab = cfg, slots, kv, model, vocab
+        self.prompt_cache, self.metrics, self.log = prompt_cache, metrics, log
+        self.waiting: list[TaskHandle] = []
+
+    @property
+    def n_busy(self) -> int:
+        return sum(1 for s in self.slots if s.busy)
+
+    # ---- admission -------------------------------------------------------------------------
+    def admit(self) -> None:
+        still = []
+        for h in self.waiting:
+            if h.cancelled:
+                continue
+            picked = pick_slot(self.slots, h.task, self.cfg.slot_prompt_similarity)
+            if picked is None:
+                still.append(h)
+                continue
+            self._start(*picked, h)
+        self.waiting = still
+
+    def _reserve(self, s: Slot, n_total: int) -> None:
+        reserve(self.kv, self.slots, s, n_total, self.log)
+
+    def _start(self, s: Slot, by_lru: bool, h: TaskHandle) -> None:
+        task = h.task
+        s.id_task, s.last_task = h.id, task
+        embedding = isinstance(task, EmbeddingTask)
+        r = s.req = Request(h, list(task.prompt_tokens), embedding, t_start=time.perf_counter())
+        prompt = r.prompt
+        if embedding:
+            self.kv.clear(s.seq)
+            s.tokens = []
+            s.state = SlotState.PROMPT
+            return
+        if not prompt:
+            s.state = SlotState.GENERATING
+            self.finish(s)
+            return
+        if len(prompt) >= s.n_ctx:
+            self.fail(s, 400, f"request ({len(prompt)} tokens) exceeds the available context size ({s.n_ctx} tokens), try increasing it",
+                      "exceed_context_size_error", {"n_prompt_tokens": len(prompt), "n_ctx": s.n_ctx})
+            return
+        if self.prompt_cache is not None:
+            swap_with_ram_cache(self.prompt_cache, self.kv, s, prompt, by_lru, self._reserve)
+        n_past = 0
+        if task.cache_prompt:
+            n_reuse = self.cfg.cache_reuse if task.n_cache_reuse is None else task.n_cache_reuse
+            n_past = reusable_prefix(self.kv, s, prompt, n_reuse, self.model.inv_freq, self.model.neox)
+        if n_past >= len(prompt):
+            n_past = len(prompt) - 1  # the last prompt token is always evaluated (its logits are needed)
+        self.kv.truncate(s.seq, n_past)
+        s.tokens = s.tokens[:n_past]
+        r.n_past = r.n_cached = n_past
+        s.state = SlotState.PROMPT
+        try:
+            self.vocab.start_sampler(r, task.grammar_prefix)
+        except GrammarError as e:
+            self.fail(s, 400, str(e), "invalid_request_error")
+            return
+        r.n_predict = effective_n_predict(task.n_predict, self.cfg.n_predict)
+        r.text = TextState(task.stop, self.vocab.tokenizer)
+
+    # ---- one step ----------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        """The rows of this step, their KV blocks reserved."""
+        for s in self.slots:
+            if s.busy and s.req.handle.cancelled:
+                release(s)
+        plan = plan_step(self.slots, self.cfg.n_batch, self.cfg.n_prefill_chunk)
+        ok = [self._reserve_row(s, b.n_past + len(b.tokens)) for b, s in zip(plan.batch, plan.slots)]
+        return plan if all(ok) else plan.keep(ok)
+
+    def _reserve_row(self, s: Slot, n_total: int) -> bool:
+        try:
+            self._reserve(s, n_total)
+            return True
+        except OutOfBlocks:
+            if s.state is SlotState.GENERATING:
+                s.req.truncated = True
+                s.req.stop_type = StopType.LIMIT
+                self.finish(s)
+            else:
+                self.fail(s, 500, "failed to find free space in the KV cache", "server_error")
+            return False
+
+    def postprocess(self, plan: StepPlan, out: StepOutput) -> None:
+        self.metrics.on_forward(len(plan.slots))
+        need_sample: list[Slot] = []
+        for b, s, hid in zip(plan.batch, plan.slots, out.hidden):
+            r = s.req
+            s.tokens.extend(b.tokens)
+            if s.state is SlotState.GENERATING:
+                r.pending = None
+            else:
+                r.n_past += len(b.tokens)
+                if r.n_past == len(r.prompt):
+                    if r.embedding:
+                        self._finish_embedding(s, hid)
+                        continue
+                    r.t_prompt_done = time.perf_counter()
+                    self.metrics.on_prompt_done(len(r.prompt) - r.n_cached, r.n_cached, r.t_prompt_done - r.t_start)
+                    s.state = SlotState.GENERATING
+                    if r.n_predict == 0:
+                        r.stop_type = StopType.LIMIT
+                        self.finish(s)
+                        continue
+            if b.logits:
+                need_sample.append(s)
+        if out.logits is None or not need_sample:
+            return
+        for s, sampled in sample_rows(plan, out.logits, need_sample):
+            self._on_token(s, sampled)
+
+    def _on_token(self, s: Slot, sampled: Sampled) -> None:
+        r, task, tok = s.req, s.req.task, sampled.token
+        r.sampler.accept(tok)
+        r.n_decoded += 1
+        r.generated.append(tok)
+        is_eog = tok in self.vocab.eog
+        stop_word, delta = r.text.push(self.vocab.piece(tok), is_eog)
+        if r.lazy_grammar is not None:
+            maybe_trigger_grammar(r)
+        ev = TokenOut(tok, delta)
+        if task.params.n_probs > 0:
+            ev.probs = [self.vocab.token_prob(t, lp) for t, lp in sampled.top]
+            ev.logprob = sampled.logprob
+            r.probs.append(ev)
+        stop, truncated = check_stop(r.text, stop_word, is_eog, n_cached=len(s.tokens), n_ctx=s.n_ctx,
+                                     n_decoded=r.n_decoded, n_predict=r.n_predict, n_indent=task.n_indent,
+                                     t_max_ms=task.t_max_predict_ms, t_prompt_done=r.t_prompt_done)
+        if truncated:
+            r.truncated = True
+        if stop is not None:
+            r.stop_type = stop
+        if task.stream and (ev.text or ev.probs or stop is None):
+            r.handle.emit(ev)
+        if stop is not None:
+            self.finish(s)
+        else:
+            r.pending = tok
+
+    # ---- the end of a task -----------------------------------------------------------------
+    def finish(self, s: Slot) -> None:
+        r = s.req
+        now = time.perf_counter()
+        done = r.t_prompt_done or now
+        tim = Timings(cache_n=r.n_cached, prompt_n=len(r.prompt) - r.n_cached, prompt_ms=(done - r.t_start) * 1e3,
+                      predicted_n=r.n_decoded, predicted_ms=(now - done) * 1e3 if r.t_prompt_done else 0.0)
+        self.metrics.on_finish(r.n_decoded, tim.predicted_ms / 1e3, len(r.prompt) + r.n_decoded)
+        text = r.text.final() if r.text is not None else ""
+        res = CompletionResult(
+            content=text, tokens=list(r.generated), id_slot=s.id, stop_type=r.stop_type.value,
+            stopping_word=r.text.stopping_word if r.text is not None else "",
+            truncated=r.truncated, n_prompt_tokens=len(r.prompt), n_decoded=r.n_decoded,
+            tokens_cached=len(s.tokens), has_new_line=bool(r.text and r.text.has_new_line),
+            timings=tim, probs=list(r.probs))
+        release(s)
+        r.handle.emit(res)
+
+    def _finish_embedding(self, s: Slot, hid: torch.Tensor) -> None:
+        r = s.req
+        vecs = pool_embeddings(hid, r.task.pooling, r.task.normalize)
+        self.kv.clear(s.seq)
+        s.tokens = []
+        release(s)
+        r.handle.emit(vecs)
+
+    def fail(self, s: Slot, code: int, message: str, type: str, extra: dict | None = None) -> None:
+        r = s.req
+        release(s)
+        if r is not None:
+            r.handle.emit(TaskError(code, message, type, extra or {}))
+
+    def fail_all(self, message: str) -> None:
+        """After an unexpected error in a step: every running task ends with a 500."""
+        for s in self.slots:
+            if s.busy:
+                self.fail(s, 500, message, "server_error")

@@ -1,0 +1,227 @@
+"""Slot files (`POST /slots/{id}?action=save|restore|erase`): the actions on an idle slot, the one
+slot-filename validator, and the file format (llama.cpp's sequence-state layout).
+
+The actions run on the engine thread between steps (`Engine.slot_action` queues them there);
+`check_action` validates a request on the caller's thread first. Errors are `SlotError(code,
+message, type)`, which the API turns into llama-server's error JSON.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import time
+
+import numpy as np
+import torch
+
+from runtime.kv_cache import KVCache, OutOfBlocks
+from runtime.serving.slots import Slot
+
+
+class SlotError(Exception):
+    def __init__(self, code: int, message: str, type: str):
+        super().__init__(message)
+        self.code, self.message, self.type = code, message, type
+
+
+class SlotFileError(ValueError):
+    pass
+
+
+_BAD_FILENAME_CHARS = frozenset('/\\:*?"<>|\uff0e\u2215\u2216\ufffd\ufeff')
+
+
+def valid_slot_filename(name: str) -> bool:
+    """llama.cpp's fs_validate_filename (common/common.cpp, no subdirectories), which llama-server
+    applies to a slot file name: 1 to 255 UTF-8 bytes, no control character (C0, DEL, C1), none of
+    `/ \\ : * ? " < > |` or their look-alikes, no surrogate, no leading or trailing space (0x20
+    only), no trailing '.', no "..", not "."."""
+    try:
+        n_bytes = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate (JSON "\\ud800"): not UTF-8
+        return False
+    if not name or n_bytes > 255:
+        return False
+    if any(c <= "\x1f" or "\x7f" <= c <= "\x9f" or c in _BAD_FILENAME_CHARS for c in name):
+        return False
+    if name[0] == " " or name[-1] in " .":
+        return False
+    return ".." not in name and name != "."
+
+
+ACTIONS = ("save", "restore", "erase")
+_NO_SPACE = "Unable to restore slot, no available space in KV cache or invalid slot save file"
+
+
+def check_action(action: str, id_slot: int, n_slots: int, save_path: str | None, filename: str | None) -> None:
+    """Raise the SlotError llama-server answers for a malformed action request."""
+    if action not in ACTIONS:
+        raise SlotError(400, "Invalid action", "invalid_request_error")
+    if id_slot < 0 or id_slot >= n_slots:
+        raise SlotError(400, "Invalid slot ID", "invalid_request_error")
+    if action in ("save", "restore"):
+        if not save_path:
+            raise SlotError(501, "This server does not support slots action. Start it with `--slot-save-path`",
+                            "not_supported_error")
+        if not filename or not valid_slot_filename(filename):
+            raise SlotError(400, "Invalid filename", "invalid_request_error")
+
+
+def _idle(s: Slot) -> None:
+    if s.busy:
+        raise SlotError(400, "Slot is busy", "invalid_request_error")
+
+
+def save_slot(kv: KVCache, s: Slot, directory: str, filename: str, n_stream: int) -> dict:
+    _idle(s)
+    t0 = time.perf_counter()
+    state = kv.export(s.seq, len(s.tokens))
+    n_written = write_slot_file(os.path.join(directory, filename), s.tokens, state, s.id, n_stream)
+    return {"id_slot": s.id, "filename": filename, "n_saved": len(s.tokens), "n_written": n_written,
+            "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
+
+
+def restore_slot(kv: KVCache, s: Slot, directory: str, filename: str, n_stream: int) -> dict:
+    _idle(s)
+    t0 = time.perf_counter()
+    path = os.path.join(directory, filename)
+    if not os.path.isfile(path):
+        raise SlotError(400, "failed to restore slot", "invalid_request_error")
+    try:
+        tokens, state, n_read = read_slot_file(path, kv, n_stream)
+    except SlotFileError as e:
+        raise SlotError(400, f"{_NO_SPACE}: {e}", "invalid_request_error")
+    if len(tokens) > s.n_ctx:
+        raise SlotError(400, _NO_SPACE, "invalid_request_error")
+    try:
+        kv.import_(s.seq, state)
+    except OutOfBlocks:
+        s.tokens = []
+        raise SlotError(400, _NO_SPACE, "invalid_request_error")
+    s.tokens = list(tokens)
+    return {"id_slot": s.id, "filename": filename, "n_restored": len(tokens), "n_read": n_read,
+            "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
+
+
+def erase_slot(kv: KVCache, s: Slot) -> dict:
+    _idle(s)
+    n = len(s.tokens)
+    kv.clear(s.seq)
+    s.tokens = []
+    return {"id_slot": s.id, "n_erased": n}
+
+
+# ---- the file format ---------------------------------------------------------------------------
+
+SEQ_MAGIC = 0x67677371  # 'ggsq', llama.cpp's LLAMA_STATE_SEQ_MAGIC
+SEQ_VERSION = 3  # LLAMA_STATE_SEQ_VERSION of b1-0c1e570
+TOKENS_NULL = -1  # LLAMA_TOKEN_NULL: marks a packed server_tokens state instead of a plain token list
+TOKENS_STATE_VERSION = 1  # SERVER_TOKENS_STATE_VERSION
+GGML_TYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 30}
+def write_slot_file(path: str, tokens: list[int], state: dict, seq_id: int = 0, n_stream: int = 1) -> int:
+    """A slot file as llama-server b1-0c1e570 writes it (checked byte for byte against its output):
+    header (magic, version, word count), the slot's tokens packed as server_tokens::serialize does
+    (LLAMA_TOKEN_NULL, state version, token count, ids, media count 0), then the KV section of
+    llama_kv_cache::state_write: n_stream, and per stream a cell count; the sequence's own stream
+    (stream seq_id when every slot has its own, else 0) holds per-cell (pos, n_seq_id, seq_id),
+    v_trans, n_layer, per layer K (type, row bytes, rows), per layer V. Returns the bytes written."""
+    k, v = state["k"], state["v"]  # [L, n, KVH, D]
+    n_layer, n = k.shape[0], k.shape[1]
+    packed = [TOKENS_NULL, TOKENS_STATE_VERSION, len(tokens), *tokens, 0]
+    parts = [struct.pack("<III", SEQ_MAGIC, SEQ_VERSION, len(packed)), np.asarray(packed, dtype=np.int32).tobytes(),
+             struct.pack("<I", n_stream)]
+    own = seq_id if n_stream > 1 else 0
+    for stream in range(n_stream):
+        if stream != own:
+            parts.append(struct.pack("<I", 0))
+            continue
+        parts.append(struct.pack("<I", n))
+        if n == 0:
+            continue
+        cells = np.zeros((n, 3), dtype=np.int32)
+        cells[:, 0] = np.arange(n)
+        cells[:, 1] = 1
+        cells[:, 2] = seq_id
+        parts.append(cells.tobytes())
+        parts.append(struct.pack("<II", 0, n_layer))
+        for t in (k, v):
+            gtype = GGML_TYPE[t.dtype]
+            for layer in range(n_layer):
+                rows = t[layer].reshape(n, -1).contiguous()
+                row_bytes = rows.shape[1] * rows.element_size()
+                parts.append(struct.pack("<iQ", gtype, row_bytes))
+                parts.append(rows.view(torch.uint8).numpy().tobytes())
+    data = b"".join(parts)
+    with open(path, "wb") as f:
+        f.write(data)
+    return len(data)
+
+
+def _unpack_tokens(words: list[int]) -> list[int]:
+    """server_tokens::deserialize: a packed state, or a plain token list (older llama-server)."""
+    if not words or words[0] != TOKENS_NULL:
+        return words
+    if len(words) < 4 or words[1] != TOKENS_STATE_VERSION:
+        raise SlotFileError("Unsupported server tokens state version")
+    n = words[2]
+    if n < 0 or 3 + n + 1 > len(words):
+        raise SlotFileError("Unexpected end of server tokens state")
+    if words[3 + n] != 0:
+        raise SlotFileError("Cannot restore media tokens without an mmproj")
+    return words[3:3 + n]
+
+
+def read_slot_file(path: str, kv, n_stream: int = 1) -> tuple[list[int], dict, int]:
+    """Read a slot file (as `write_slot_file` or llama-server writes it) for a cache shaped like
+    `kv` whose slots use `n_stream` streams; the cells of the one stream that has any are restored."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        magic, version, n_words = struct.unpack_from("<III", data, 0)
+        if magic != SEQ_MAGIC or version != SEQ_VERSION:
+            raise SlotFileError("bad magic or version")
+        off = 12
+        tokens = _unpack_tokens(np.frombuffer(data, dtype=np.int32, count=n_words, offset=off).tolist())
+        off += 4 * n_words
+        (file_streams,) = struct.unpack_from("<I", data, off)
+        off += 4
+        if file_streams != n_stream:
+            raise SlotFileError("n_stream mismatch")
+        dtype = {val: key for key, val in GGML_TYPE.items()}
+        out = None
+        n = 0
+        for _ in range(file_streams):
+            (count,) = struct.unpack_from("<I", data, off)
+            off += 4
+            if count == 0:
+                continue
+            if out is not None:
+                raise SlotFileError("cells of more than one stream")
+            n = count
+            off += 12 * n
+            v_trans, n_layer = struct.unpack_from("<II", data, off)
+            off += 8
+            if n_layer != kv.n_layers or v_trans != 0:
+                raise SlotFileError("layer count mismatch")
+            out = {}
+            for name in ("k", "v"):
+                layers = []
+                for _ in range(n_layer):
+                    gtype, row_bytes = struct.unpack_from("<iQ", data, off)
+                    off += 12
+                    if gtype not in dtype or row_bytes != kv.n_kv_heads * kv.head_dim * torch.empty((), dtype=dtype[gtype]).element_size():
+                        raise SlotFileError("KV shape mismatch")
+                    if off + n * row_bytes > len(data):
+                        raise SlotFileError("truncated file")
+                    raw = torch.frombuffer(bytearray(data[off: off + n * row_bytes]), dtype=torch.uint8)
+                    off += n * row_bytes
+                    layers.append(raw.view(dtype[gtype]).view(n, kv.n_kv_heads, kv.head_dim))
+                out[name] = torch.stack(layers)
+        if out is None:
+            shape = (kv.n_layers, 0, kv.n_kv_heads, kv.head_dim)
+            out = {"k": torch.empty(shape, dtype=kv.dtype), "v": torch.empty(shape, dtype=kv.dtype)}
+        if n != len(tokens):
+            raise SlotFileError("token count mismatch")
+    except struct.error as e:
+        raise SlotFileError(str(e)) from e
+    return tokens, out, len(data)

@@ -1,0 +1,126 @@
+"""When a generation stops, and the text it has produced so far.
+
+- `TextState`: detokenized text of a generation with UTF-8 completion, stop strings held back
+  until they can no longer match, and llama.cpp's `n_indent` rule;
+- `StopType` and `check_stop`: the stop rules applied after each sampled token (stop word,
+  context end, n_predict, indentation, time limit, end of generation), in llama.cpp's order;
+- `effective_n_predict`: a request's token limit under the server's `-n`.
+"""
+from __future__ import annotations
+
+import codecs
+import enum
+import time
+
+
+class StopType(enum.Enum):
+    """Why a generation ended; `.value` is llama-server's `stop_type` string."""
+    NONE = "none"
+    EOS = "eos"
+    LIMIT = "limit"
+    WORD = "word"
+
+
+def effective_n_predict(requested: int, server_limit: int) -> int:
+    """The request's n_predict (-1 = unlimited), capped by the server's -n when that is set."""
+    if server_limit > 0 and (requested < 0 or requested > server_limit):
+        return server_limit
+    return requested
+
+
+def check_stop(text: "TextState", stop_word: str | None, is_eog: bool, *, n_cached: int, n_ctx: int,
+               n_decoded: int, n_predict: int, n_indent: int, t_max_ms: int,
+               t_prompt_done: float) -> tuple[StopType | None, bool]:
+    """After a token was sampled and pushed to `text`: (why to stop, or None; whether the context
+    ran out). `n_cached` is the number of tokens in the slot's cache; the sampled token would be one
+    more. The indentation rule may cut `text`; it and the time limit only apply when nothing else
+    stopped the generation; end of generation wins over every other reason."""
+    stop: StopType | None = None
+    truncated = False
+    if stop_word is not None:
+        stop = StopType.WORD
+    if n_cached + 1 >= n_ctx:
+        truncated = True
+        stop = StopType.LIMIT
+    if stop is None and 0 <= n_predict <= n_decoded:
+        stop = StopType.LIMIT
+    if stop is None and text.indent_stop(n_indent):
+        stop = StopType.LIMIT
+    if stop is None and t_max_ms > 0 and text.has_new_line and \
+            (time.perf_counter() - t_prompt_done) * 1e3 > t_max_ms:
+        stop = StopType.LIMIT  # llama.cpp's time limit: applies once a new line was generated
+    if is_eog:
+        stop = StopType.EOS
+    return stop, truncated
+
+
+class TextState:
+    """Accumulates token pieces into text, holding back incomplete UTF-8 sequences and text that
+    may be the start of a stop string (as llama.cpp's process_token does)."""
+
+    def __init__(self, stop: list[str], tokenizer=None):
+        self.stop = [w for w in (stop or []) if w]
+        self.text = ""
+        self.n_sent = 0
+        self.stopping_word = ""
+        self.has_new_line = False
+        self._last_nl = 0  # start of the line after the last newline seen by indent_stop
+        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def push(self, piece: bytes, is_eog: bool = False) -> tuple[str | None, str]:
+        """Add one token's bytes; returns (stop word if one completed, text to send now)."""
+        new = self._dec.decode(piece)
+        self.text += new
+        if "\n" in new:
+            self.has_new_line = True
+        if self._dec.getstate()[0]:
+            return None, ""  # incomplete UTF-8 character at the end
+        pos = self.n_sent
+        tail = self.text[pos:]
+        # a complete stop string: cut the text there
+        best = None
+        for w in self.stop:
+            start = max(0, len(tail) - len(new) - len(w))
+            i = tail.find(w, start)
+            if i >= 0 and (best is None or i < best[0]):
+                best = (i, w)
+        if best is not None:
+            self.text = self.text[: pos + best[0]]
+            self.stopping_word = best[1]
+            delta = self.text[self.n_sent:]
+            self.n_sent = len(self.text)
+            return best[1], delta
+        # a partial stop string at the end: hold the text back
+        if not is_eog:
+            for w in self.stop:
+                for k in range(min(len(w) - 1, len(tail)), 0, -1):
+                    if tail.endswith(w[:k]):
+                        return None, ""
+        delta = self.text[self.n_sent:]
+        self.n_sent = len(self.text)
+        return None, delta
+
+    def indent_stop(self, n_indent: int) -> bool:
+        """llama.cpp's `n_indent` rule: once a line has started after a newline, stop (and cut the
+        line's text) when its indentation is shorter than `n_indent`."""
+        if n_indent <= 0 or not self.has_new_line:
+            return False
+        if self._last_nl > 0:
+            pos = self._last_nl
+            while pos < len(self.text) and self.text[pos] in " \t":
+                pos += 1
+            if pos < len(self.text) and pos - self._last_nl < n_indent:
+                self.text = self.text[:pos]
+                self.n_sent = min(self.n_sent, len(self.text))
+                return True
+        nl = self.text.find("\n", self._last_nl)
+        if nl >= 0:
+            self._last_nl = nl + 1
+        return False
+
+    def final(self) -> str:
+        rest = self._dec.decode(b"", final=True)
+        if rest and not self.stopping_word:
+            self.text += rest
+        return self.text
+

@@ -1,0 +1,359 @@
+"""Building a Tokenizer from GGUF metadata, as llama_vocab::impl::load does (src/llama-vocab.cpp).
+
+`tokenizer_from_gguf_metadata(md)` takes the key/values `runtime.gguf.read_gguf_metadata` returns
+(or any mapping like it: string arrays of `str` or `bytes`, numeric arrays any sequence). Steps:
+
+1. the vocab type from `tokenizer.ggml.model` (`VOCAB_KINDS`: "llama" -> SPM, "gpt2" -> BPE; the
+   other llama.cpp types, "bert" WPM and "t5" UGM, are not supported) and its defaults: special
+   ids, space prefix, add_bos; for BPE the pre-tokenizer of `tokenizer.ggml.pre`;
+2. the `tokenizer.ggml.*` keys that override them (`_apply_keys`);
+3. text-based detection of EOT / EOM / EOG / FIM tokens and the control-type overrides llama.cpp
+   warns about (`_detect_eog`), then per-model attributes (phi-3 rstrip);
+4. the fragment encoder of the vocab type (a `tokenizers` BPE: GGUF merges for BPE, merges ranked
+   by the result-token scores for SPM, byte fallback to `<0xXX>` tokens) and the token pieces.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+import tokenizers
+from tokenizers import models
+
+from runtime.tokenizer.core import Tokenizer
+from runtime.tokenizer.pretokenizers import PRE_TYPES, PreSpec, hf_pre_tokenizer
+from runtime.tokenizer.vocab import (ATTR_CONTROL, ATTR_NORMAL, ATTR_RSTRIP, ATTR_SPECIAL, ATTR_UNDEFINED,
+                                     ATTR_UNUSED, ATTR_USER_DEFINED, EOG_TEXTS, EOT_TEXTS,
+                                     FIM_EOG_TEXTS, FIM_TEXTS, TYPE_TO_ATTR, VOCAB_TYPE_BPE,
+                                     VOCAB_TYPE_SPM, token_pieces)
+
+__all__ = ["tokenizer_from_gguf_metadata", "VOCAB_KINDS"]
+
+
+@dataclass
+class _Settings:
+    """What llama_vocab::impl::load decides before it builds the encoder."""
+    vocab_type: int
+    pre: str | None
+    spec: PreSpec | None  # BPE: the pre-tokenizer
+    bos: int
+    eos: int
+    unk: int
+    add_space_prefix: bool = False
+    clean_spaces: bool = True
+    add_bos: bool = False
+    add_eos: bool = False
+    eot: int = -1
+    eom: int = -1
+    pad: int = -1
+
+
+# ---------------------------------------------------------------------------------------------
+# per vocab type: defaults and fragment encoder
+
+def _spm_settings(pre: str | None) -> _Settings:
+    return _Settings(VOCAB_TYPE_SPM, pre, None, bos=1, eos=2, unk=0, add_space_prefix=True,
+                     clean_spaces=False, add_bos=True, add_eos=False)
+
+
+def _bpe_settings(pre: str | None) -> _Settings:
+    pre = pre or "default"
+    spec = PRE_TYPES.get(pre)
+    if spec is None:
+        raise ValueError(f"unknown pre-tokenizer type: '{pre}'")
+    s = _Settings(VOCAB_TYPE_BPE, pre, spec, bos=11, eos=11, unk=-1, clean_spaces=spec.clean_spaces)
+    if spec.add_bos is not None:
+        s.add_bos = spec.add_bos
+    if spec.no_bos:
+        s.bos = -1
+    return s
+
+
+def _spm_merges(vocab: dict[str, int], scores: np.ndarray) -> list[tuple[str, str]]:
+    """Every (a, b) with a, b, a+b tokens, ranked by the score of a+b (higher first)."""
+    cands: list[tuple[float, int, int, str, str]] = []
+    for tok, tid in vocab.items():
+        if len(tok) < 2:
+            continue
+        s = -float(scores[tid])
+        for k in range(1, len(tok)):
+            a, b = tok[:k], tok[k:]
+            if a in vocab and b in vocab:
+                cands.append((s, tid, k, a, b))
+    cands.sort()
+    return [(a, b) for _s, _t, _k, a, b in cands]
+
+
+def _parse_merges(raw: Sequence[bytes | str]) -> list[tuple[str, str]]:
+    """GGUF merges "a b" -> (a, b), split at the first space after position 0 as llama.cpp.
+    Invalid UTF-8 in a merge becomes U+FFFD (such a merge then joins no tokens)."""
+    if not raw:
+        return []
+    if isinstance(raw[0], str):
+        lines = list(raw)
+        if _has_escaped_bytes("".join(m for m in lines if not m.isascii())):
+            lines = [_text(m) for m in lines]
+    else:
+        lines = b"\n".join(raw).decode("utf-8", errors="replace").split("\n")
+        if len(lines) != len(raw):  # a merge contains a newline: decode one by one
+            lines = [bytes(m).decode("utf-8", errors="replace") for m in raw]
+    out = []
+    for m in lines:
+        if m[:1] == " ":
+            p = m.find(" ", 1)
+            if p >= 0:
+                out.append((m[:p], m[p + 1:]))
+            continue
+        ab = m.split(" ", 1)
+        if len(ab) == 2:
+            out.append((ab[0], ab[1]))
+    return out
+
+
+def _bpe_encoder(md: Mapping[str, Any], s: _Settings, vocab: dict[str, int], texts: list[bytes],
+                 scores: np.ndarray | None) -> tokenizers.Tokenizer:
+    merges = _parse_merges(md.get("tokenizer.ggml.merges", []))
+    ignore = s.spec.ignore_merges
+    try:
+        bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore)
+    except Exception:  # a merge whose parts or result are not tokens: llama.cpp never uses it
+        merges = [(a, b) for a, b in merges if a in vocab and b in vocab and (a + b) in vocab]
+        bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore)
+    hf = tokenizers.Tokenizer(bpe)
+    hf.pre_tokenizer = hf_pre_tokenizer(s.spec)
+    return hf
+
+
+def _spm_encoder(md: Mapping[str, Any], s: _Settings, vocab: dict[str, int], texts: list[bytes],
+                 scores: np.ndarray | None) -> tokenizers.Tokenizer:
+    sc = scores if scores is not None else np.zeros(len(texts), dtype=np.float32)
+    unk_text = texts[s.unk].decode("utf-8", errors="replace") if s.unk >= 0 else None
+    bpe = models.BPE(vocab=vocab, merges=_spm_merges(vocab, sc), byte_fallback=True, unk_token=unk_text)
+    return tokenizers.Tokenizer(bpe)
+
+
+class VocabKind(NamedTuple):
+    settings: Callable[[str | None], _Settings]  # (tokenizer.ggml.pre) -> defaults
+    encoder: Callable[..., tokenizers.Tokenizer]  # (md, settings, vocab, texts, scores)
+
+
+# tokenizer.ggml.model -> how to build it
+VOCAB_KINDS: Mapping[str, VocabKind] = MappingProxyType({
+    "llama": VocabKind(_spm_settings, _spm_encoder),
+    "gpt2": VocabKind(_bpe_settings, _bpe_encoder),
+})
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF values
+
+def _has_escaped_bytes(s: str) -> bool:
+    """Whether a string read by runtime.gguf holds invalid UTF-8 (as surrogate escapes)."""
+    try:
+        s.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
+def _text(v: Any) -> Any:
+    """A GGUF string value as llama.cpp shows it: invalid UTF-8 replaced by U+FFFD."""
+    if isinstance(v, (bytes, bytearray)):
+        return v.decode("utf-8", errors="replace")
+    if isinstance(v, str) and not v.isascii() and _has_escaped_bytes(v):
+        try:
+            return v.encode("utf-8", "surrogateescape").decode("utf-8", errors="replace")
+        except UnicodeEncodeError:  # a lone surrogate that is no escaped byte: leave it
+            return v
+    return v
+
+
+def _texts_and_vocab(raw: Sequence[str | bytes]) -> tuple[list[bytes], dict[str, int]]:
+    """The token texts as stored (bytes; an empty one as "[EMPTY_<id>]" like llama.cpp) and the
+    fragment encoder's vocabulary: text -> first id, for the texts that are valid UTF-8."""
+    texts: list[bytes] = []
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(raw):
+        s: str | None
+        if isinstance(t, str):
+            try:
+                b, s = t.encode("utf-8"), t
+            except UnicodeEncodeError:  # invalid UTF-8 in the file, read with surrogateescape
+                b, s = t.encode("utf-8", "surrogateescape"), None
+        else:
+            b = bytes(t)
+            try:
+                s = b.decode("utf-8")
+            except UnicodeDecodeError:
+                s = None
+        if not b:
+            s = f"[EMPTY_{i}]"
+            b = s.encode()
+        texts.append(b)
+        if s is not None:
+            vocab.setdefault(s, i)
+    return texts, vocab
+
+
+# ---------------------------------------------------------------------------------------------
+# special tokens
+
+def _apply_keys(md: Mapping[str, Any], s: _Settings, n: int) -> None:
+    """The tokenizer.ggml.* keys over the type's defaults; ids outside the vocab are ignored."""
+    if "tokenizer.ggml.add_space_prefix" in md:
+        s.add_space_prefix = bool(md["tokenizer.ggml.add_space_prefix"])
+    s.bos, s.eos, s.unk = (x if x < n else -1 for x in (s.bos, s.eos, s.unk))
+
+    def special_id(key: str, default: int) -> int:
+        v = md.get(key)
+        if v is None or int(v) >= n or int(v) < 0:
+            return default
+        return int(v)
+
+    s.bos = special_id("tokenizer.ggml.bos_token_id", s.bos)
+    s.eos = special_id("tokenizer.ggml.eos_token_id", s.eos)
+    s.eot = special_id("tokenizer.ggml.eot_token_id", -1)
+    s.eom = special_id("tokenizer.ggml.eom_token_id", -1)
+    s.unk = special_id("tokenizer.ggml.unknown_token_id", s.unk)
+    s.pad = special_id("tokenizer.ggml.padding_token_id", -1)
+    if "tokenizer.ggml.add_bos_token" in md:
+        s.add_bos = bool(md["tokenizer.ggml.add_bos_token"])
+    if "tokenizer.ggml.add_eos_token" in md:
+        s.add_eos = bool(md["tokenizer.ggml.add_eos_token"])
+    if s.add_bos and s.bos < 0:
+        raise ValueError("tokenizer.ggml.add_bos_token is true, but tokenizer.ggml.bos_token_id is not set")
+    if s.add_eos and s.eos < 0:
+        raise ValueError("tokenizer.ggml.add_eos_token is true, but tokenizer.ggml.eos_token_id is not set")
+
+
+def _special_looking_texts(texts: list[bytes]) -> dict[int, str]:
+    """id -> text of the short tokens starting with '<', '[' or '_' (the candidates llama.cpp
+    compares with its lists of special texts)."""
+    out = {}
+    for i, t in enumerate(texts):
+        if len(t) <= 32 and (t[:1] in (b"<", b"[", b"_")):
+            try:
+                out[i] = t.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+    return out
+
+
+def _detect_eog(s: _Settings, str_texts: dict[int, str], attrs: list[int]) -> tuple[set[int], list[str]]:
+    """Text-based detection of the EOT / EOM / EOG tokens as llama.cpp does (sets `s.eot`, `s.eom`
+    when their keys are absent; makes them control tokens, with llama.cpp's warning). Returns the
+    EOG ids and the warnings."""
+    eog: set[int] = set()
+    warnings: list[str] = []
+
+    def make_control(i: int, text: str) -> None:
+        if not attrs[i] & ATTR_CONTROL:
+            warnings.append(f"control-looking token: {i:6d} '{text}' was not control-type; "
+                            "this is probably a bug in the model. its type will be overridden")
+            attrs[i] |= ATTR_CONTROL
+
+    for i, text in str_texts.items():
+        if s.eot < 0 and text in EOT_TEXTS:
+            s.eot = i
+            make_control(i, text)
+        if s.eom < 0 and text == "<|eom_id|>":
+            s.eom = i
+            make_control(i, text)
+        if text in FIM_EOG_TEXTS:
+            eog.add(i)
+            make_control(i, text)
+        if text in EOG_TEXTS:
+            eog.add(i)
+            make_control(i, text)
+    for i, text in str_texts.items():  # control tokens with "unused" in their text
+        if attrs[i] & ATTR_CONTROL and "unused" in text:
+            attrs[i] |= ATTR_UNUSED
+    for i, text in str_texts.items():  # gpt-oss: always render these
+        if text in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):
+            attrs[i] = ATTR_USER_DEFINED
+    for tid in (s.eos, s.eot, s.eom):
+        if tid >= 0:
+            eog.add(tid)
+    eog_texts = {str_texts.get(i) for i in eog}
+    if ({"<|return|>", "<|call|>", "<|end|>"} <= eog_texts
+            or {"<|calls|>", "<|flush|>", "<|end|>"} <= eog_texts):
+        for i in list(eog):
+            if str_texts.get(i) == "<|end|>":
+                eog.discard(i)
+                attrs[i] = ATTR_USER_DEFINED
+    if {"<|tool_response>", "</s>"} <= eog_texts:
+        for i in list(eog):
+            if str_texts.get(i) == "</s>":
+                eog.discard(i)
+                attrs[i] = ATTR_NORMAL
+    return eog, warnings
+
+
+def _model_attrs(md: Mapping[str, Any], str_texts: dict[int, str], attrs: list[int]) -> None:
+    """Per-model token attributes (phi-3: special tokens strip the whitespace after them)."""
+    name = str(_text(md.get("general.name", ""))).lower()
+    if "phi-3" in name or "phi3" in name:
+        for i, a in enumerate(attrs):
+            if a & ATTR_SPECIAL:
+                attrs[i] |= ATTR_RSTRIP
+        by_text = {text: i for i, text in str_texts.items()}
+        if "</s>" in by_text:
+            attrs[by_text["</s>"]] |= ATTR_RSTRIP
+        for text in ("<unk>", "<s>", "<|endoftext|>"):
+            if text in by_text:
+                attrs[by_text[text]] &= ~ATTR_RSTRIP
+
+
+def _fim_ids(md: Mapping[str, Any], tok: Tokenizer) -> dict[str, int]:
+    """Fill-in-the-middle token ids (-1 when absent): `tokenizer.ggml.fim_<kind>_token_id`, else the
+    first of llama.cpp's known texts present in the vocabulary."""
+    out = {}
+    for kind, texts in FIM_TEXTS.items():
+        tid = md.get(f"tokenizer.ggml.fim_{kind}_token_id")
+        if tid is None:
+            tid = next((t for t in (tok.token_id(x) for x in texts) if t is not None), -1)
+        out[kind] = int(tid)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+
+def tokenizer_from_gguf_metadata(md: Mapping[str, Any]) -> Tokenizer:
+    """Build a Tokenizer from GGUF key/values (as `runtime.gguf.read_gguf_metadata` returns them;
+    string arrays may be bytes or str, numeric arrays any sequence)."""
+    model = _text(md.get("tokenizer.ggml.model"))
+    if model is None:
+        raise ValueError("GGUF has no tokenizer.ggml.model")
+    pre = _text(md.get("tokenizer.ggml.pre"))
+    texts, vocab = _texts_and_vocab(md["tokenizer.ggml.tokens"])
+    n = len(texts)
+    ttypes = md.get("tokenizer.ggml.token_type")
+    scores = md.get("tokenizer.ggml.scores")
+    if scores is not None:
+        scores = np.asarray(scores, dtype=np.float32)
+    if ttypes is not None:
+        attrs = [TYPE_TO_ATTR.get(int(t), ATTR_UNDEFINED) for t in ttypes]
+    else:
+        attrs = [ATTR_NORMAL] * n
+
+    kind = VOCAB_KINDS.get(model)
+    if kind is None:
+        raise ValueError(f"unsupported tokenizer model: '{model}'")
+    s = kind.settings(pre)
+    _apply_keys(md, s, n)
+    str_texts = _special_looking_texts(texts)
+    eog, warnings = _detect_eog(s, str_texts, attrs)
+    _model_attrs(md, str_texts, attrs)
+    hf = kind.encoder(md, s, vocab, texts, scores)
+    pieces = token_pieces(texts, attrs, s.vocab_type)
+
+    tok = Tokenizer(texts=texts, attrs=attrs, scores=scores, vocab_type=s.vocab_type, hf=hf,
+                    pieces=pieces, bos_id=s.bos, eos_id=s.eos, eot_id=s.eot, unk_id=s.unk,
+                    pad_id=s.pad, eog_ids=eog, add_bos=s.add_bos, add_eos=s.add_eos,
+                    add_space_prefix=s.add_space_prefix, clean_spaces=s.clean_spaces,
+                    chat_template=_text(md.get("tokenizer.chat_template")), pre=s.pre, model=model)
+    tok.warnings = warnings
+    tok.fim_ids = _fim_ids(md, tok)
+    return tok

@@ -1,0 +1,261 @@
+"""The API in process: the real app (`api.server.create_app`) on a real engine and a tiny generated
+model (conftest's `api_engine`), driven through FastAPI's TestClient without a server subprocess.
+Covers readiness, auth, CORS, the error envelope, the route families and the SSE layer (framing,
+pings, errors before and after the first event); api/engine_api.py's protocol is checked against
+the real Engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any, AsyncIterator, Callable
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.engine_api import EngineAPI
+from api.server import ServerConfig, create_app
+from runtime.tasks import TaskError, TokenOut
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0, "stream": True}
+
+
+@pytest.fixture(scope="module")
+def client(api_engine, api_client):
+    with api_client(api_engine, metrics=True) as c:
+        yield c
+
+
+def events(body: bytes) -> list[str]:
+    """The SSE events of a stream body, checking llama-server's framing: `data: ...` + blank line."""
+    assert body.endswith(b"\n\n")
+    parts = body.decode().split("\n\n")[:-1]
+    for p in parts:
+        assert p.startswith("data: ") and "\n" not in p, p
+    return [p[len("data: "):] for p in parts]
+
+
+def test_engine_has_every_member_of_the_protocol(api_engine):
+    assert isinstance(api_engine, EngineAPI)
+    for name in ("submit", "slots_info", "slot_action", "metrics", "idle_slot_available", "tokenizer",
+                 "chat_template", "model_info", "n_slots", "n_ctx_slot", "cfg", "stop"):
+        assert hasattr(api_engine, name), name
+    assert isinstance(api_engine.cfg.n_batch, int)
+
+
+def test_loading_then_ready(api_engine):
+    app = create_app(ServerConfig(), None)
+    with TestClient(app) as c:
+        r = c.get("/health")
+        assert (r.status_code, r.text) == (503, '{"error":{"message":"Loading model","type":"unavailable_error",'
+                                                '"code":503}}')
+        assert r.headers["server"] == "llama.cpp"
+        app.state.server.engine = api_engine
+        app.state.server.set_ready()
+        r = c.get("/health")
+        assert (r.status_code, r.text) == (200, '{"status":"ok"}')
+        assert r.headers["content-type"] == "application/json; charset=utf-8"
+
+
+def test_models_and_props(client, api_engine):
+    n_ctx = api_engine.n_ctx_slot
+    d = client.get("/v1/models").json()
+    assert d["object"] == "list" and d["data"][0]["id"] == "api-tiny.gguf"
+    assert d["data"][0]["meta"]["n_ctx"] == n_ctx
+    assert d["data"][0]["meta"]["n_vocab"] == api_engine.tokenizer.n_vocab
+    assert client.get("/models").json()["models"][0]["name"] == "api-tiny.gguf"
+    p = client.get("/props").json()
+    assert p["total_slots"] == 2 and p["default_generation_settings"]["n_ctx"] == n_ctx
+    assert p["endpoint_metrics"] is True and p["endpoint_props"] is False
+    assert p["chat_template"] == api_engine.chat_template.source
+
+
+def test_media_marker_is_drawn_once_per_app(client, api_engine, api_client):
+    first = client.get("/props").json()["media_marker"]
+    assert re.fullmatch(r"<__media_[A-Za-z0-9]{32}__>", first)
+    assert client.get("/props").json()["media_marker"] == first
+    with api_client(api_engine) as other:
+        assert other.get("/props").json()["media_marker"] != first
+
+
+def test_tokenize_detokenize_round_trip(client):
+    text = "hello world <|im_start|>"
+    toks = client.post("/tokenize", json={"content": text}).json()["tokens"]
+    assert toks and all(isinstance(t, int) for t in toks)
+    pieces = client.post("/tokenize", json={"content": text, "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == toks and "".join(p["piece"] for p in pieces) == text
+    assert client.post("/detokenize", json={"tokens": toks}).json() == {"content": text}
+    r = client.post("/detokenize", json={"tokens": [-1]})
+    assert (r.status_code, r.text) == (400, '{"error":{"code":400,"message":"invalid token id -1",'
+                                            '"type":"invalid_request_error"}}')
+
+
+def test_short_completion(client):
+    d = client.post("/completion", json={"prompt": "hello", "n_predict": 4, "temperature": 0}).json()
+    assert (d["tokens_predicted"], d["stop_type"], d["stop"], d["model"]) == (4, "limit", True, "api-tiny.gguf")
+    again = client.post("/completion", json={"prompt": "hello", "n_predict": 4, "temperature": 0}).json()
+    assert again["content"] == d["content"]
+    o = client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4, "temperature": 0}).json()
+    assert o["choices"][0]["text"] == d["content"] and o["usage"]["completion_tokens"] == 4
+
+
+def test_streamed_completion_chunks(client):
+    r = client.post("/completion", json={"prompt": "hello", "n_predict": 3, "temperature": 0, "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    assert (r.headers["cache-control"], r.headers["x-accel-buffering"]) == ("no-cache", "no")
+    chunks = [json.loads(e) for e in events(r.content)]
+    assert chunks[-1]["stop"] is True and chunks[-1]["content"] == ""
+    assert [c["tokens_predicted"] for c in chunks[:-1]] == list(range(1, len(chunks)))
+
+
+def test_streamed_chat(client):
+    body = dict(CHAT, max_tokens=4, stream_options={"include_usage": True})
+    evs = events(client.post("/v1/chat/completions", json=body).content)
+    assert evs[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in evs[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    whole = client.post("/v1/chat/completions", json=dict(body, stream=False)).json()
+    assert whole["choices"][0]["message"]["content"] == text
+
+
+def test_error_envelopes(client, api_engine):
+    r = client.post("/completion", content=b"{bad")
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert r.json()["error"]["message"].startswith("[json.exception.parse_error.101]")
+    r = client.get("/no-such-route")
+    assert (r.status_code, r.text) == (404, '{"error":{"message":"File Not Found","type":"not_found_error",'
+                                            '"code":404}}')
+    assert client.post("/health").status_code == 404  # a known path with the wrong method too
+    r = client.post("/completion", json={"prompt": "x " * 300})
+    err = r.json()["error"]
+    assert (r.status_code, err["type"], err["n_ctx"]) == (400, "exceed_context_size_error", api_engine.n_ctx_slot)
+    assert list(err) == ["code", "message", "type", "n_prompt_tokens", "n_ctx"]
+    r = client.post("/completion", json={"prompt": ["a", "b"], "stream": True})
+    assert r.status_code == 400 and not r.headers["content-type"].startswith("text/event-stream")
+    r = client.post("/v1/embeddings", json={"input": "x"})
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+
+
+def test_api_key_and_cors(api_engine, api_client):
+    with api_client(api_engine, api_keys=["k1"], cors_origins=["https://ok.example"]) as c:
+        r = c.get("/v1/models")
+        assert (r.status_code, r.text) == (401, '{"error":{"message":"Invalid API Key",'
+                                                '"type":"authentication_error","code":401}}')
+        assert c.get("/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert c.get("/v1/models", headers={"Authorization": "Bearer k1"}).status_code == 200
+        assert c.get("/v1/models", headers={"X-Api-Key": "k1"}).status_code == 200
+        assert c.get("/health").status_code == 200  # public
+        r = c.options("/v1/chat/completions", headers={"Origin": "https://ok.example"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://ok.example"
+        assert r.headers["access-control-allow-methods"] == "GET, POST"
+        r = c.get("/health", headers={"Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in r.headers
+
+
+def test_embeddings_server(api_engine, api_client):
+    with api_client(api_engine, embeddings=True) as c:
+        d = c.post("/v1/embeddings", json={"input": ["a", "b c"]}).json()
+        assert [x["index"] for x in d["data"]] == [0, 1] and len(d["data"][0]["embedding"]) == 64
+        assert c.post("/completion", json={"prompt": "a"}).status_code == 501
+
+
+def test_metrics(client):
+    r = client.get("/metrics")
+    # starlette appends the charset to text/ types (llama-server sends "text/plain; version=0.0.4")
+    assert r.status_code == 200 and r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert "# TYPE llamacpp:prompt_tokens_total counter\n" in r.text
+
+
+# ---- SSE: the real engine generates, a thin wrapper delays or cuts its event stream --------------
+
+Script = Callable[[AsyncIterator[Any]], AsyncIterator[Any]]
+
+
+class ScriptedHandle:
+    def __init__(self, inner: Any, script: Script):
+        self.inner, self.script = inner, script
+
+    def events(self) -> AsyncIterator[Any]:
+        return self.script(self.inner.events())
+
+    def cancel(self) -> None:
+        self.inner.cancel()
+
+
+class ScriptedEngine:
+    """The real engine, except that each task's events pass through `script`."""
+
+    def __init__(self, real: Any, script: Script):
+        self.real, self.script = real, script
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def submit(self, task: Any) -> ScriptedHandle:
+        return ScriptedHandle(self.real.submit(task), self.script)
+
+
+def scripted(api_client, engine, script: Script, ping: float) -> TestClient:
+    return api_client(ScriptedEngine(engine, script), sse_ping_interval=ping)
+
+
+async def late(evs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    await asyncio.sleep(0.5)
+    async for ev in evs:
+        yield ev
+
+
+async def error_first(evs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield TaskError(400, "no good", "invalid_request_error", {"n_extra": 1})
+
+
+async def error_second(evs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for ev in evs:
+        assert isinstance(ev, TokenOut)
+        yield ev
+        yield TaskError(500, "lost it", "server_error")
+        return
+
+
+async def raise_second(evs: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for ev in evs:
+        yield ev
+        raise RuntimeError("exploded")
+
+
+def test_sse_pings_while_the_task_is_silent(api_engine, api_client):
+    with scripted(api_client, api_engine, late, 0.1) as c:
+        body = c.post("/completion", json={"prompt": "hi", "n_predict": 2, "temperature": 0, "stream": True}).content
+    n_pings = 0
+    while body.startswith(b":\n\n"):
+        body, n_pings = body[3:], n_pings + 1
+    assert n_pings >= 2  # one per 0.1 s of the 0.5 s wait
+    assert json.loads(events(body)[-1])["stop"] is True
+
+
+def test_sse_no_pings_with_interval_zero(api_engine, api_client):
+    with scripted(api_client, api_engine, late, 0) as c:
+        assert events(c.post("/v1/chat/completions", json=CHAT).content)[-1] == "[DONE]"
+
+
+def test_sse_error_before_the_first_event_is_a_plain_response(api_engine, api_client):
+    with scripted(api_client, api_engine, error_first, 30) as c:
+        r = c.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json; charset=utf-8"
+    assert r.text == '{"error":{"code":400,"message":"no good","type":"invalid_request_error","n_extra":1}}'
+
+
+@pytest.mark.parametrize("script,message", [(error_second, "lost it"), (raise_second, "exploded")])
+def test_sse_error_after_the_first_event_ends_the_stream(api_engine, api_client, script, message):
+    with scripted(api_client, api_engine, script, 30) as c:
+        r = c.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 200
+    evs = events(r.content)
+    assert "[DONE]" not in evs
+    assert json.loads(evs[0])["choices"][0]["delta"]["role"] == "assistant"
+    assert json.loads(evs[-1]) == {"error": {"code": 500, "message": message, "type": "server_error"}}
