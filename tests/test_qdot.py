@@ -174,13 +174,13 @@ def random_x(M, K, gen):
 def check(w, x, isa):
     h = qdot.prepare(w.data, int(w.qtype), w.rows, w.cols)
     assert h.nbytes == qdot.repacked_bytes(int(w.qtype), w.rows, w.cols)
-    y = qdot.matmul(x, h)
-    assert y.shape == (x.shape[0], w.rows) and y.dtype == torch.float32
     ref, bound = int_reference(w, x)
-    err = (y.double() - ref).abs()
-    assert bool(torch.isfinite(y).all())
-    worst = float((err / bound).max())
-    assert worst <= 1.0, f"{isa} {w.qtype.name} {tuple(x.shape)}x{w.rows}: error {worst:.3g} x the float32 bound"
+    for nt in (2, 1, 3):  # outputs NaN-poisoned: a row no thread writes shows
+        y = qdot.matmul(x, h, n_threads=nt, out=torch.full((x.shape[0], w.rows), float("nan")))
+        assert y.shape == (x.shape[0], w.rows) and y.dtype == torch.float32
+        assert bool(torch.isfinite(y).all()), f"{isa} n_threads={nt}: unwritten outputs"
+        worst = float(((y.double() - ref).abs() / bound).max())
+        assert worst <= 1.0, f"{isa} {w.qtype.name} {tuple(x.shape)}x{w.rows}: error {worst:.3g} x the float32 bound"
     return y, ref
 
 
@@ -250,7 +250,7 @@ def test_repack_is_the_gguf_size():
         for rows, cols in ((896, 896 if bs == 32 else 4864), (151936, 896 if bs == 32 else 1024)):
             gguf = rows * cols // bs * ts
             got = qdot.repacked_bytes(int(qtype), rows, cols)
-            assert gguf <= got <= gguf + 64 * ((rows + 7) // 8), (qtype.name, gguf, got)
+            assert gguf <= got < gguf + 128 * ((rows + 7) // 8), (qtype.name, gguf, got)
 
 
 def test_out_view_and_shared_activations(isa):
@@ -274,3 +274,25 @@ def test_threads_do_not_change_results(isa):
     h = qdot.prepare(w.data, int(w.qtype), w.rows, w.cols)
     x = torch.randn(11, 512, generator=gen)
     assert torch.equal(qdot.matmul(x, h, n_threads=1), qdot.matmul(x, h, n_threads=2))
+
+
+@pytest.mark.parametrize("M", [1, 3, 4, 5, 9, 37])
+def test_group_quantizes_once_for_several_weights(isa, M):
+    """q/k/v-style groups: mixed 32-block types, and a group mixing both activation kinds."""
+    gen = torch.Generator().manual_seed(100 + M)
+    for specs in ([(Q.Q5_0, 40), (Q.Q5_0, 16), (Q.Q8_0, 16)], [(Q.Q8_0, 21), (Q.Q4_K, 13), (Q.Q6_K, 8), (Q.Q4_0, 3)]):
+        ws = [random_qweight(t, n, 512, gen) for t, n in specs]
+        hs = [qdot.prepare(w.data, int(w.qtype), w.rows, w.cols) for w in ws]
+        g = qdot.group(hs)
+        x = random_x(M, 512, gen)
+        y = qdot.matmul_group(x, g)
+        assert y.shape == (M, sum(n for _, n in specs))
+        for part, w, h in zip(torch.split(y, g.splits, dim=1), ws, hs):
+            ref, bound = int_reference(w, x)
+            assert float(((part.double() - ref).abs() / bound).max()) <= 1.0
+            assert torch.equal(part, qdot.matmul(x, h))  # same arithmetic as the single-weight call
+        # strided input rows (a view) and a caller-provided output
+        big = torch.zeros(M, 600)
+        big[:, 40:552] = x
+        out = torch.empty(M, g.rows)
+        assert torch.equal(qdot.matmul_group(big[:, 40:552], g, out=out), y)

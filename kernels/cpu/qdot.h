@@ -1,10 +1,10 @@
 /* qdot: integer-dot quantized matmul for the CPU path (see kernels/cpu/qdot.py).
 
    Weights: every GGUF quantized type is repacked once into "x8" panels of 8 output rows, holding
-   exactly the bits of the GGUF blocks (same size, up to <= 63 bytes of padding per panel):
+   exactly the bits of the GGUF blocks (same size, up to < 128 bytes of padding per panel):
 
-     panel p (rows 8p .. 8p+7) = [codes of block 0][codes of block 1]...[scales of block 0]...
-                                 padded to a multiple of 64 bytes (QD_PANEL_BYTES).
+     panel p (rows 8p .. 8p+7) = [scales of block 0][scales of block 1]... (padded to 64 bytes)
+                                 [codes of block 0][codes of block 1]...   (padded to 64 bytes)
 
    The codes of a block are grouped by 32 columns; inside a group every plane is one 32-byte vector
    of "8 rows x 4 consecutive columns" (byte r * 4 + j is row r, column 4 * kg + j of k-group kg),
@@ -85,9 +85,16 @@ static inline const qd_type *qd_type_info(int type) {
     return 0;
 }
 
+/* panel = [scales of all blocks, padded to 64 bytes][codes of all blocks], padded to 64 bytes:
+   read front to back, one sequential stream over the whole weight */
+static inline size_t qd_scales_bytes(const qd_type *t, int K) {
+    return ((size_t)(K / t->bs) * (size_t)t->scales + 63) & ~(size_t)63;
+}
 static inline size_t qd_panel_bytes(const qd_type *t, int K) {
-    size_t b = (size_t)(K / t->bs) * (size_t)(t->codes + t->scales);
-    return (b + 63) & ~(size_t)63;
+    return (qd_scales_bytes(t, K) + (size_t)(K / t->bs) * (size_t)t->codes + 63) & ~(size_t)63;
+}
+static inline const uint8_t *qd_codes_of(const qd_type *t, const uint8_t *panel, int K) {
+    return panel + qd_scales_bytes(t, K);
 }
 
 static inline float qd_f16(uint16_t h) {
@@ -131,5 +138,10 @@ typedef struct {
    version, `qd_decode_panel_scalar` the portable one (always int32 scales). */
 const uint8_t *qd_decode_panel(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s);
 const uint8_t *qd_decode_panel_scalar(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s);
+/* qdot_quant.c: one activation row */
+void qd_quant_row_q8_0(const float *x, int K, int8_t *q, float *d, int32_t *s);
+void qd_quant_row_q8_K(const float *x, int K, int8_t *q, float *d, int16_t *bs);
+/* the scales only (the small-batch kernels decode the codes in registers) */
+void qd_decode_scales(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s);
 
 #endif

@@ -24,6 +24,7 @@ keyed by a hash of the sources, flags and ISA. The repacked layout is the same f
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -70,23 +71,29 @@ _CODES_SCALES = {2: (128, 16), 3: (128, 32), 6: (160, 16), 7: (160, 32), 8: (256
                  11: (768, 112), 12: (1024, 128), 13: (1280, 128), 14: (1536, 144)}
 
 
-def _cpu_flags() -> set[str]:
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
+
+
+@functools.lru_cache(maxsize=1)
+def _supported() -> tuple[str, ...]:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ("scalar",)
+    flags = _cpu_flags()
+    return tuple(isa for isa in ("avx512vnni", "avxvnni", "avx2", "vnni-emu", "scalar") if _ISA_CPU_FLAGS[isa] <= flags)
 
 
 def supported_isas() -> list[str]:
     """The ISAs this CPU can run, best first (x86 only; elsewhere just "scalar")."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return ["scalar"]
-    flags = _cpu_flags()
-    return [isa for isa in ("avx512vnni", "avxvnni", "avx2", "vnni-emu", "scalar") if _ISA_CPU_FLAGS[isa] <= flags]
+    return list(_supported())
 
 
 def current_isa() -> str:
@@ -96,7 +103,7 @@ def current_isa() -> str:
         if env not in ISA_FLAGS:
             raise ValueError(f"TRITIUM_CPU_ISA={env!r}: expected one of {sorted(ISA_FLAGS)}")
         return env
-    return next(i for i in supported_isas() if i != "vnni-emu")
+    return next(i for i in _supported() if i != "vnni-emu")
 
 
 def _cache_dir() -> Path:
@@ -152,7 +159,21 @@ def _compile(isa: str) -> ctypes.CDLL | None:
     lib.qd_dequant_rows.restype = None
     lib.qd_isa_level.argtypes = []
     lib.qd_isa_level.restype = i
+    lib.qd_group_run.argtypes = [p, p, l, i, p, l, i]
+    lib.qd_group_run.restype = i
+    lib.qd_group_size.argtypes = []
+    lib.qd_group_size.restype = i
+    if lib.qd_group_size() != ctypes.sizeof(_GroupStruct):
+        raise OSError("qdot: qd_group layout mismatch between C and Python")
     return lib
+
+
+GROUP_MAX = 8
+
+
+class _GroupStruct(ctypes.Structure):
+    _fields_ = [("nw", ctypes.c_int), ("K", ctypes.c_int), ("types", ctypes.c_int * GROUP_MAX),
+                ("Ns", ctypes.c_int * GROUP_MAX), ("Ws", ctypes.c_void_p * GROUP_MAX)]
 
 
 def lib(isa: str | None = None) -> ctypes.CDLL | None:
@@ -192,7 +213,8 @@ def act_kind(qtype: int) -> str:
 def repacked_bytes(qtype: int, rows: int, cols: int) -> int:
     bs, _, _ = TYPES[int(qtype)]
     c, s = _CODES_SCALES[int(qtype)]
-    panel = (cols // bs) * (c + s)
+    nb = cols // bs
+    panel = (nb * s + 63) // 64 * 64 + nb * c
     return ((rows + 7) // 8) * ((panel + 63) // 64 * 64)
 
 
@@ -204,6 +226,7 @@ class QdotWeight:
     qtype: int
     rows: int
     cols: int
+    _group: "QdotGroup | None" = None
 
     @property
     def act_kind(self) -> str:
@@ -286,14 +309,64 @@ def quantize_activations(x: torch.Tensor, kind: str, n_threads: int | None = Non
     return QActs(kind, q, d, s)
 
 
+class QdotGroup:
+    """Weights that read the same input (q/k/v, gate/up): `matmul_group` quantizes the input once
+    and runs all of them in one call (one parallel region, threads split by weight bytes); the
+    outputs are the column blocks of one [T, sum(rows)] tensor, in order. Bound to the ISA build
+    current when it is created."""
+
+    def __init__(self, weights: list[QdotWeight]):
+        if not 1 <= len(weights) <= GROUP_MAX:
+            raise ValueError(f"qdot: a group holds 1..{GROUP_MAX} weights")
+        K = weights[0].cols
+        if any(w.cols != K for w in weights):
+            raise ValueError("qdot: the weights of a group must have the same number of columns")
+        self.weights = list(weights)
+        self.K = K
+        self.rows = sum(w.rows for w in weights)
+        self.splits = [w.rows for w in weights]
+        st = _GroupStruct()
+        st.nw, st.K = len(weights), K
+        for i, w in enumerate(weights):
+            st.types[i], st.Ns[i], st.Ws[i] = w.qtype, w.rows, w.data.data_ptr()
+        self._struct = st
+        self._ptr = ctypes.addressof(st)
+        self._fn = _lib().qd_group_run
+
+
+def group(weights: list[QdotWeight]) -> QdotGroup:
+    return QdotGroup(weights)
+
+
+def matmul_group(x: torch.Tensor, g: QdotGroup, out: torch.Tensor | None = None,
+                 n_threads: int | None = None) -> torch.Tensor:
+    """x float32 [T, K] (rows may be strided) -> y float32 [T, sum(rows)]; `out` may be given
+    (float32 [T, sum(rows)], unit column stride)."""
+    if x.dtype is not torch.float32 or x.stride(-1) != 1:
+        x = x.float().contiguous()
+    M, K = x.shape
+    if K != g.K:
+        raise ValueError(f"qdot: activations have {K} columns, the weights {g.K}")
+    if out is None:
+        out = torch.empty((M, g.rows), dtype=torch.float32)
+    elif out.shape != (M, g.rows) or out.dtype is not torch.float32 or out.stride(1) != 1:
+        raise ValueError("qdot: out must be float32 [T, rows] with unit column stride")
+    if g._fn(g._ptr, x.data_ptr(), x.stride(0), M, out.data_ptr(), out.stride(0), n_threads or torch.get_num_threads()):
+        raise RuntimeError("qdot: matmul failed")
+    return out
+
+
 def matmul(x: torch.Tensor | QActs, w: QdotWeight, n_threads: int | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """x float32 [T, cols] (or its `quantize_activations` of kind `w.act_kind`) times the weight:
     y float32 [T, rows]. `out` may be a float32 [T, rows] view with unit column stride (e.g. a
-    column slice of a fused q/k/v output)."""
+    column slice of a fused q/k/v output). A float x is quantized inside the same C call."""
     if not isinstance(x, QActs):
-        x = quantize_activations(x, w.act_kind, n_threads)
-    elif x.kind != w.act_kind:
+        g = w._group
+        if g is None:
+            g = w._group = QdotGroup([w])
+        return matmul_group(x, g, out, n_threads)
+    if x.kind != w.act_kind:
         raise ValueError(f"qdot: a {w.act_kind} weight got {x.kind} activations")
     M, K = x.q.shape
     if K != w.cols:

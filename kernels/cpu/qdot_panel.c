@@ -82,11 +82,12 @@ static void s_bit2(const uint8_t *pl, int dst, uint8_t *o) {
 
 const uint8_t *qd_decode_panel_scalar(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s) {
     const int nb = K / t->bs, ng = t->bs / 32, gbytes = t->codes / ng;
-    s_scales(t, panel + (size_t)nb * t->codes, nb, s);
-    if (t->type == QD_Q8_0) return panel;
+    s_scales(t, panel, nb, s);
+    const uint8_t *codes = qd_codes_of(t, panel, K);
+    if (t->type == QD_Q8_0) return codes;
     for (int b = 0; b < nb; ++b)
         for (int g = 0; g < ng; ++g) {
-            const uint8_t *gp = panel + (size_t)b * t->codes + (size_t)g * gbytes;
+            const uint8_t *gp = codes + (size_t)b * t->codes + (size_t)g * gbytes;
             uint8_t *o = s->codes + ((size_t)b * ng + g) * 256;
             switch (t->type) {
             case QD_Q4_0: case QD_Q4_1: case QD_Q4_K: s_nib(gp, o); break;
@@ -268,14 +269,20 @@ static inline void v_bit2(const uint8_t *pl, int dst, __m256i c[8]) {
         c[kg] = _mm256_or_si256(c[kg], _mm256_and_si256(mv(kg < 4 ? h0 : h1, 2 * (kg % 4), dst), m));
 }
 
+void qd_decode_scales(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s) {
+    const int nb = K / t->bs;
+    v_scales(t, panel, nb, s);
+}
+
 const uint8_t *qd_decode_panel(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s) {
     const int nb = K / t->bs, ng = t->bs / 32, gbytes = t->codes / ng;
-    v_scales(t, panel + (size_t)nb * t->codes, nb, s);
-    if (t->type == QD_Q8_0) return panel;
+    v_scales(t, panel, nb, s);
+    const uint8_t *codes = qd_codes_of(t, panel, K);
+    if (t->type == QD_Q8_0) return codes;
     const int type = t->type;
     for (int b = 0; b < nb; ++b)
         for (int g = 0; g < ng; ++g) {
-            const uint8_t *gp = panel + (size_t)b * t->codes + (size_t)g * gbytes;
+            const uint8_t *gp = codes + (size_t)b * t->codes + (size_t)g * gbytes;
             uint8_t *o = s->codes + ((size_t)b * ng + g) * 256;
             __m256i c[8];
             switch (type) {
@@ -297,5 +304,8 @@ const uint8_t *qd_decode_panel(const qd_type *t, const uint8_t *panel, int K, qd
 #else
 const uint8_t *qd_decode_panel(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s) {
     return qd_decode_panel_scalar(t, panel, K, s);
+}
+void qd_decode_scales(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s) {
+    s_scales(t, panel, K / t->bs, s);
 }
 #endif

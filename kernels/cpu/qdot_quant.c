@@ -127,6 +127,9 @@ static void q8_K_row(const float *x, int K, int8_t *q, float *d, int16_t *bs) {
 #define q8_K_row q8_K_row_scalar
 #endif
 
+void qd_quant_row_q8_0(const float *x, int K, int8_t *q, float *d, int32_t *s) { q8_0_row(x, K, q, d, s); }
+void qd_quant_row_q8_K(const float *x, int K, int8_t *q, float *d, int16_t *bs) { q8_K_row(x, K, q, d, bs); }
+
 void qd_quantize_q8_0(const float *x, long ldx, int M, int K, int8_t *q, float *d, int32_t *s, int nthreads) {
     const int nb = K / 32;
     #pragma omp parallel for schedule(static) num_threads(M >= 8 ? nthreads : 1)

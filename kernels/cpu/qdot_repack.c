@@ -128,7 +128,7 @@ int qd_repack(int type, const uint8_t *src, long src_stride, int N, int K, uint8
     const size_t pb = qd_panel_bytes(t, K);
     #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int p = 0; p < np; ++p) {
-        uint8_t *panel = dst + (size_t)p * pb, *scl = panel + (size_t)nb * t->codes;
+        uint8_t *panel = dst + (size_t)p * pb, *scl = panel, *codes = panel + qd_scales_bytes(t, K);
         uint8_t q[256];
         memset(panel, 0, pb);
         for (int r = 0; r < 8 && 8 * p + r < N; ++r) {
@@ -136,7 +136,7 @@ int qd_repack(int type, const uint8_t *src, long src_stride, int N, int K, uint8
             for (int b = 0; b < nb; ++b) {
                 const uint8_t *blk = row + (size_t)b * t->ts;
                 gguf_codes(type, blk, q);
-                for (int g = 0; g < ng; ++g) put_group(type, panel + (size_t)b * t->codes + g * gbytes, r, q + 32 * g);
+                for (int g = 0; g < ng; ++g) put_group(type, codes + (size_t)b * t->codes + g * gbytes, r, q + 32 * g);
                 put_scales(type, scl + (size_t)b * t->scales, r, blk);
             }
         }

@@ -1,0 +1,163 @@
+"""Benchmark of kernels/cpu/qdot (integer-dot quantized matmul) on the real model's shapes.
+
+For every distinct (type, shape) of the model's matmul weights (first layer's tensors + the output
+head): decode at batch 1 and 4 (quantization of the activations included; us, GB/s of weight bytes
+read) and prefill at 430 rows (GOPS = 2 M N K / t), against the float-tile kernel on main
+(`kernels.cpu_qgemv`, "old"). Timings: minimum over --reps repetitions, the two kernels interleaved
+rep by rep (the cores are shared with other jobs: minima, not means).
+
+    python scripts/bench_qdot.py                      # the table
+    python scripts/bench_qdot.py --load               # + repack time / RSS of the whole model
+    python scripts/bench_qdot.py --no-old --isa avx2  # qdot only, a forced ISA
+
+Default model: /work/models/qwen2.5-coder-0.5b-q4_k_m.gguf (or $TRITIUM_BENCH_MODEL).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q  # noqa: E402
+
+from runtime.loader import _np_view, read_gguf  # noqa: E402
+
+
+def _load_qdot():
+    spec = importlib.util.spec_from_file_location("tritium_qdot_bench", REPO / "kernels" / "cpu" / "qdot.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def tmin(fn, reps):
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=os.environ.get("TRITIUM_BENCH_MODEL", "/work/models/qwen2.5-coder-0.5b-q4_k_m.gguf"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--prefill", type=int, default=430)
+    ap.add_argument("--isa", default=None, help="force TRITIUM_CPU_ISA")
+    ap.add_argument("--no-old", action="store_true", help="skip the float-tile kernel of main")
+    ap.add_argument("--load", action="store_true", help="time the repack of every quantized weight of the model")
+    ap.add_argument("--only", default=None, help="comma-separated tensor-name substrings to bench")
+    args = ap.parse_args()
+    if args.isa:
+        os.environ["TRITIUM_CPU_ISA"] = args.isa
+    torch.set_num_threads(args.threads)
+    qdot = _load_qdot()
+    print(f"qdot ISA: {qdot.current_isa()}  threads: {args.threads}  reps: {args.reps} (min)  model: {args.model}")
+
+    gf = read_gguf(args.model)
+    mm = np.memmap(args.model, dtype=np.uint8, mode="r")
+    infos = {t.name: t for t in gf.tensors}
+
+    if args.load:
+        t0 = time.perf_counter()
+        r0 = rss_mib()
+        handles, gguf_bytes = [], 0
+        for info in gf.tensors:
+            if len(info.shape) < 2 or int(info.qtype) not in qdot.TYPES:
+                continue
+            cols = info.shape[0]
+            rows = info.n_elements // cols
+            handles.append(qdot.prepare(_np_view(mm, info), int(info.qtype), rows, cols, args.threads))
+            gguf_bytes += info.n_bytes
+        dt = time.perf_counter() - t0
+        rep = sum(h.nbytes for h in handles)
+        print(f"repack of {len(handles)} tensors: {dt:.2f} s, GGUF {gguf_bytes / 2**20:.1f} MiB -> repacked "
+              f"{rep / 2**20:.1f} MiB (+{100 * (rep / gguf_bytes - 1):.2f}%), RSS {r0:.0f} -> {rss_mib():.0f} MiB "
+              f"(mapped file pages included until the mapping is dropped)")
+        del handles
+
+    # one tensor per distinct (type, shape): first layer + the output head
+    picked = collections.OrderedDict()
+    counts = collections.Counter()
+    for info in gf.tensors:
+        if len(info.shape) < 2 or int(info.qtype) not in qdot.TYPES or info.name == "token_embd.weight":
+            continue
+        key = (info.qtype, tuple(info.shape))
+        counts[key] += 1
+        picked.setdefault(key, info.name)
+    if args.only:
+        subs = args.only.split(",")
+        picked = collections.OrderedDict((k, v) for k, v in picked.items() if any(s in v for s in subs))
+
+    old = None
+    if not args.no_old:
+        from kernels import cpu_qgemv
+        from kernels.qweight import QWeight
+        old = cpu_qgemv if cpu_qgemv.available() else None
+
+    gen = torch.Generator().manual_seed(0)
+    head = f"{'tensor':28s} {'type':5s} {'rows x cols':>13s} {'n':>3s} | {'M':>4s} {'qdot us':>9s} {'GB/s':>6s} {'GOPS':>6s}"
+    if old:
+        head += f" | {'old us':>9s} {'GB/s':>6s} {'GOPS':>6s} | {'speedup':>7s}"
+    print(head)
+    per_token = collections.defaultdict(float)
+    for (qtype, shape), name in picked.items():
+        info = infos[name]
+        cols, rows = shape[0], info.n_elements // shape[0]
+        raw = _np_view(mm, info)
+        h = qdot.prepare(raw, int(qtype), rows, cols, args.threads)
+        ow = None
+        if old:
+            ow = old.pack(QWeight(torch.from_numpy(np.array(raw)).reshape(rows, -1), qtype, rows, cols))
+        is_head = name == "output.weight"
+        for M in (1, 4, args.prefill):
+            if M == args.prefill and is_head:
+                continue  # prefill only needs the last position's logits
+            x = torch.randn(M, cols, generator=gen)
+            reps = args.reps if M < 16 else max(3, args.reps // 6)
+            if M >= 16 and rows * cols > 10_000_000:
+                reps = max(3, reps // 2)
+            tq = to = float("inf")
+            for _ in range(reps):  # interleaved A/B
+                tq = min(tq, tmin(lambda: qdot.matmul(x, h, args.threads), 1))
+                if ow is not None:
+                    to = min(to, tmin(lambda: old.qgemv(x, ow, args.threads), 1))
+            ops = 2.0 * M * rows * cols
+            line = (f"{name:28s} {Q(qtype).name:5s} {rows:>6d}x{cols:<6d} {counts[(qtype, shape)]:>3d} | {M:>4d} "
+                    f"{tq * 1e6:>9.1f} {info.n_bytes / tq / 1e9:>6.1f} {ops / tq / 1e9:>6.1f}")
+            if ow is not None:
+                line += (f" | {to * 1e6:>9.1f} {ow.nbytes / to / 1e9:>6.1f} {ops / to / 1e9:>6.1f} | {to / tq:>6.2f}x")
+            print(line, flush=True)
+            per_token[("qdot", M)] += tq * counts[(qtype, shape)]
+            if ow is not None:
+                per_token[("old", M)] += to * counts[(qtype, shape)]
+        del h, ow
+    if not args.only:
+        print("\nsum over the model's matmuls (count x time): " + ", ".join(
+            f"{k} M={m}: {v * 1e3:.2f} ms" for (k, m), v in sorted(per_token.items(), key=lambda kv: (kv[0][1], kv[0][0]))))
+
+
+if __name__ == "__main__":
+    main()
