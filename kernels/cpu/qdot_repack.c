@@ -60,28 +60,56 @@ static void gguf_codes(int type, const uint8_t *b, uint8_t *q) {
 }
 
 /* Planes of one 32-column group, row r: c[32] canonical codes -> group bytes g. */
+static inline uint32_t ld32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline void st32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+
 static void put_nib(uint8_t *g, int r, const uint8_t *c) {
     for (int v = 0; v < 4; ++v)
-        for (int j = 0; j < 4; ++j) g[32 * v + 4 * r + j] = (uint8_t)((c[4 * v + j] & 15) | (c[4 * (v + 4) + j] & 15) << 4);
+        st32(g + 32 * v + 4 * r, (ld32(c + 4 * v) & 0x0F0F0F0Fu) | (ld32(c + 4 * v + 16) & 0x0F0F0F0Fu) << 4);
 }
-static void put_bit1(uint8_t *g, int r, const uint8_t *c, int src) {
-    for (int j = 0; j < 4; ++j) {
-        unsigned byte = 0;
-        for (int kg = 0; kg < 8; ++kg) byte |= ((c[4 * kg + j] >> src) & 1u) << kg;
-        g[4 * r + j] = (uint8_t)byte;
-    }
+
+/* bit `src` of the 32 codes as a 32-bit mask (bit i = code i) */
+static inline uint32_t bitmask32(const uint8_t *c, int src) {
+#if defined(QD_AVX2)
+    const __m256i v = _mm256_loadu_si256((const __m256i *)c);
+    return (uint32_t)_mm256_movemask_epi8(_mm256_slli_epi16(v, 7 - src));
+#else
+    uint32_t m = 0;
+    for (int i = 0; i < 32; ++i) m |= (uint32_t)((c[i] >> src) & 1) << i;
+    return m;
+#endif
 }
+
+/* bits j, j + 4, ..., j + 28 of m, packed (pext with the mask 0x11111111 << j) */
+static inline uint32_t every4th(uint32_t m, int j) {
+#if defined(__BMI2__)
+    return _pext_u32(m, 0x11111111u << j);
+#else
+    uint32_t b = 0;
+    for (int kg = 0; kg < 8; ++kg) b |= ((m >> (4 * kg + j)) & 1u) << kg;
+    return b;
+#endif
+}
+
+/* one bit plane from the mask of that bit (bit i = weight i of the group) */
+static void put_bit1_mask(uint8_t *g, int r, uint32_t m) {
+    for (int j = 0; j < 4; ++j) g[4 * r + j] = (uint8_t)every4th(m, j);
+}
+static void put_bit1(uint8_t *g, int r, const uint8_t *c, int src) { put_bit1_mask(g, r, bitmask32(c, src)); }
+
 static void put_bit2(uint8_t *g, int r, const uint8_t *c, int src) {
+    const uint32_t m0 = bitmask32(c, src), m1 = bitmask32(c, src + 1);
     for (int h = 0; h < 2; ++h)
         for (int j = 0; j < 4; ++j) {
+            /* k-groups 4h + t, t = 0..3: bits 16h + 4t + j */
+            const uint32_t b0 = every4th(m0 >> (16 * h), j) & 15, b1 = every4th(m1 >> (16 * h), j) & 15;
             unsigned byte = 0;
-            for (int t = 0; t < 4; ++t) byte |= ((c[4 * (4 * h + t) + j] >> src) & 3u) << (2 * t);
+            for (int t = 0; t < 4; ++t) byte |= (((b0 >> t) & 1u) | ((b1 >> t) & 1u) << 1) << (2 * t);
             g[32 * h + 4 * r + j] = (uint8_t)byte;
         }
 }
 static void put_b8(uint8_t *g, int r, const uint8_t *c) {
-    for (int kg = 0; kg < 8; ++kg)
-        for (int j = 0; j < 4; ++j) g[32 * kg + 4 * r + j] = c[4 * kg + j];
+    for (int kg = 0; kg < 8; ++kg) st32(g + 32 * kg + 4 * r, ld32(c + 4 * kg));
 }
 
 static void put_group(int type, uint8_t *g, int r, const uint8_t *c) {
@@ -135,6 +163,20 @@ int qd_repack(int type, const uint8_t *src, long src_stride, int N, int K, uint8
             const uint8_t *row = src + (size_t)(8 * p + r) * src_stride;
             for (int b = 0; b < nb; ++b) {
                 const uint8_t *blk = row + (size_t)b * t->ts;
+                if (!t->kq) {  /* 32-blocks: GGUF qs are already our nibble plane; qh our bit mask */
+                    uint8_t *g = codes + (size_t)b * t->codes;
+                    const int o = type == QD_Q4_0 || type == QD_Q5_0 || type == QD_Q8_0 ? 2 : 4;
+                    if (type == QD_Q8_0) {
+                        for (int kg = 0; kg < 8; ++kg) st32(g + 32 * kg + 4 * r, ld32(blk + 2 + 4 * kg));
+                    } else {
+                        const int hb = type == QD_Q5_0 || type == QD_Q5_1;
+                        const uint8_t *qs = blk + o + (hb ? 4 : 0);
+                        for (int v = 0; v < 4; ++v) st32(g + 32 * v + 4 * r, ld32(qs + 4 * v));
+                        if (hb) put_bit1_mask(g + 128, r, ld32(blk + o));
+                    }
+                    put_scales(type, scl + (size_t)b * t->scales, r, blk);
+                    continue;
+                }
                 gguf_codes(type, blk, q);
                 for (int g = 0; g < ng; ++g) put_group(type, codes + (size_t)b * t->codes + g * gbytes, r, q + 32 * g);
                 put_scales(type, scl + (size_t)b * t->scales, r, blk);
