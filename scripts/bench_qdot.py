@@ -9,6 +9,15 @@ rep by rep (the cores are shared with other jobs: minima, not means).
     python scripts/bench_qdot.py                      # the table
     python scripts/bench_qdot.py --load               # + repack time / RSS of the whole model
     python scripts/bench_qdot.py --no-old --isa avx2  # qdot only, a forced ISA
+    python scripts/bench_qdot.py --llama /path/to/llama.cpp   # + llama.cpp's own CPU matmul
+
+--llama: a llama.cpp source tree with a build/ (build/bin/libggml*.so); scripts/bench_qdot_ggml.c is
+compiled against it and runs ggml_mul_mat on the CPU backend (weights in the repack buffer type
+where llama.cpp puts them) in this process, interleaved with qdot; its output is also compared with
+qdot's (relative difference printed: ~1e-7 for the K-quants, ~2e-4 for the 32-blocks, whose
+activation scales llama.cpp rounds to fp16).
+--cpu-time: per-thread CPU time instead of wall time (only meaningful with --threads 1; immune to
+preemption by other jobs on a shared machine).
 
 Default model: /work/models/qwen2.5-coder-0.5b-q4_k_m.gguf (or $TRITIUM_BENCH_MODEL).
 """
@@ -42,13 +51,41 @@ def _load_qdot():
     return mod
 
 
+CLOCK = time.perf_counter
+
+
 def tmin(fn, reps):
     best = float("inf")
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, CLOCK() - t0)
     return best
+
+
+def load_llama(tree: str):
+    """scripts/bench_qdot_ggml.c built against a llama.cpp tree -> ctypes library."""
+    import ctypes
+    import hashlib
+    import subprocess
+    src = REPO / "scripts" / "bench_qdot_ggml.c"
+    tree_p = Path(tree)
+    bin_dir = tree_p / "build" / "bin"
+    key = hashlib.sha256(src.read_bytes() + str(tree_p.resolve()).encode()).hexdigest()[:12]
+    out = Path(os.environ.get("TRITIUM_CACHE", Path.home() / ".cache" / "tritium")) / f"bench_qdot_ggml-{key}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["gcc", "-O2", "-shared", "-fPIC", str(src), f"-I{tree_p / 'ggml' / 'include'}", f"-L{bin_dir}",
+                        "-lggml", "-lggml-base", "-lggml-cpu", f"-Wl,-rpath,{bin_dir}", "-o", str(out)], check=True)
+    lb = ctypes.CDLL(str(out))
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lb.gb_setup.argtypes = [i, i, i, p, i, i, i]
+    lb.gb_setup.restype = p
+    for name in ("gb_set_x", "gb_get_y"):
+        getattr(lb, name).argtypes = [p, p]
+    for name in ("gb_run", "gb_repacked", "gb_free"):
+        getattr(lb, name).argtypes = [p]
+    return lb
 
 
 def rss_mib() -> float:
@@ -69,12 +106,23 @@ def main() -> None:
     ap.add_argument("--no-old", action="store_true", help="skip the float-tile kernel of main")
     ap.add_argument("--load", action="store_true", help="time the repack of every quantized weight of the model")
     ap.add_argument("--only", default=None, help="comma-separated tensor-name substrings to bench")
+    ap.add_argument("--llama", default=None, help="llama.cpp source tree with build/bin/libggml*.so")
+    ap.add_argument("--cpu-time", action="store_true", help="thread CPU time (use with --threads 1)")
+    ap.add_argument("--warm", action="store_true",
+                    help="decode (M < 16) with cache-warm weights (default: before each timed decode call a "
+                         "64 MB sweep evicts the caches, so weights come from DRAM as in a real decode step; "
+                         "the activations are touched again after the sweep)")
     args = ap.parse_args()
     if args.isa:
         os.environ["TRITIUM_CPU_ISA"] = args.isa
+    if args.cpu_time:
+        global CLOCK
+        CLOCK = time.thread_time
     torch.set_num_threads(args.threads)
     qdot = _load_qdot()
-    print(f"qdot ISA: {qdot.current_isa()}  threads: {args.threads}  reps: {args.reps} (min)  model: {args.model}")
+    print(f"qdot ISA: {qdot.current_isa()}  threads: {args.threads}  reps: {args.reps} (min, interleaved)  "
+          f"clock: {'thread CPU time' if args.cpu_time else 'wall'}  model: {args.model}")
+    llama = load_llama(args.llama) if args.llama else None
 
     gf = read_gguf(args.model)
     mm = np.memmap(args.model, dtype=np.uint8, mode="r")
@@ -118,11 +166,15 @@ def main() -> None:
         old = cpu_qgemv if cpu_qgemv.available() else None
 
     gen = torch.Generator().manual_seed(0)
-    head = f"{'tensor':28s} {'type':5s} {'rows x cols':>13s} {'n':>3s} | {'M':>4s} {'qdot us':>9s} {'GB/s':>6s} {'GOPS':>6s}"
+    flush = np.ones(16 << 20, dtype=np.float32)  # 64 MB, swept by numpy (one thread, no OpenMP pool)
+    head = f"{'tensor':24s} {'type':5s} {'rows x cols':>12s} {'n':>3s} | {'M':>4s} {'qdot us':>9s} {'GB/s':>6s} {'GOPS':>6s}"
+    if llama:
+        head += f" | {'llama us':>9s} {'GB/s':>6s} {'GOPS':>6s} {'vs':>6s}"
     if old:
-        head += f" | {'old us':>9s} {'GB/s':>6s} {'GOPS':>6s} | {'speedup':>7s}"
+        head += f" | {'old us':>9s} {'GB/s':>6s} {'GOPS':>6s} {'vs':>6s}"
     print(head)
     per_token = collections.defaultdict(float)
+    notes: list[str] = []
     for (qtype, shape), name in picked.items():
         info = infos[name]
         cols, rows = shape[0], info.n_elements // shape[0]
@@ -139,24 +191,50 @@ def main() -> None:
             reps = args.reps if M < 16 else max(3, args.reps // 6)
             if M >= 16 and rows * cols > 10_000_000:
                 reps = max(3, reps // 2)
-            tq = to = float("inf")
-            for _ in range(reps):  # interleaved A/B
-                tq = min(tq, tmin(lambda: qdot.matmul(x, h, args.threads), 1))
-                if ow is not None:
-                    to = min(to, tmin(lambda: old.qgemv(x, ow, args.threads), 1))
+            gbh = None
+            if llama:
+                gbh = llama.gb_setup(int(qtype), rows, cols, raw.ctypes.data, M, args.threads, 1)
+                llama.gb_set_x(gbh, x.data_ptr())
+            y = qdot.matmul(x, h, args.threads)
+            cold = M < 16 and not args.warm
+            xn = x.numpy()
+
+            def timed(fn):
+                if cold:
+                    flush.sum()  # evict the weights (64 MB > L3), then re-touch the activations
+                    xn.sum()
+                return tmin(fn, 1)
+
+            tq = tl = to = float("inf")
+            for r in range(reps):  # interleaved A/B(/C)
+                tq = min(tq, timed(lambda: qdot.matmul(x, h, args.threads)))
+                if gbh:
+                    tl = min(tl, timed(lambda: llama.gb_run(gbh)))
+                if ow is not None and (M < 16 or r < 2):
+                    to = min(to, timed(lambda: old.qgemv(x, ow, args.threads)))
             ops = 2.0 * M * rows * cols
-            line = (f"{name:28s} {Q(qtype).name:5s} {rows:>6d}x{cols:<6d} {counts[(qtype, shape)]:>3d} | {M:>4d} "
-                    f"{tq * 1e6:>9.1f} {info.n_bytes / tq / 1e9:>6.1f} {ops / tq / 1e9:>6.1f}")
+            line = (f"{name.replace('.weight', ''):24s} {Q(qtype).name:5s} {rows:>6d}x{cols:<5d} {counts[(qtype, shape)]:>3d} | "
+                    f"{M:>4d} {tq * 1e6:>9.1f} {info.n_bytes / tq / 1e9:>6.1f} {ops / tq / 1e9:>6.1f}")
+            if gbh:
+                yl = torch.empty(M, rows)
+                llama.gb_get_y(gbh, yl.data_ptr())
+                diff = float((y - yl).norm() / yl.norm())
+                line += (f" | {tl * 1e6:>9.1f} {info.n_bytes / tl / 1e9:>6.1f} {ops / tl / 1e9:>6.1f} {tl / tq:>5.2f}x")
+                notes.append(f"{name} M={M}: llama.cpp {'repacked' if llama.gb_repacked(gbh) else 'plain'} buffer, "
+                             f"|y_qdot - y_llama| / |y_llama| = {diff:.1e}")
+                llama.gb_free(gbh)
+                per_token[("llama", M)] += tl * counts[(qtype, shape)]
             if ow is not None:
-                line += (f" | {to * 1e6:>9.1f} {ow.nbytes / to / 1e9:>6.1f} {ops / to / 1e9:>6.1f} | {to / tq:>6.2f}x")
+                line += (f" | {to * 1e6:>9.1f} {ow.nbytes / to / 1e9:>6.1f} {ops / to / 1e9:>6.1f} {to / tq:>5.2f}x")
+                per_token[("old", M)] += to * counts[(qtype, shape)]
             print(line, flush=True)
             per_token[("qdot", M)] += tq * counts[(qtype, shape)]
-            if ow is not None:
-                per_token[("old", M)] += to * counts[(qtype, shape)]
         del h, ow
     if not args.only:
-        print("\nsum over the model's matmuls (count x time): " + ", ".join(
+        print("\nsum over the model's matmuls (count x time, head not in prefill): " + ", ".join(
             f"{k} M={m}: {v * 1e3:.2f} ms" for (k, m), v in sorted(per_token.items(), key=lambda kv: (kv[0][1], kv[0][0]))))
+    for n in notes:
+        print(n)
 
 
 if __name__ == "__main__":
