@@ -96,6 +96,71 @@ def rss_mib() -> float:
     return float("nan")
 
 
+def step_bench(qdot, gf, mm, args) -> None:
+    """All matmuls of one decode step, in model order, with the groups the runtime would use."""
+    infos = {t.name: t for t in gf.tensors}
+    nl = 1 + max(int(n.split(".")[1]) for n in infos if n.startswith("blk."))
+
+    def prep(name):
+        info = infos[name]
+        cols = info.shape[0]
+        return qdot.prepare(_np_view(mm, info), int(info.qtype), info.n_elements // cols, cols, args.threads)
+
+    t0 = time.perf_counter()
+    layers = []
+    nbytes = 0
+    for i in range(nl):
+        b = f"blk.{i}."
+        ws = {k: prep(b + k + ".weight") for k in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+        nbytes += sum(infos[b + k + ".weight"].n_bytes for k in ws)
+        layers.append((qdot.group([ws["attn_q"], ws["attn_k"], ws["attn_v"]]), qdot.group([ws["attn_output"]]),
+                       qdot.group([ws["ffn_gate"], ws["ffn_up"]]), qdot.group([ws["ffn_down"]])))
+    head = qdot.group([prep("output.weight")])
+    nbytes += infos["output.weight"].n_bytes
+    llama = load_llama(args.llama) if args.llama else None
+    order = [f"blk.{i}.{k}.weight" for i in range(nl)
+             for k in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")] + ["output.weight"]
+    print(f"step: {nl} layers + head repacked in {time.perf_counter() - t0:.2f} s; {nbytes / 1e6:.0f} MB of weights per step")
+    for M in (1, 2, 4, 8):
+        h = torch.randn(M, head.K)
+        f = torch.randn(M, layers[0][3].K)
+
+        def step():
+            for qkv, o, gu, down in layers:
+                qdot.matmul_group(h, qkv, n_threads=args.threads)
+                qdot.matmul_group(h, o, n_threads=args.threads)
+                qdot.matmul_group(h, gu, n_threads=args.threads)
+                qdot.matmul_group(f, down, n_threads=args.threads)
+            qdot.matmul_group(h, head, n_threads=args.threads)
+        gbs = []
+        if llama:  # one ggml matmul per weight, same order (llama.cpp runs them one by one)
+            for name in order:
+                info = infos[name]
+                cols = info.shape[0]
+                raw = _np_view(mm, info)
+                g_ = llama.gb_setup(int(info.qtype), info.n_elements // cols, cols, raw.ctypes.data, M, args.threads, 1)
+                xin = torch.randn(M, cols)
+                llama.gb_set_x(g_, xin.data_ptr())
+                gbs.append((g_, xin))
+
+        def lstep():
+            for g_, _ in gbs:
+                llama.gb_run(g_)
+        step()
+        best = lbest = float("inf")
+        for _ in range(max(3, args.reps // 3)):  # interleaved
+            best = min(best, tmin(step, 1))
+            if gbs:
+                lbest = min(lbest, tmin(lstep, 1))
+        line = (f"step M={M}: qdot {best * 1e3:.2f} ms ({nbytes / best / 1e9:.1f} GB/s of weights, "
+                f"{M / best:.1f} tok/s if matmuls were all)")
+        if gbs:
+            line += f" | llama.cpp {lbest * 1e3:.2f} ms ({nbytes / lbest / 1e9:.1f} GB/s) | {lbest / best:.2f}x"
+            for g_, _ in gbs:
+                llama.gb_free(g_)
+        print(line, flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=os.environ.get("TRITIUM_BENCH_MODEL", "/work/models/qwen2.5-coder-0.5b-q4_k_m.gguf"))
@@ -108,6 +173,9 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated tensor-name substrings to bench")
     ap.add_argument("--llama", default=None, help="llama.cpp source tree with build/bin/libggml*.so")
     ap.add_argument("--cpu-time", action="store_true", help="thread CPU time (use with --threads 1)")
+    ap.add_argument("--step", action="store_true",
+                    help="also time the matmuls of one whole decode step (24 x (q/k/v group, o, gate/up group, "
+                         "down) + head; weights streamed from DRAM as in a real step) at batch 1, 2, 4, 8")
     ap.add_argument("--warm", action="store_true",
                     help="decode (M < 16) with cache-warm weights (default: before each timed decode call a "
                          "64 MB sweep evicts the caches, so weights come from DRAM as in a real decode step; "
@@ -145,6 +213,9 @@ def main() -> None:
               f"{rep / 2**20:.1f} MiB (+{100 * (rep / gguf_bytes - 1):.2f}%), RSS {r0:.0f} -> {rss_mib():.0f} MiB "
               f"(mapped file pages included until the mapping is dropped)")
         del handles
+
+    if args.step:
+        step_bench(qdot, gf, mm, args)
 
     # one tensor per distinct (type, shape): first layer + the output head
     picked = collections.OrderedDict()

@@ -124,6 +124,7 @@ def _compile(isa: str) -> ctypes.CDLL | None:
             log.warning("qdot: no C compiler (gcc/cc) found; the integer-dot kernels are unavailable")
         return None
     flags = ["-O3", "-std=gnu11", "-ffp-contract=off", *ISA_FLAGS[isa], "-fopenmp", "-shared", "-fPIC"]
+    flags += os.environ.get("TRITIUM_QDOT_CFLAGS", "").split()  # development experiments only
     if isa != "scalar" and platform.machine().lower() in ("x86_64", "amd64"):
         flags.insert(1, "-mtune=native")
     h = hashlib.sha256()

@@ -29,8 +29,11 @@ ALWAYS __m256i ldv(const uint8_t *p) { return _mm256_loadu_si256((const __m256i 
 
 /* Small batches stream the weights from memory once: software prefetch QD_PF bytes ahead (the
    panels are contiguous, so this runs on into the next panel's scales and codes). */
+#ifndef QD_HEADPF
+#define QD_HEADPF 16384
+#endif
 #ifndef QD_PF
-#define QD_PF 2048
+#define QD_PF 4096
 #endif
 ALWAYS void prefetch_ahead(const uint8_t *p, int n) {
     for (int o = 0; o < n; o += 64) _mm_prefetch((const char *)(p + QD_PF + o), _MM_HINT_T0);
@@ -374,8 +377,11 @@ typedef struct {
 } qd_job;
 
 /* Panels per work item: the decoded scratch of an item kept within ~192 KB of L2 for many rows. */
+#ifndef QD_FUSED_MAX
+#define QD_FUSED_MAX 8  /* up to this many rows: codes decoded in registers, once per MRMAX rows */
+#endif
 static int panels_per_item(int M, int K, int nb) {
-    if (M <= MRMAX) return 1;
+    if (M <= QD_FUSED_MAX) return 1;
     int G = (int)((192 * 1024) / scratch_bytes(K, nb));
     return G < 1 ? 1 : G > 16 ? 16 : G;
 }
@@ -409,11 +415,21 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
         at += jbytes;
         if (i0 >= i1) continue;
 #if defined(QD_AVX2)
-        /* up to MRMAX rows: codes decoded in registers from the panel (one read of the weights);
-           more rows: the panels of an item decoded once into scratch, read by every MRMAX rows */
-        const int fused = M <= MRMAX;
+        /* up to QD_FUSED_MAX rows: codes decoded in registers from the panel (one read of the weights
+           from memory; a second group of MRMAX rows finds the panel in L1/L2); more rows: the panels
+           of an item decoded once into scratch, read by every MRMAX rows */
+        const int fused = M <= QD_FUSED_MAX;
 #else
         const int fused = 0;
+#endif
+#if defined(QD_AVX2) && !defined(QD_NO_HEADPF)
+        if (fused) {  /* cold start of a stream: many lines in flight at once (to L2), the running
+                         prefetch in the kernels then keeps QD_PF bytes ahead */
+            const uint8_t *p0 = jb->W + (size_t)i0 * G * pb;
+            size_t n = (size_t)(i1 - i0) * G * pb;
+            n = n < QD_HEADPF ? n : QD_HEADPF;
+            for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)(p0 + o), _MM_HINT_T1);
+        }
 #endif
         uint8_t *buf = (uint8_t *)tl_grow(&tl_buf, &tl_cap, sb * (size_t)G + 64);
         qd_scratch sc[16];
