@@ -186,6 +186,18 @@ def check(w, x, isa):
 
 # ------------------------------------------------------------------------------------ tests
 
+@pytest.mark.parametrize("name", sorted(qdot.ISA_FLAGS))
+def test_every_isa_variant_compiles(name, tmp_path, monkeypatch):
+    """Every variant builds, also those this CPU cannot run (their code is then only compiled here;
+    the VNNI code paths run through "vnni-emu")."""
+    if not qdot.supported_isas() or qdot.build("scalar") is None:
+        pytest.skip("no C compiler")
+    if name != "scalar" and qdot.platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("x86 variants")
+    monkeypatch.setenv("TRITIUM_CACHE", str(tmp_path))
+    assert qdot.build(name) is not None
+
+
 @pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows,nblk", [(1, 1), (13, 1), (8, 3), (37, 2), (200, 4)])
 def test_matmul_matches_integer_reference(isa, qtype, rows, nblk):

@@ -116,7 +116,9 @@ _libs: dict[str, ctypes.CDLL | None] = {}
 _warned: set[str] = set()
 
 
-def _compile(isa: str) -> ctypes.CDLL | None:
+def build(isa: str) -> Path | None:
+    """Compile (or find in the cache) the shared library of `isa` without loading it: any ISA can be
+    built on any x86-64 machine (tests build the VNNI variants this CPU cannot run)."""
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         if "nocc" not in _warned:
@@ -144,6 +146,13 @@ def _compile(isa: str) -> ctypes.CDLL | None:
                     log.warning("qdot: building the %s kernels failed:\n%s", isa, (r.stderr or r.stdout)[-4000:])
                 return None
             os.replace(so, out)  # atomic: concurrent builders see a whole file or none
+    return out
+
+
+def _compile(isa: str) -> ctypes.CDLL | None:
+    out = build(isa)
+    if out is None:
+        return None
     lib = ctypes.CDLL(str(out))
     i, l, p = ctypes.c_int, ctypes.c_long, ctypes.c_void_p
     lib.qd_repack.argtypes = [i, p, l, i, i, p, i]

@@ -79,10 +79,12 @@ ALWAYS __m256i wv(const int type, const int fused, const uint8_t *codes, int cby
 ALWAYS void mk_a(const int type, const int fused, const int MR, const int chunk, int off, const int has_m,
                  const uint8_t *codes, int cbytes, const qd_scratch *s, int nb, const qd_acts *a, int m0, float *out) {
     __m256 accf[MRMAX];
-    const int8_t *xq[MRMAX];
-    const int K = a->K, s8 = type == QD_Q8_0;
+    /* rows as one base pointer + stride: x86 addressing does the rest (no pointer array to spill) */
+    const size_t K = (size_t)a->K;
+    const int8_t *const xq0 = a->xq + (size_t)m0 * K;
+    const int s8 = type == QD_Q8_0;
     #pragma GCC unroll 4
-    for (int m = 0; m < MR; ++m) { accf[m] = _mm256_setzero_ps(); xq[m] = a->xq + (size_t)(m0 + m) * K; }
+    for (int m = 0; m < MR; ++m) accf[m] = _mm256_setzero_ps();
 #if defined(QD_VNNI)
     const __m256i bias = _mm256_set1_epi8((char)0x80);
     if (s8) off = 128;
@@ -100,7 +102,7 @@ ALWAYS void mk_a(const int type, const int fused, const int MR, const int chunk,
             __m256i w = wv(type, fused, codes, cbytes, cbytes, 32, b, kg);
             if (s8) w = _mm256_xor_si256(w, bias);
             #pragma GCC unroll 4
-            for (int m = 0; m < MR; ++m) acc[m] = QD_DPBUSD(acc[m], w, bcast4(xq[m] + 32 * b + 4 * kg));
+            for (int m = 0; m < MR; ++m) acc[m] = QD_DPBUSD(acc[m], w, bcast4(xq0 + m * K + 32 * b + 4 * kg));
         }
 #else
         if (s8) {
@@ -110,7 +112,7 @@ ALWAYS void mk_a(const int type, const int fused, const int MR, const int chunk,
                 #pragma GCC unroll 4
                 for (int m = 0; m < MR; ++m)
                     acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast4(xq[m] + 32 * b + 4 * kg), w)), ones));
+                        _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast4(xq0 + m * K + 32 * b + 4 * kg), w)), ones));
             }
         } else {
             #pragma GCC unroll 2
@@ -123,7 +125,7 @@ ALWAYS void mk_a(const int type, const int fused, const int MR, const int chunk,
                     const __m256i w = wv(type, fused, codes, cbytes, cbytes, 32, b, kg);
                     #pragma GCC unroll 4
                     for (int m = 0; m < MR; ++m)
-                        a16[m] = _mm256_add_epi16(a16[m], _mm256_maddubs_epi16(w, bcast4(xq[m] + 32 * b + 4 * kg)));
+                        a16[m] = _mm256_add_epi16(a16[m], _mm256_maddubs_epi16(w, bcast4(xq0 + m * K + 32 * b + 4 * kg)));
                 }
                 #pragma GCC unroll 4
                 for (int m = 0; m < MR; ++m) acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(a16[m], ones));
@@ -151,15 +153,12 @@ ALWAYS void mk_a(const int type, const int fused, const int MR, const int chunk,
 ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, const int chunk, const int fold,
                  const uint8_t *codes, int cbytes, const qd_scratch *s, int nb, const qd_acts *a, int m0, float *out) {
     __m256 accf[MRMAX];
-    const int8_t *xq[MRMAX];
-    const int16_t *bsv[MRMAX];
-    const int K = a->K, kgs = 64 / nsub, gbytes = cbytes / 8;
+    const size_t K = (size_t)a->K, K16 = K / 16;
+    const int8_t *const xq0 = a->xq + (size_t)m0 * K;
+    const int16_t *const bs0 = a->bsum + (size_t)m0 * K16;
+    const int kgs = 64 / nsub, gbytes = cbytes / 8;
     #pragma GCC unroll 4
-    for (int m = 0; m < MR; ++m) {
-        accf[m] = _mm256_setzero_ps();
-        xq[m] = a->xq + (size_t)(m0 + m) * K;
-        bsv[m] = a->bsum + (size_t)(m0 + m) * (K / 16);
-    }
+    for (int m = 0; m < MR; ++m) accf[m] = _mm256_setzero_ps();
     for (int b = 0; b < nb; ++b) {
         __m256i acc[MRMAX];
         #pragma GCC unroll 4
@@ -178,7 +177,7 @@ ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, 
                 const int k = j * kgs + kg;
                 const __m256i w = wv(type, fused, codes, cbytes, gbytes, 256, b, k);
                 #pragma GCC unroll 4
-                for (int m = 0; m < MR; ++m) t[m] = QD_DPBUSD(t[m], w, bcast4(xq[m] + 256 * b + 4 * k));
+                for (int m = 0; m < MR; ++m) t[m] = QD_DPBUSD(t[m], w, bcast4(xq0 + m * K + 256 * b + 4 * k));
             }
             #pragma GCC unroll 4
             for (int m = 0; m < MR; ++m) acc[m] = _mm256_add_epi32(acc[m], _mm256_mullo_epi32(t[m], scv));
@@ -194,7 +193,7 @@ ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, 
                     const __m256i w = wv(type, fused, codes, cbytes, gbytes, 256, b, k);
                     #pragma GCC unroll 4
                     for (int m = 0; m < MR; ++m)
-                        a16[m] = _mm256_add_epi16(a16[m], _mm256_maddubs_epi16(w, bcast4(xq[m] + 256 * b + 4 * k)));
+                        a16[m] = _mm256_add_epi16(a16[m], _mm256_maddubs_epi16(w, bcast4(xq0 + m * K + 256 * b + 4 * k)));
                 }
                 #pragma GCC unroll 4
                 for (int m = 0; m < MR; ++m) acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(a16[m], scv));
@@ -206,7 +205,7 @@ ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, 
         #pragma GCC unroll 4
         for (int m = 0; m < MR; ++m) {
             const float xd = a->xd[(size_t)(m0 + m) * nb + b];
-            const int16_t *bs = bsv[m] + 16 * b;
+            const int16_t *bs = bs0 + m * K16 + 16 * b;
             __m256i mins = _mm256_setzero_si256();
             #pragma GCC unroll 8
             for (int i = 0; i < 8; ++i) {
