@@ -170,6 +170,7 @@ def main() -> None:
     ap.add_argument("--isa", default=None, help="force TRITIUM_CPU_ISA")
     ap.add_argument("--no-old", action="store_true", help="skip the float-tile kernel of main")
     ap.add_argument("--load", action="store_true", help="time the repack of every quantized weight of the model")
+    ap.add_argument("--release", action="store_true", help="--load with prepare(release_source=True)")
     ap.add_argument("--only", default=None, help="comma-separated tensor-name substrings to bench")
     ap.add_argument("--llama", default=None, help="llama.cpp source tree with build/bin/libggml*.so")
     ap.add_argument("--cpu-time", action="store_true", help="thread CPU time (use with --threads 1)")
@@ -197,21 +198,30 @@ def main() -> None:
     infos = {t.name: t for t in gf.tensors}
 
     if args.load:
+        import gc
+        r_start = rss_mib()
+        lm = np.memmap(args.model, dtype=np.uint8, mode="r")  # its own mapping, dropped below
         t0 = time.perf_counter()
-        r0 = rss_mib()
-        handles, gguf_bytes = [], 0
+        c0 = time.process_time()
+        handles, gguf_bytes, peak = [], 0, 0.0
         for info in gf.tensors:
             if len(info.shape) < 2 or int(info.qtype) not in qdot.TYPES:
                 continue
             cols = info.shape[0]
             rows = info.n_elements // cols
-            handles.append(qdot.prepare(_np_view(mm, info), int(info.qtype), rows, cols, args.threads))
+            handles.append(qdot.prepare(_np_view(lm, info), int(info.qtype), rows, cols, args.threads,
+                                        release_source=args.release))
+            peak = max(peak, rss_mib())
             gguf_bytes += info.n_bytes
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         rep = sum(h.nbytes for h in handles)
-        print(f"repack of {len(handles)} tensors: {dt:.2f} s, GGUF {gguf_bytes / 2**20:.1f} MiB -> repacked "
-              f"{rep / 2**20:.1f} MiB (+{100 * (rep / gguf_bytes - 1):.2f}%), RSS {r0:.0f} -> {rss_mib():.0f} MiB "
-              f"(mapped file pages included until the mapping is dropped)")
+        r_mapped = rss_mib()
+        del lm
+        gc.collect()
+        print(f"repack of {len(handles)} tensors ({args.threads} threads): {dt:.2f} s wall, {dc:.2f} s CPU; "
+              f"GGUF {gguf_bytes / 2**20:.1f} MiB -> repacked {rep / 2**20:.1f} MiB (+{100 * (rep / gguf_bytes - 1):.3f}%); "
+              f"RSS {r_start:.0f} -> {r_mapped:.0f} MiB with the file mapping (peak {peak:.0f}, release_source={args.release}) "
+              f"-> {rss_mib():.0f} MiB once it is dropped")
         del handles
 
     if args.step:

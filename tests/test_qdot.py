@@ -308,3 +308,20 @@ def test_group_quantizes_once_for_several_weights(isa, M):
         big[:, 40:552] = x
         out = torch.empty(M, g.rows)
         assert torch.equal(qdot.matmul_group(big[:, 40:552], g, out=out), y)
+
+
+def test_release_source_keeps_the_mapping_readable(tmp_path):
+    """prepare(release_source=True) on a file mapping: same weight, and the mapped bytes read back
+    unchanged afterwards (the dropped pages fault back in from the page cache)."""
+    if qdot.lib() is None:
+        pytest.skip("no C compiler")
+    gen = torch.Generator().manual_seed(21)
+    w = random_qweight(Q.Q5_0, 512, 896, gen)  # ~300 KB: many whole pages
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"\0" * 100 + w.data.numpy().tobytes())
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    view = mm[100:].reshape(w.rows, -1)
+    h1 = qdot.prepare(view, int(w.qtype), w.rows, w.cols, release_source=True)
+    h2 = qdot.prepare(w.data, int(w.qtype), w.rows, w.cols)
+    assert torch.equal(h1.data, h2.data)
+    assert np.array_equal(np.asarray(view), w.data.numpy())

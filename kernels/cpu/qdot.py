@@ -171,6 +171,8 @@ def _compile(isa: str) -> ctypes.CDLL | None:
     lib.qd_isa_level.restype = i
     lib.qd_group_run.argtypes = [p, p, l, i, p, l, i]
     lib.qd_group_run.restype = i
+    lib.qd_release.argtypes = [p, ctypes.c_size_t]
+    lib.qd_release.restype = i
     lib.qd_group_size.argtypes = []
     lib.qd_group_size.restype = i
     if lib.qd_group_size() != ctypes.sizeof(_GroupStruct):
@@ -271,9 +273,15 @@ def _as_u8(raw) -> tuple[int, torch.Tensor | np.ndarray]:
     return a.ctypes.data, a
 
 
-def prepare(raw, qtype: int, rows: int, cols: int, n_threads: int | None = None) -> QdotWeight:
+def prepare(raw, qtype: int, rows: int, cols: int, n_threads: int | None = None,
+            release_source: bool = False) -> QdotWeight:
     """GGUF bytes of one tensor ([rows, cols / block * type_size], any buffer: the numpy view of the
-    mapped file is read once, not kept) -> the repacked weight."""
+    mapped file is read once, not kept) -> the repacked weight.
+
+    release_source: afterwards drop the source pages from this process (madvise MADV_DONTNEED on
+    their page-aligned interior), so that loading a model never holds the mapped file and the
+    repacked weights at once (peak RSS ~ one copy). Only for a read-only or never-written
+    copy-on-write file mapping: the pages are re-read from the page cache if touched again."""
     qtype = int(qtype)
     if qtype not in TYPES:
         raise NotImplementedError(f"qdot: GGML type {qtype} is not supported")
@@ -288,6 +296,8 @@ def prepare(raw, qtype: int, rows: int, cols: int, n_threads: int | None = None)
     out = torch.empty(repacked_bytes(qtype, rows, cols), dtype=torch.uint8)
     if _lib().qd_repack(qtype, ptr, row_bytes, rows, cols, out.data_ptr(), _threads(n_threads)) != 0:
         raise RuntimeError("qdot: repack failed")
+    if release_source:
+        _lib().qd_release(ptr, rows * row_bytes)
     del keep
     return QdotWeight(out, qtype, rows, cols)
 

@@ -186,6 +186,24 @@ int qd_repack(int type, const uint8_t *src, long src_stride, int N, int K, uint8
     return 0;
 }
 
+/* Drop the pages of [p, p + n) (page-aligned interior only) from this process: for the mapped GGUF
+   bytes of a tensor just repacked, so that the load never holds two copies. Clean file-backed pages
+   are only unmapped (a later read faults them back from the page cache); never call this on
+   memory that was written. Returns 0 or the errno of madvise. */
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#include <errno.h>
+int qd_release(const void *p, size_t n) {
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = ((uintptr_t)p + pg - 1) & ~(pg - 1), e = ((uintptr_t)p + n) & ~(pg - 1);
+    if (e <= a) return 0;
+    return madvise((void *)a, e - a, MADV_DONTNEED) ? errno : 0;
+}
+#else
+int qd_release(const void *p, size_t n) { (void)p; (void)n; return 0; }
+#endif
+
 size_t qd_repacked_bytes(int type, int N, int K) {
     const qd_type *t = qd_type_info(type);
     return t ? (size_t)((N + 7) / 8) * qd_panel_bytes(t, K) : 0;
