@@ -1,20 +1,30 @@
 """Integer-dot quantized matmul for the CPU path (C sources: kernels/cpu/qdot*.c, layout in qdot.h).
 
 Weights: `prepare` repacks the GGUF blocks of one tensor, once at load, into "x8" panels of 8
-output rows holding exactly the same bits (same size: up to 63 bytes of padding per 8 rows, and
-rows padded to a multiple of 8): codes grouped so that one u8 x s8 dot instruction yields the 8 rows'
-sums in 8 int32 lanes, 4-bit codes kept as nibbles, 5th/6th bits as bit planes, the GGUF scale
-fields (fp16 d / dmin, packed 6-bit K-quant scales) 8 rows side by side. The caller then drops the
-GGUF mapping: no second copy of the model. Why a repack rather than reading the mapped blocks in
-place: the interleaved panels need no horizontal reductions, convert 8 fp16 scales per
-instruction, and one decoded-panel format serves decode (one pass over the weights for all batch
-rows) and the prefill GEMM; the repack costs one read + one write of the weights at load
-(~0.2 s for the 0.5B model on 2 cores, `scripts/bench_qdot.py --load`).
+output rows holding exactly the same bits (same size: < 128 bytes of padding per 8 rows, rows
+padded to a multiple of 8; +0.004% on Qwen2.5-0.5B Q4_K_M): codes grouped so that one u8 x s8 dot
+instruction yields the 8 rows' sums in 8 int32 lanes, 4-bit codes kept as nibbles, 5th/6th bits as
+bit planes, the GGUF scale fields (fp16 d / dmin, packed 6-bit K-quant scales) 8 rows side by side.
+The caller then drops the GGUF mapping (or passes release_source=True): no second copy of the
+model. Why a repack rather than reading the mapped blocks in place: the interleaved panels need no
+horizontal reductions, convert 8 fp16 scales per instruction, read as one sequential stream, and
+one decoded-panel format serves decode (one pass over the weights for all batch rows) and the
+prefill GEMM; it costs one read + one write of the weights at load (the whole 0.5B model:
+0.6-0.9 s of CPU on one thread, `scripts/bench_qdot.py --load`).
 
-Activations: `quantize_activations(x, kind)` quantizes rows like llama.cpp does ("q8_0": per 32,
-for Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 weights; "q8_K": per 256 with per-16 sums, for the K-quants); the
-result can be reused by every weight that reads the same input (`act_kind(qtype)` says which kind a
-weight needs).
+Activations are quantized like llama.cpp's CPU backend ("q8_0": per 32, for Q4_0 Q4_1 Q5_0 Q5_1
+Q8_0 weights; "q8_K": per 256 with per-16 sums, for the K-quants; `act_kind(qtype)`), int32 dots
+(AVX2 vpmaddubsw/vpmaddwd, VNNI vpdpbusd, portable C), float32 scales per block.
+
+Calls:
+- `matmul(x, w)`: x float32 [T, cols] -> [T, rows]; quantizes x inside the same C call;
+- `group([wq, wk, wv])` once at load + `matmul_group(x, g)`: several weights reading the same input
+  (q/k/v, gate/up) in one call: x quantized once (both kinds if the group mixes them), one
+  parallel region, threads split by weight bytes; y [T, sum(rows)] in weight order (`g.splits`);
+- `quantize_activations(x, kind)` + `matmul(acts, w)`: explicit reuse of quantized activations;
+- `dequantize_rows(w, ids)`: rows as float32, bit-identical to kernels.dequant_ref (embeddings).
+Up to 8 rows the codes are decoded in registers straight from the panels (decode steps); more rows
+decode each group of panels once into L2-resident scratch (prefill GEMM).
 
 ISA: `TRITIUM_CPU_ISA` = avx512vnni | avxvnni | avx2 | scalar (default: the best this CPU has;
 "vnni-emu" = the VNNI code paths on AVX2 with an exact emulation of vpdpbusd, for tests on
