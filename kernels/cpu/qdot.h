@@ -1,0 +1,147 @@
+/* qdot: integer-dot quantized matmul for the CPU path (see kernels/cpu/qdot.py).
+
+   Weights: every GGUF quantized type is repacked once into "x8" panels of 8 output rows, holding
+   exactly the bits of the GGUF blocks (same size, up to < 128 bytes of padding per panel):
+
+     panel p (rows 8p .. 8p+7) = [scales of block 0][scales of block 1]... (padded to 64 bytes)
+                                 [codes of block 0][codes of block 1]...   (padded to 64 bytes)
+
+   The codes of a block are grouped by 32 columns; inside a group every plane is one 32-byte vector
+   of "8 rows x 4 consecutive columns" (byte r * 4 + j is row r, column 4 * kg + j of k-group kg),
+   so one u8 x s8 dot instruction against 4 broadcast activation bytes gives the 8 rows' partial
+   sums in the 8 int32 lanes: no horizontal reductions, per-row scales applied lane-wise.
+
+     nib  (4 x 32 B): plane v: low nibble = bits 0-3 of k-group v, high nibble = of k-group v + 4
+     bit1 (1 x 32 B): bit kg of byte (r, j) = one more bit (bit 4 of Q5_*, bit 2 of Q3_K)
+     bit2 (2 x 32 B): plane h: bits 2t, 2t+1 = a 2-bit field of k-group 4h + t
+                      (bits 4-5 of Q6_K, bits 0-1 of Q3_K / Q2_K)
+     b8   (8 x 32 B): plane kg: the signed Q8_0 bytes
+
+   Codes are unsigned (0 .. 2^bits - 1); the signed offset of a type (Q4_0: -8, Q5_0: -16,
+   Q6_K: -32, Q3_K: -4) is applied through the activation block sums. Scale fields keep their
+   GGUF encoding (fp16 d / dmin, packed 6-bit K-quant scales), 8 rows side by side.
+
+   Activations: quantized per row like llama.cpp (Q8_0-style per 32 for the 32-blocks, Q8_K-style
+   per 256 with per-16 sums for the K-quants), int8 codes + float32 scale + integer sums. */
+#ifndef QDOT_H
+#define QDOT_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#define QD_AVX2 1
+#endif
+
+/* The int8 dot primitive: acc(int32 x 8) += sum over 4 bytes of u8 x s8.
+   VNNI where the CPU has it (AVX-512 VNNI with VL, or AVX-VNNI); QDOT_EMULATE_VNNI builds the same
+   VNNI code paths on plain AVX2 with an exact emulation of vpdpbusd (tests only). */
+#if defined(QD_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define QD_VNNI 1
+#define QD_DPBUSD(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#elif defined(QD_AVX2) && defined(__AVXVNNI__)
+#define QD_VNNI 1
+#define QD_DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
+#elif defined(QD_AVX2) && defined(QDOT_EMULATE_VNNI)
+#define QD_VNNI 1
+static inline __m256i qd_dpbusd_emu(__m256i acc, __m256i u, __m256i s) {
+    /* exact: widen to 16 bits (no saturation), pairwise products in 32 bits, then pairs of pairs */
+    const __m256i m = _mm256_set1_epi16(0x00FF);
+    __m256i ue = _mm256_and_si256(u, m), uo = _mm256_srli_epi16(u, 8);
+    __m256i se = _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8), so = _mm256_srai_epi16(s, 8);
+    __m256i pe = _mm256_madd_epi16(ue, se), po = _mm256_madd_epi16(uo, so); /* per 32-bit lane: 2 products each */
+    return _mm256_add_epi32(acc, _mm256_add_epi32(pe, po));
+}
+#define QD_DPBUSD(acc, u, s) qd_dpbusd_emu((acc), (u), (s))
+#endif
+
+/* GGML type ids */
+enum { QD_Q4_0 = 2, QD_Q4_1 = 3, QD_Q5_0 = 6, QD_Q5_1 = 7, QD_Q8_0 = 8,
+       QD_Q2_K = 10, QD_Q3_K = 11, QD_Q4_K = 12, QD_Q5_K = 13, QD_Q6_K = 14 };
+
+typedef struct {
+    int type;
+    int bs;        /* weights per GGUF block (32 or 256) */
+    int ts;        /* bytes per GGUF block */
+    int kq;        /* 1: K-quant (Q8_K activations), 0: 32-block type (Q8_0 activations) */
+    int codes;     /* code bytes per block per panel (8 rows) */
+    int scales;    /* scale bytes per block per panel */
+    int nsub;      /* K-quants: scale sub-blocks per 256 (8 or 16) */
+} qd_type;
+
+static inline const qd_type *qd_type_info(int type) {
+    static const qd_type T[] = {
+        {QD_Q4_0, 32, 18, 0, 128, 16, 0},   {QD_Q4_1, 32, 20, 0, 128, 32, 0},
+        {QD_Q5_0, 32, 22, 0, 160, 16, 0},   {QD_Q5_1, 32, 24, 0, 160, 32, 0},
+        {QD_Q8_0, 32, 34, 0, 256, 16, 0},   {QD_Q2_K, 256, 84, 1, 512, 160, 16},
+        {QD_Q3_K, 256, 110, 1, 768, 112, 16}, {QD_Q4_K, 256, 144, 1, 1024, 128, 8},
+        {QD_Q5_K, 256, 176, 1, 1280, 128, 8}, {QD_Q6_K, 256, 210, 1, 1536, 144, 16},
+    };
+    for (unsigned i = 0; i < sizeof T / sizeof T[0]; ++i)
+        if (T[i].type == type) return &T[i];
+    return 0;
+}
+
+/* panel = [scales of all blocks, padded to 64 bytes][codes of all blocks], padded to 64 bytes:
+   read front to back, one sequential stream over the whole weight */
+static inline size_t qd_scales_bytes(const qd_type *t, int K) {
+    return ((size_t)(K / t->bs) * (size_t)t->scales + 63) & ~(size_t)63;
+}
+static inline size_t qd_panel_bytes(const qd_type *t, int K) {
+    return (qd_scales_bytes(t, K) + (size_t)(K / t->bs) * (size_t)t->codes + 63) & ~(size_t)63;
+}
+static inline const uint8_t *qd_codes_of(const qd_type *t, const uint8_t *panel, int K) {
+    return panel + qd_scales_bytes(t, K);
+}
+
+static inline float qd_f16(uint16_t h) {
+    const uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    uint32_t u;
+    if (e == 0) {
+        if (m == 0) u = s;
+        else { /* subnormal: normalise */
+            int ee = -1; uint32_t mm = m;
+            do { ++ee; mm <<= 1; } while (!(mm & 0x400));
+            u = s | ((uint32_t)(127 - 15 - ee) << 23) | ((mm & 0x3FF) << 13);
+        }
+    } else if (e == 31) u = s | 0x7F800000 | (m << 13);
+    else u = s | ((e + 112) << 23) | (m << 13);
+    float f; memcpy(&f, &u, 4); return f;
+}
+
+/* Decoded panel (scratch), one per thread: codes [K / 4][32] u8 (8-bit Q8_0 codes stay signed
+   except in the VNNI build, where they are biased by +128); per block: d [8] and dmin / m [8]
+   float32; K-quants also sc [nsub][8] int32 (in the AVX2 build an int16 pair (s, s) per lane, for
+   vpmaddwd; int32 otherwise) and mn [8][8] int32 = int16 pairs (mn of the two 16-column halves) that
+   multiply the activation block sums pairwise. */
+typedef struct {
+    uint8_t *codes;
+    float *d, *dm;
+    int32_t *sc, *mn;
+} qd_scratch;
+
+/* Activations of M rows: xq int8 [M][K]; xd float [M][K / bs]; 32-blocks: xs int32 [M][K / 32]
+   (sum of the codes of each block); K-quants: bsum int16 [M][K / 16]. */
+typedef struct {
+    const int8_t *xq;
+    const float *xd;
+    const int32_t *xs;
+    const int16_t *bsum;
+    int M, K;
+} qd_acts;
+
+/* qdot_panel.c: one panel -> scratch. Returns the codes to read ([K / 4][32]): the scratch, or the
+   panel itself where the codes need no decoding (Q8_0). `qd_decode_panel` is the build's vector
+   version, `qd_decode_panel_scalar` the portable one (always int32 scales). */
+const uint8_t *qd_decode_panel(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s);
+const uint8_t *qd_decode_panel_scalar(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s);
+/* qdot_quant.c: one activation row */
+void qd_quant_row_q8_0(const float *x, int K, int8_t *q, float *d, int32_t *s);
+void qd_quant_row_q8_K(const float *x, int K, int8_t *q, float *d, int16_t *bs);
+/* the scales only (the small-batch kernels decode the codes in registers) */
+void qd_decode_scales(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s);
+
+#endif

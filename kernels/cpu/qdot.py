@@ -1,0 +1,427 @@
+"""Integer-dot quantized matmul for the CPU path (C sources: kernels/cpu/qdot*.c, layout in qdot.h).
+
+Weights: `prepare` repacks the GGUF blocks of one tensor, once at load, into "x8" panels of 8
+output rows holding exactly the same bits (same size: < 128 bytes of padding per 8 rows, rows
+padded to a multiple of 8; +0.004% on Qwen2.5-0.5B Q4_K_M): codes grouped so that one u8 x s8 dot
+instruction yields the 8 rows' sums in 8 int32 lanes, 4-bit codes kept as nibbles, 5th/6th bits as
+bit planes, the GGUF scale fields (fp16 d / dmin, packed 6-bit K-quant scales) 8 rows side by side.
+The caller then drops the GGUF mapping (or passes release_source=True): no second copy of the
+model. Why a repack rather than reading the mapped blocks in place: the interleaved panels need no
+horizontal reductions, convert 8 fp16 scales per instruction, read as one sequential stream, and
+one decoded-panel format serves decode (one pass over the weights for all batch rows) and the
+prefill GEMM; it costs one read + one write of the weights at load (the whole 0.5B model:
+0.6-0.9 s of CPU on one thread, `scripts/bench_qdot.py --load`).
+
+Activations are quantized like llama.cpp's CPU backend ("q8_0": per 32, for Q4_0 Q4_1 Q5_0 Q5_1
+Q8_0 weights; "q8_K": per 256 with per-16 sums, for the K-quants; `act_kind(qtype)`), int32 dots
+(AVX2 vpmaddubsw/vpmaddwd, VNNI vpdpbusd, portable C), float32 scales per block.
+
+Calls:
+- `matmul(x, w)`: x float32 [T, cols] -> [T, rows]; quantizes x inside the same C call;
+- `group([wq, wk, wv])` once at load + `matmul_group(x, g)`: several weights reading the same input
+  (q/k/v, gate/up) in one call: x quantized once (both kinds if the group mixes them), one
+  parallel region, threads split by weight bytes; y [T, sum(rows)] in weight order (`g.splits`);
+- `quantize_activations(x, kind)` + `matmul(acts, w)`: explicit reuse of quantized activations;
+- `dequantize_rows(w, ids)`: rows as float32, bit-identical to kernels.dequant_ref (embeddings).
+Up to 8 rows the codes are decoded in registers straight from the panels (decode steps); more rows
+decode each group of panels once into L2-resident scratch (prefill GEMM).
+
+ISA: `TRITIUM_CPU_ISA` = avx512vnni | avxvnni | avx2 | scalar (default: the best this CPU has;
+"vnni-emu" = the VNNI code paths on AVX2 with an exact emulation of vpdpbusd, for tests on
+machines without VNNI). Each ISA is its own build, cached under $TRITIUM_CACHE (~/.cache/tritium)
+keyed by a hash of the sources, flags and ISA. The repacked layout is the same for every ISA.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+_DIR = Path(__file__).resolve().parent
+_SOURCES = ("qdot.h", "qdot_repack.c", "qdot_panel.c", "qdot_quant.c", "qdot_gemm.c")
+
+_AVX2 = ("-mavx2", "-mfma", "-mf16c", "-mbmi2")
+ISA_FLAGS: dict[str, tuple[str, ...]] = {
+    "avx512vnni": _AVX2 + ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+    "avxvnni": _AVX2 + ("-mavxvnni",),
+    "avx2": _AVX2,
+    "vnni-emu": _AVX2 + ("-DQDOT_EMULATE_VNNI",),
+    "scalar": (),
+}
+# /proc/cpuinfo flags each ISA needs
+_ISA_CPU_FLAGS = {
+    "avx512vnni": {"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
+    "avxvnni": {"avx2", "fma", "f16c", "bmi2", "avx_vnni"},
+    "avx2": {"avx2", "fma", "f16c", "bmi2"},
+    "vnni-emu": {"avx2", "fma", "f16c", "bmi2"},
+    "scalar": set(),
+}
+
+# GGML type id -> (block size, type size, activation kind)
+TYPES = {
+    2: (32, 18, "q8_0"), 3: (32, 20, "q8_0"), 6: (32, 22, "q8_0"), 7: (32, 24, "q8_0"), 8: (32, 34, "q8_0"),
+    10: (256, 84, "q8_K"), 11: (256, 110, "q8_K"), 12: (256, 144, "q8_K"), 13: (256, 176, "q8_K"),
+    14: (256, 210, "q8_K"),
+}
+_CODES_SCALES = {2: (128, 16), 3: (128, 32), 6: (160, 16), 7: (160, 32), 8: (256, 16), 10: (512, 160),
+                 11: (768, 112), 12: (1024, 128), 13: (1280, 128), 14: (1536, 144)}
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+@functools.lru_cache(maxsize=1)
+def _supported() -> tuple[str, ...]:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ("scalar",)
+    flags = _cpu_flags()
+    return tuple(isa for isa in ("avx512vnni", "avxvnni", "avx2", "vnni-emu", "scalar") if _ISA_CPU_FLAGS[isa] <= flags)
+
+
+def supported_isas() -> list[str]:
+    """The ISAs this CPU can run, best first (x86 only; elsewhere just "scalar")."""
+    return list(_supported())
+
+
+def current_isa() -> str:
+    """TRITIUM_CPU_ISA if set, else the best ISA of this CPU (vnni-emu is never chosen by default)."""
+    env = os.environ.get("TRITIUM_CPU_ISA", "").strip().lower()
+    if env:
+        if env not in ISA_FLAGS:
+            raise ValueError(f"TRITIUM_CPU_ISA={env!r}: expected one of {sorted(ISA_FLAGS)}")
+        return env
+    return next(i for i in _supported() if i != "vnni-emu")
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("TRITIUM_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "tritium"
+
+
+_lock = threading.Lock()
+_libs: dict[str, ctypes.CDLL | None] = {}
+_warned: set[str] = set()
+
+
+def build(isa: str) -> Path | None:
+    """Compile (or find in the cache) the shared library of `isa` without loading it: any ISA can be
+    built on any x86-64 machine (tests build the VNNI variants this CPU cannot run)."""
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        if "nocc" not in _warned:
+            _warned.add("nocc")
+            log.warning("qdot: no C compiler (gcc/cc) found; the integer-dot kernels are unavailable")
+        return None
+    flags = ["-O3", "-std=gnu11", "-ffp-contract=off", *ISA_FLAGS[isa], "-fopenmp", "-shared", "-fPIC"]
+    flags += os.environ.get("TRITIUM_QDOT_CFLAGS", "").split()  # development experiments only
+    if isa != "scalar" and platform.machine().lower() in ("x86_64", "amd64"):
+        flags.insert(1, "-mtune=native")
+    h = hashlib.sha256()
+    for name in _SOURCES:
+        h.update(name.encode() + b"\0" + (_DIR / name).read_bytes())
+    h.update(" ".join([cc, *flags, isa, platform.machine()]).encode())
+    out = _cache_dir() / f"qdot-{isa}-{h.hexdigest()[:16]}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            so = Path(tmp) / "qdot.so"
+            srcs = [str(_DIR / n) for n in _SOURCES if n.endswith(".c")]
+            r = subprocess.run([cc, *flags, *srcs, "-o", str(so), "-lm"], capture_output=True, text=True)
+            if r.returncode != 0:
+                if isa not in _warned:
+                    _warned.add(isa)
+                    log.warning("qdot: building the %s kernels failed:\n%s", isa, (r.stderr or r.stdout)[-4000:])
+                return None
+            os.replace(so, out)  # atomic: concurrent builders see a whole file or none
+    return out
+
+
+def _compile(isa: str) -> ctypes.CDLL | None:
+    out = build(isa)
+    if out is None:
+        return None
+    lib = ctypes.CDLL(str(out))
+    i, l, p = ctypes.c_int, ctypes.c_long, ctypes.c_void_p
+    lib.qd_repack.argtypes = [i, p, l, i, i, p, i]
+    lib.qd_repack.restype = i
+    lib.qd_repacked_bytes.argtypes = [i, i, i]
+    lib.qd_repacked_bytes.restype = ctypes.c_size_t
+    lib.qd_matmul.argtypes = [i, p, i, i, p, p, p, p, i, p, l, i]
+    lib.qd_matmul.restype = i
+    lib.qd_quantize_q8_0.argtypes = [p, l, i, i, p, p, p, i]
+    lib.qd_quantize_q8_0.restype = None
+    lib.qd_quantize_q8_K.argtypes = [p, l, i, i, p, p, p, i]
+    lib.qd_quantize_q8_K.restype = None
+    lib.qd_dequant_rows.argtypes = [i, p, i, i, p, i, p, i]
+    lib.qd_dequant_rows.restype = None
+    lib.qd_isa_level.argtypes = []
+    lib.qd_isa_level.restype = i
+    lib.qd_group_run.argtypes = [p, p, l, i, p, l, i]
+    lib.qd_group_run.restype = i
+    lib.qd_release.argtypes = [p, ctypes.c_size_t]
+    lib.qd_release.restype = i
+    lib.qd_group_size.argtypes = []
+    lib.qd_group_size.restype = i
+    if lib.qd_group_size() != ctypes.sizeof(_GroupStruct):
+        raise OSError("qdot: qd_group layout mismatch between C and Python")
+    return lib
+
+
+GROUP_MAX = 8
+
+
+class _GroupStruct(ctypes.Structure):
+    _fields_ = [("nw", ctypes.c_int), ("K", ctypes.c_int), ("types", ctypes.c_int * GROUP_MAX),
+                ("Ns", ctypes.c_int * GROUP_MAX), ("Ws", ctypes.c_void_p * GROUP_MAX)]
+
+
+def lib(isa: str | None = None) -> ctypes.CDLL | None:
+    """The compiled kernels for `isa` (default `current_isa()`), or None without a compiler."""
+    isa = isa or current_isa()
+    if isa not in _libs:
+        with _lock:
+            if isa not in _libs:
+                try:
+                    _libs[isa] = _compile(isa)
+                except OSError as e:
+                    log.warning("qdot: loading the %s kernels failed: %s", isa, e)
+                    _libs[isa] = None
+    return _libs[isa]
+
+
+def available() -> bool:
+    return lib() is not None
+
+
+def _lib() -> ctypes.CDLL:
+    lb = lib()
+    if lb is None:
+        raise RuntimeError("qdot kernels unavailable (no compiler, or the build failed; see the log)")
+    return lb
+
+
+def _threads(n: int | None) -> int:
+    return int(n) if n else torch.get_num_threads()
+
+
+def act_kind(qtype: int) -> str:
+    """"q8_0" or "q8_K": the activation quantization weights of `qtype` read."""
+    return TYPES[int(qtype)][2]
+
+
+def repacked_bytes(qtype: int, rows: int, cols: int) -> int:
+    bs, _, _ = TYPES[int(qtype)]
+    c, s = _CODES_SCALES[int(qtype)]
+    nb = cols // bs
+    panel = (nb * s + 63) // 64 * 64 + nb * c
+    return ((rows + 7) // 8) * ((panel + 63) // 64 * 64)
+
+
+@dataclass
+class QdotWeight:
+    """One repacked weight: `data` uint8 [repacked_bytes] (x8 panels), `qtype` the GGML type id,
+    `rows` output features, `cols` input features."""
+    data: torch.Tensor
+    qtype: int
+    rows: int
+    cols: int
+    _group: "QdotGroup | None" = None
+
+    @property
+    def act_kind(self) -> str:
+        return act_kind(self.qtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+
+@dataclass
+class QActs:
+    """Quantized activation rows: q int8 [M, K]; d float32 [M, K / block]; sums int32 [M, K / 32]
+    (q8_0: the sum of each block's codes) or int16 [M, K / 16] (q8_K: bsums)."""
+    kind: str
+    q: torch.Tensor
+    d: torch.Tensor
+    sums: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
+
+def _as_u8(raw) -> tuple[int, torch.Tensor | np.ndarray]:
+    """A pointer to the bytes of `raw` (torch uint8 tensor, numpy array, memmap, bytes-like) and the
+    object that keeps them alive."""
+    if isinstance(raw, torch.Tensor):
+        t = raw.contiguous()
+        return t.data_ptr(), t
+    a = np.ascontiguousarray(np.frombuffer(raw, dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw)
+    return a.ctypes.data, a
+
+
+def prepare(raw, qtype: int, rows: int, cols: int, n_threads: int | None = None,
+            release_source: bool = False) -> QdotWeight:
+    """GGUF bytes of one tensor ([rows, cols / block * type_size], any buffer: the numpy view of the
+    mapped file is read once, not kept) -> the repacked weight.
+
+    release_source: afterwards drop the source pages from this process (madvise MADV_DONTNEED on
+    their page-aligned interior), so that loading a model never holds the mapped file and the
+    repacked weights at once (peak RSS ~ one copy). Only for a read-only or never-written
+    copy-on-write file mapping: the pages are re-read from the page cache if touched again."""
+    qtype = int(qtype)
+    if qtype not in TYPES:
+        raise NotImplementedError(f"qdot: GGML type {qtype} is not supported")
+    bs, ts, _ = TYPES[qtype]
+    if cols % bs:
+        raise ValueError(f"qdot: cols={cols} is not a multiple of the block size {bs}")
+    ptr, keep = _as_u8(raw)
+    nbytes = keep.numel() if isinstance(keep, torch.Tensor) else keep.nbytes
+    row_bytes = cols // bs * ts
+    if nbytes < rows * row_bytes:
+        raise ValueError(f"qdot: {nbytes} bytes for {rows} x {cols} of type {qtype} ({rows * row_bytes} needed)")
+    out = torch.empty(repacked_bytes(qtype, rows, cols), dtype=torch.uint8)
+    if _lib().qd_repack(qtype, ptr, row_bytes, rows, cols, out.data_ptr(), _threads(n_threads)) != 0:
+        raise RuntimeError("qdot: repack failed")
+    if release_source:
+        _lib().qd_release(ptr, rows * row_bytes)
+    del keep
+    return QdotWeight(out, qtype, rows, cols)
+
+
+def quantize_activations(x: torch.Tensor, kind: str, n_threads: int | None = None) -> QActs:
+    """x float32 [M, K] (rows may be strided) -> QActs of `kind` ("q8_0" or "q8_K")."""
+    if x.dim() != 2:
+        raise ValueError("qdot: activations must be [M, K]")
+    if x.dtype != torch.float32 or x.stride(1) != 1:
+        x = x.float().contiguous()
+    M, K = x.shape
+    lb = _lib()
+    if kind == "q8_0":
+        if K % 32:
+            raise ValueError(f"qdot: K={K} is not a multiple of 32")
+        q = torch.empty((M, K), dtype=torch.int8)
+        d = torch.empty((M, K // 32), dtype=torch.float32)
+        s = torch.empty((M, K // 32), dtype=torch.int32)
+        lb.qd_quantize_q8_0(x.data_ptr(), x.stride(0), M, K, q.data_ptr(), d.data_ptr(), s.data_ptr(), _threads(n_threads))
+    elif kind == "q8_K":
+        if K % 256:
+            raise ValueError(f"qdot: K={K} is not a multiple of 256")
+        q = torch.empty((M, K), dtype=torch.int8)
+        d = torch.empty((M, K // 256), dtype=torch.float32)
+        s = torch.empty((M, K // 16), dtype=torch.int16)
+        lb.qd_quantize_q8_K(x.data_ptr(), x.stride(0), M, K, q.data_ptr(), d.data_ptr(), s.data_ptr(), _threads(n_threads))
+    else:
+        raise ValueError(f"qdot: unknown activation kind {kind!r}")
+    return QActs(kind, q, d, s)
+
+
+class QdotGroup:
+    """Weights that read the same input (q/k/v, gate/up): `matmul_group` quantizes the input once
+    and runs all of them in one call (one parallel region, threads split by weight bytes); the
+    outputs are the column blocks of one [T, sum(rows)] tensor, in order. Bound to the ISA build
+    current when it is created."""
+
+    def __init__(self, weights: list[QdotWeight]):
+        if not 1 <= len(weights) <= GROUP_MAX:
+            raise ValueError(f"qdot: a group holds 1..{GROUP_MAX} weights")
+        K = weights[0].cols
+        if any(w.cols != K for w in weights):
+            raise ValueError("qdot: the weights of a group must have the same number of columns")
+        self.weights = list(weights)
+        self.K = K
+        self.rows = sum(w.rows for w in weights)
+        self.splits = [w.rows for w in weights]
+        st = _GroupStruct()
+        st.nw, st.K = len(weights), K
+        for i, w in enumerate(weights):
+            st.types[i], st.Ns[i], st.Ws[i] = w.qtype, w.rows, w.data.data_ptr()
+        self._struct = st
+        self._ptr = ctypes.addressof(st)
+        self._fn = _lib().qd_group_run
+
+
+def group(weights: list[QdotWeight]) -> QdotGroup:
+    return QdotGroup(weights)
+
+
+def matmul_group(x: torch.Tensor, g: QdotGroup, out: torch.Tensor | None = None,
+                 n_threads: int | None = None) -> torch.Tensor:
+    """x float32 [T, K] (rows may be strided) -> y float32 [T, sum(rows)]; `out` may be given
+    (float32 [T, sum(rows)], unit column stride)."""
+    if x.dtype is not torch.float32 or x.stride(-1) != 1:
+        x = x.float().contiguous()
+    M, K = x.shape
+    if K != g.K:
+        raise ValueError(f"qdot: activations have {K} columns, the weights {g.K}")
+    if out is None:
+        out = torch.empty((M, g.rows), dtype=torch.float32)
+    elif out.shape != (M, g.rows) or out.dtype is not torch.float32 or out.stride(1) != 1:
+        raise ValueError("qdot: out must be float32 [T, rows] with unit column stride")
+    if g._fn(g._ptr, x.data_ptr(), x.stride(0), M, out.data_ptr(), out.stride(0), n_threads or torch.get_num_threads()):
+        raise RuntimeError("qdot: matmul failed")
+    return out
+
+
+def matmul(x: torch.Tensor | QActs, w: QdotWeight, n_threads: int | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """x float32 [T, cols] (or its `quantize_activations` of kind `w.act_kind`) times the weight:
+    y float32 [T, rows]. `out` may be a float32 [T, rows] view with unit column stride (e.g. a
+    column slice of a fused q/k/v output). A float x is quantized inside the same C call."""
+    if not isinstance(x, QActs):
+        g = w._group
+        if g is None:
+            g = w._group = QdotGroup([w])
+        return matmul_group(x, g, out, n_threads)
+    if x.kind != w.act_kind:
+        raise ValueError(f"qdot: a {w.act_kind} weight got {x.kind} activations")
+    M, K = x.q.shape
+    if K != w.cols:
+        raise ValueError(f"qdot: activations have {K} columns, the weight {w.cols}")
+    if out is None:
+        out = torch.empty((M, w.rows), dtype=torch.float32)
+    elif out.shape != (M, w.rows) or out.dtype != torch.float32 or out.stride(1) != 1:
+        raise ValueError("qdot: out must be float32 [T, rows] with unit column stride")
+    if M == 0:
+        return out
+    xs = x.sums.data_ptr() if x.kind == "q8_0" else None
+    bsum = x.sums.data_ptr() if x.kind == "q8_K" else None
+    rc = _lib().qd_matmul(w.qtype, w.data.data_ptr(), w.rows, w.cols, x.q.data_ptr(), x.d.data_ptr(), xs, bsum, M,
+                          out.data_ptr(), out.stride(0), _threads(n_threads))
+    if rc != 0:
+        raise RuntimeError("qdot: matmul failed")
+    return out
+
+
+def dequantize_rows(w: QdotWeight, ids: torch.Tensor | None = None, n_threads: int | None = None) -> torch.Tensor:
+    """Rows `ids` (default all) of the weight as float32 [n, cols], bit-identical to
+    kernels.dequant_ref (embedding lookups from a repacked table)."""
+    ids = torch.arange(w.rows, dtype=torch.int64) if ids is None else ids.reshape(-1).to(torch.int64).contiguous()
+    out = torch.empty((ids.numel(), w.cols), dtype=torch.float32)
+    if ids.numel():
+        _lib().qd_dequant_rows(w.qtype, w.data.data_ptr(), w.rows, w.cols, ids.data_ptr(), ids.numel(),
+                               out.data_ptr(), _threads(n_threads))
+    return out

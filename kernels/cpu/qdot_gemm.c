@@ -1,0 +1,545 @@
+/* Integer-dot matmul y[M][N] = x[M][K] . W[N][K]^T on x8 panels (qdot.h) and quantized
+   activations (qdot_quant.c).
+
+   Driver: OpenMP over groups of panels. A thread decodes the panels of its group once into
+   scratch (codes + scales, L1/L2 resident) and then runs every activation row over them, 4 rows
+   per micro-kernel call: one pass over the weights in memory per call whatever the batch (decode
+   steps of 1..n sequences), and for prefill a cache-blocked GEMM (group of panels in L2, 4
+   activation rows in L1).
+
+   Micro-kernels (8 weight rows x MR <= 4 activation rows, int32 lanes = weight rows):
+   - 32-blocks (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0): per block int32 sum of code * x over 32 columns, minus
+     offset * (sum of the activation codes), then y += (d_w * d_x) * isum (+ m_w * d_x * sum_x);
+   - K-quants: per 256-block int32 sum over sub-blocks of scale_j * (sum of code * x), the mins /
+     offsets as sum_j mn_j * bsum_j, then y += (d_w d_x) isum - (dmin_w d_x) mins.
+   The int8 dot: AVX2 vpmaddubsw (u8 x s8 -> int16, summed over as many k-groups as cannot
+   overflow: 8 for 4-bit codes, 4 for 5-bit, 2 for 6-bit, 1 for Q8_0 with the sign trick), then
+   vpmaddwd by 1 or by the sub-block scale; VNNI vpdpbusd straight into int32 (Q8_0 codes biased
+   by +128, the bias removed through the block sums), sub-block scales by vpmulld. */
+#include "qdot.h"
+#include <omp.h>
+
+#define MRMAX 4
+
+#if defined(QD_AVX2)
+#define ALWAYS static inline __attribute__((always_inline))
+
+ALWAYS __m256i bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
+ALWAYS __m256i ldv(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* Small batches stream the weights from memory once: software prefetch QD_PF bytes ahead (the
+   panels are contiguous, so this runs on into the next panel's scales and codes). */
+#ifndef QD_HEADPF
+#define QD_HEADPF 16384
+#endif
+#ifndef QD_PF
+#define QD_PF 4096
+#endif
+ALWAYS void prefetch_ahead(const uint8_t *p, int n) {
+    for (int o = 0; o < n; o += 64) _mm_prefetch((const char *)(p + QD_PF + o), _MM_HINT_T0);
+}
+
+/* Code vector of k-group kg (0..7) of one 32-column group of a panel, decoded in registers from the
+   x8 planes (qdot.h): the small-batch kernels read the weights once, straight from memory. */
+ALWAYS __m256i mvb(__m256i v, int from, int to) {
+    return to >= from ? _mm256_slli_epi16(v, to - from) : _mm256_srli_epi16(v, from - to);
+}
+ALWAYS __m256i nib_kg(const uint8_t *g, int kg) {
+    const __m256i n = ldv(g + 32 * (kg % 4)), m4 = _mm256_set1_epi8(15);
+    return kg < 4 ? _mm256_and_si256(n, m4) : _mm256_and_si256(_mm256_srli_epi16(n, 4), m4);
+}
+ALWAYS __m256i code_kg(const int type, const uint8_t *g, int kg) {
+    switch (type) {
+    case QD_Q4_0: case QD_Q4_1: case QD_Q4_K: return nib_kg(g, kg);
+    case QD_Q5_0: case QD_Q5_1: case QD_Q5_K:
+        return _mm256_or_si256(nib_kg(g, kg), _mm256_and_si256(mvb(ldv(g + 128), kg, 4), _mm256_set1_epi8(0x10)));
+    case QD_Q6_K:
+        return _mm256_or_si256(nib_kg(g, kg), _mm256_and_si256(mvb(ldv(g + 128 + 32 * (kg / 4)), 2 * (kg % 4), 4),
+                                                                _mm256_set1_epi8(0x30)));
+    case QD_Q3_K:
+        return _mm256_or_si256(_mm256_and_si256(mvb(ldv(g + 32 * (kg / 4)), 2 * (kg % 4), 0), _mm256_set1_epi8(3)),
+                               _mm256_and_si256(mvb(ldv(g + 64), kg, 2), _mm256_set1_epi8(4)));
+    case QD_Q2_K:
+        return _mm256_and_si256(mvb(ldv(g + 32 * (kg / 4)), 2 * (kg % 4), 0), _mm256_set1_epi8(3));
+    default: /* Q8_0 */
+        return ldv(g + 32 * kg);
+    }
+}
+
+/* The code vector of k-group k (0 .. bs/4 - 1) of block b: from the decoded scratch (stride 256 per
+   32 columns) or, fused, from the panel itself (cbytes per block, gbytes per 32-column group). */
+ALWAYS __m256i wv(const int type, const int fused, const uint8_t *codes, int cbytes, int gbytes, int bs, int b, int k) {
+    if (fused && type != QD_Q8_0) return code_kg(type, codes + (size_t)b * cbytes + (size_t)(k / 8) * gbytes, k % 8);
+    return ldv(codes + (size_t)b * bs * 8 + 32 * k);
+}
+
+/* 32-block types. off: offset subtracted from the codes (through the activation sums);
+   chunk: k-groups summed in int16 (AVX2); has_m: Q4_1 / Q5_1 add m_w * d_x * sum_x;
+   Q8_0 codes are signed (AVX2: sign trick; VNNI: +128 bias, removed through the sums). */
+ALWAYS void mk_a(const int type, const int fused, const int MR, const int chunk, int off, const int has_m,
+                 const uint8_t *codes, int cbytes, const qd_scratch *s, int nb, const qd_acts *a, int m0, float *out) {
+    __m256 accf[MRMAX];
+    /* rows as one base pointer + stride: x86 addressing does the rest (no pointer array to spill) */
+    const size_t K = (size_t)a->K;
+    const int8_t *const xq0 = a->xq + (size_t)m0 * K;
+    const int s8 = type == QD_Q8_0;
+    #pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) accf[m] = _mm256_setzero_ps();
+#if defined(QD_VNNI)
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    if (s8) off = 128;
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+#endif
+    for (int b = 0; b < nb; ++b) {
+        __m256i acc[MRMAX];
+        #pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_si256();
+        if (fused) prefetch_ahead(codes + (size_t)b * cbytes, cbytes);
+#if defined(QD_VNNI)
+        #pragma GCC unroll 8
+        for (int kg = 0; kg < 8; ++kg) {
+            __m256i w = wv(type, fused, codes, cbytes, cbytes, 32, b, kg);
+            if (s8) w = _mm256_xor_si256(w, bias);
+            #pragma GCC unroll 4
+            for (int m = 0; m < MR; ++m) acc[m] = QD_DPBUSD(acc[m], w, bcast4(xq0 + m * K + 32 * b + 4 * kg));
+        }
+#else
+        if (s8) {
+            #pragma GCC unroll 8
+            for (int kg = 0; kg < 8; ++kg) {
+                const __m256i w = wv(type, fused, codes, cbytes, cbytes, 32, b, kg), aw = _mm256_sign_epi8(w, w);
+                #pragma GCC unroll 4
+                for (int m = 0; m < MR; ++m)
+                    acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast4(xq0 + m * K + 32 * b + 4 * kg), w)), ones));
+            }
+        } else {
+            #pragma GCC unroll 2
+            for (int c0 = 0; c0 < 8; c0 += chunk) {
+                __m256i a16[MRMAX];
+                #pragma GCC unroll 4
+                for (int m = 0; m < MR; ++m) a16[m] = _mm256_setzero_si256();
+                #pragma GCC unroll 8
+                for (int kg = c0; kg < c0 + chunk; ++kg) {
+                    const __m256i w = wv(type, fused, codes, cbytes, cbytes, 32, b, kg);
+                    #pragma GCC unroll 4
+                    for (int m = 0; m < MR; ++m)
+                        a16[m] = _mm256_add_epi16(a16[m], _mm256_maddubs_epi16(w, bcast4(xq0 + m * K + 32 * b + 4 * kg)));
+                }
+                #pragma GCC unroll 4
+                for (int m = 0; m < MR; ++m) acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(a16[m], ones));
+            }
+        }
+#endif
+        const __m256 dw = _mm256_loadu_ps(s->d + 8 * b);
+        #pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m) {
+            const size_t i = (size_t)(m0 + m) * nb + b;
+            const float xd = a->xd[i];
+            __m256i isum = acc[m];
+            if (off) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(off * a->xs[i]));
+            accf[m] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(isum), accf[m]);
+            if (has_m)
+                accf[m] = _mm256_fmadd_ps(_mm256_loadu_ps(s->dm + 8 * b), _mm256_set1_ps(xd * (float)a->xs[i]), accf[m]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) _mm256_storeu_ps(out + 8 * m, accf[m]);
+}
+
+/* K-quants. nsub: scale sub-blocks per 256 (8: 32 columns each, 16: 16 columns each);
+   chunk: k-groups summed in int16 per vpmaddwd (AVX2); fold: the mins share d (Q6_K, Q3_K). */
+ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, const int chunk, const int fold,
+                 const uint8_t *codes, int cbytes, const qd_scratch *s, int nb, const qd_acts *a, int m0, float *out) {
+    __m256 accf[MRMAX];
+    const size_t K = (size_t)a->K, K16 = K / 16;
+    const int8_t *const xq0 = a->xq + (size_t)m0 * K;
+    const int16_t *const bs0 = a->bsum + (size_t)m0 * K16;
+    const int kgs = 64 / nsub, gbytes = cbytes / 8;
+    #pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) accf[m] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+        __m256i acc[MRMAX];
+        #pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_si256();
+        const int32_t *scb = s->sc + (size_t)b * nsub * 8;
+        if (fused) prefetch_ahead(codes + (size_t)b * cbytes, cbytes);
+        #pragma GCC unroll 2
+        for (int j = 0; j < nsub; ++j) {
+            const __m256i scv = _mm256_loadu_si256((const __m256i *)(scb + 8 * j));
+#if defined(QD_VNNI)
+            __m256i t[MRMAX];
+            #pragma GCC unroll 4
+            for (int m = 0; m < MR; ++m) t[m] = _mm256_setzero_si256();
+            #pragma GCC unroll 8
+            for (int kg = 0; kg < kgs; ++kg) {
+                const int k = j * kgs + kg;
+                const __m256i w = wv(type, fused, codes, cbytes, gbytes, 256, b, k);
+                #pragma GCC unroll 4
+                for (int m = 0; m < MR; ++m) t[m] = QD_DPBUSD(t[m], w, bcast4(xq0 + m * K + 256 * b + 4 * k));
+            }
+            #pragma GCC unroll 4
+            for (int m = 0; m < MR; ++m) acc[m] = _mm256_add_epi32(acc[m], _mm256_mullo_epi32(t[m], scv));
+#else
+            #pragma GCC unroll 4
+            for (int c0 = 0; c0 < kgs; c0 += chunk) {
+                __m256i a16[MRMAX];
+                #pragma GCC unroll 4
+                for (int m = 0; m < MR; ++m) a16[m] = _mm256_setzero_si256();
+                #pragma GCC unroll 8
+                for (int kg = c0; kg < c0 + chunk; ++kg) {
+                    const int k = j * kgs + kg;
+                    const __m256i w = wv(type, fused, codes, cbytes, gbytes, 256, b, k);
+                    #pragma GCC unroll 4
+                    for (int m = 0; m < MR; ++m)
+                        a16[m] = _mm256_add_epi16(a16[m], _mm256_maddubs_epi16(w, bcast4(xq0 + m * K + 256 * b + 4 * k)));
+                }
+                #pragma GCC unroll 4
+                for (int m = 0; m < MR; ++m) acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(a16[m], scv));
+            }
+#endif
+        }
+        const __m256 dw = _mm256_loadu_ps(s->d + 8 * b);
+        const int32_t *mnb = s->mn + (size_t)b * 64;
+        #pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m) {
+            const float xd = a->xd[(size_t)(m0 + m) * nb + b];
+            const int16_t *bs = bs0 + m * K16 + 16 * b;
+            __m256i mins = _mm256_setzero_si256();
+            #pragma GCC unroll 8
+            for (int i = 0; i < 8; ++i) {
+                int32_t p; memcpy(&p, bs + 2 * i, 4);
+                mins = _mm256_add_epi32(mins, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(mnb + 8 * i)),
+                                                                _mm256_set1_epi32(p)));
+            }
+            const __m256 xdv = _mm256_set1_ps(xd);
+            if (fold) {
+                accf[m] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xdv), _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[m], mins)), accf[m]);
+            } else {
+                accf[m] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xdv), _mm256_cvtepi32_ps(acc[m]), accf[m]);
+                accf[m] = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(s->dm + 8 * b), xdv), _mm256_cvtepi32_ps(mins), accf[m]);
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) _mm256_storeu_ps(out + 8 * m, accf[m]);
+}
+
+#define DISPATCH(CALL) do { \
+    if (fused) { switch (MR) { case 1: CALL(1, 1); break; case 2: CALL(1, 2); break; \
+                               case 3: CALL(1, 3); break; default: CALL(1, 4); } } \
+    else { switch (MR) { case 1: CALL(0, 1); break; case 2: CALL(0, 2); break; \
+                         case 3: CALL(0, 3); break; default: CALL(0, 4); } } } while (0)
+
+static void run_panel(int type, int fused, int MR, const uint8_t *c, int cbytes, const qd_scratch *s, int nb,
+                      const qd_acts *a, int m0, float *out) {
+    switch (type) {
+#define A(T, f, MRc, chunk, off, hm) mk_a(T, f, MRc, chunk, off, hm, c, cbytes, s, nb, a, m0, out)
+#define KQ(T, f, MRc, nsub, chunk, fold) mk_k(T, f, MRc, nsub, chunk, fold, c, cbytes, s, nb, a, m0, out)
+    case QD_Q4_0: {
+#define C(f, n) A(QD_Q4_0, f, n, 8, 8, 0)
+        DISPATCH(C); break;
+#undef C
+    }
+    case QD_Q4_1: {
+#define C(f, n) A(QD_Q4_1, f, n, 8, 0, 1)
+        DISPATCH(C); break;
+#undef C
+    }
+    case QD_Q5_0: {
+#define C(f, n) A(QD_Q5_0, f, n, 4, 16, 0)
+        DISPATCH(C); break;
+#undef C
+    }
+    case QD_Q5_1: {
+#define C(f, n) A(QD_Q5_1, f, n, 4, 0, 1)
+        DISPATCH(C); break;
+#undef C
+    }
+    case QD_Q8_0: {
+#define C(f, n) A(QD_Q8_0, f, n, 1, 0, 0)
+        DISPATCH(C); break;
+#undef C
+    }
+    case QD_Q2_K: {
+#define C(f, n) KQ(QD_Q2_K, f, n, 16, 4, 0)
+        DISPATCH(C); break;
+#undef C
+    }
+    case QD_Q3_K: {
+#define C(f, n) KQ(QD_Q3_K, f, n, 16, 4, 1)
+        DISPATCH(C); break;
+#undef C
+    }
+    case QD_Q4_K: {
+#define C(f, n) KQ(QD_Q4_K, f, n, 8, 8, 0)
+        DISPATCH(C); break;
+#undef C
+    }
+    case QD_Q5_K: {
+#define C(f, n) KQ(QD_Q5_K, f, n, 8, 4, 0)
+        DISPATCH(C); break;
+#undef C
+    }
+    case QD_Q6_K: {
+#define C(f, n) KQ(QD_Q6_K, f, n, 16, 2, 1)
+        DISPATCH(C); break;
+#undef C
+    }
+#undef A
+#undef KQ
+    }
+}
+
+#else  /* ------------------------------------------------------------------ portable */
+
+static void run_panel(int type, int fused, int MR, const uint8_t *c, int cbytes, const qd_scratch *s, int nb,
+                      const qd_acts *a, int m0, float *out) {
+    (void)fused; (void)cbytes;  /* the portable build always decodes into scratch */
+    const qd_type *t = qd_type_info(type);
+    const int K = a->K;
+    for (int m = 0; m < MR; ++m) {
+        const int8_t *x = a->xq + (size_t)(m0 + m) * K;
+        float acc[8] = {0};
+        for (int b = 0; b < nb; ++b) {
+            const size_t ib = (size_t)(m0 + m) * nb + b;
+            const float xd = a->xd[ib];
+            for (int r = 0; r < 8; ++r) {
+                if (!t->kq) {
+                    int isum = 0;
+                    for (int k = 0; k < 32; ++k) {
+                        const uint8_t cv = c[(size_t)(b * 8 + k / 4) * 32 + 4 * r + k % 4];
+                        isum += (type == QD_Q8_0 ? (int)(int8_t)cv : (int)cv) * x[32 * b + k];
+                    }
+                    const int off = type == QD_Q4_0 ? 8 : type == QD_Q5_0 ? 16 : 0;
+                    isum -= off * a->xs[ib];
+                    acc[r] += (s->d[8 * b + r] * xd) * (float)isum;
+                    if (type == QD_Q4_1 || type == QD_Q5_1) acc[r] += s->dm[8 * b + r] * (xd * (float)a->xs[ib]);
+                } else {
+                    const int kgs = 64 / t->nsub;
+                    int isum = 0, mins = 0;
+                    for (int j = 0; j < t->nsub; ++j) {
+                        int sub = 0;
+                        for (int k = 4 * j * kgs; k < 4 * (j + 1) * kgs; ++k)
+                            sub += c[(size_t)(b * 64 + k / 4) * 32 + 4 * r + k % 4] * x[256 * b + k];
+                        isum += s->sc[((size_t)b * t->nsub + j) * 8 + r] * sub;
+                    }
+                    const int16_t *bs = a->bsum + (size_t)(m0 + m) * (K / 16) + 16 * b;
+                    for (int i = 0; i < 8; ++i) {
+                        const int32_t p = s->mn[(size_t)b * 64 + 8 * i + r];
+                        mins += (int16_t)(p & 0xFFFF) * bs[2 * i] + (int16_t)((uint32_t)p >> 16) * bs[2 * i + 1];
+                    }
+                    if (type == QD_Q6_K || type == QD_Q3_K) acc[r] += (s->d[8 * b + r] * xd) * (float)(isum - mins);
+                    else acc[r] += (s->d[8 * b + r] * xd) * (float)isum - (s->dm[8 * b + r] * xd) * (float)mins;
+                }
+            }
+        }
+        memcpy(out + 8 * m, acc, sizeof acc);
+    }
+}
+#endif
+
+/* thread-local scratch, grown on demand */
+static __thread uint8_t *tl_buf, *tl_act;
+static __thread size_t tl_cap, tl_act_cap;
+
+static void *tl_grow(uint8_t **buf, size_t *cap, size_t need) {
+    if (*cap < need) {
+        free(*buf);
+        *buf = (uint8_t *)aligned_alloc(64, (need + 63) & ~(size_t)63);
+        *cap = *buf ? need : 0;
+    }
+    return *buf;
+}
+
+static size_t scratch_bytes(int K, int nb) {
+    return ((size_t)K * 8 + sizeof(float) * 16 * nb + sizeof(int32_t) * (128 + 64) * nb + 63) & ~(size_t)63;
+}
+
+static qd_scratch scratch_at(uint8_t *base, int K, int nb) {
+    qd_scratch s;
+    s.codes = base;
+    s.d = (float *)(base + (size_t)K * 8);
+    s.dm = s.d + 8 * nb;
+    s.sc = (int32_t *)(s.dm + 8 * nb);
+    s.mn = s.sc + 128 * nb;
+    return s;
+}
+
+/* One matmul of a call: weight W (x8 panels, `type`, N x K) -> y columns [0, N) (ldy). */
+typedef struct {
+    int type, N;
+    const uint8_t *W;
+    float *y;
+    long ldy;
+} qd_job;
+
+/* Panels per work item: the decoded scratch of an item kept within ~192 KB of L2 for many rows. */
+#ifndef QD_FUSED_MAX
+#define QD_FUSED_MAX 8  /* up to this many rows: codes decoded in registers, once per MRMAX rows */
+#endif
+static int panels_per_item(int M, int K, int nb) {
+    if (M <= QD_FUSED_MAX) return 1;
+    int G = (int)((192 * 1024) / scratch_bytes(K, nb));
+    return G < 1 ? 1 : G > 16 ? 16 : G;
+}
+
+/* Runs inside a parallel region: this thread's share of the work items of all jobs, split by
+   weight bytes (jobs of different types and sizes balance). */
+static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, const qd_acts *a8_K, int M) {
+    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    double total = 0;
+    for (int j = 0; j < nj; ++j) {
+        const qd_type *t = qd_type_info(jobs[j].type);
+        total += (double)((jobs[j].N + 7) / 8) * (double)qd_panel_bytes(t, K);
+    }
+    const double lo = total * tid / nt, hi = total * (tid + 1) / nt;
+    double at = 0;
+    for (int j = 0; j < nj; ++j) {
+        const qd_job *jb = &jobs[j];
+        const qd_type *t = qd_type_info(jb->type);
+        const qd_acts *a = t->kq ? a8_K : a8_0;
+        const int nb = K / t->bs, np = (jb->N + 7) / 8, G = panels_per_item(M, K, nb);
+        const size_t pb = qd_panel_bytes(t, K), sb = scratch_bytes(K, nb);
+        const double jbytes = (double)np * (double)pb;
+        if (at + jbytes <= lo || at >= hi) { at += jbytes; continue; }
+        /* items whose middle byte falls in [lo, hi) */
+        const int ni = (np + G - 1) / G;
+        int i0 = 0, i1 = ni;
+#define MID(i) (at + ((double)(i) * G + 0.5 * (np - (i) * G < G ? np - (i) * G : G)) * (double)pb)
+        while (i0 < ni && MID(i0) < lo) ++i0;
+        while (i1 > i0 && MID(i1 - 1) >= hi) --i1;
+#undef MID
+        at += jbytes;
+        if (i0 >= i1) continue;
+#if defined(QD_AVX2)
+        /* up to QD_FUSED_MAX rows: codes decoded in registers from the panel (one read of the weights
+           from memory; a second group of MRMAX rows finds the panel in L1/L2); more rows: the panels
+           of an item decoded once into scratch, read by every MRMAX rows */
+        const int fused = M <= QD_FUSED_MAX;
+#else
+        const int fused = 0;
+#endif
+#if defined(QD_AVX2) && !defined(QD_NO_HEADPF)
+        if (fused) {  /* cold start of a stream: many lines in flight at once (to L2), the running
+                         prefetch in the kernels then keeps QD_PF bytes ahead */
+            const uint8_t *p0 = jb->W + (size_t)i0 * G * pb;
+            size_t n = (size_t)(i1 - i0) * G * pb;
+            n = n < QD_HEADPF ? n : QD_HEADPF;
+            for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)(p0 + o), _MM_HINT_T1);
+        }
+#endif
+        uint8_t *buf = (uint8_t *)tl_grow(&tl_buf, &tl_cap, sb * (size_t)G + 64);
+        qd_scratch sc[16];
+        const uint8_t *codes[16];
+        for (int g = 0; g < G; ++g) sc[g] = scratch_at(buf + sb * (size_t)g, K, nb);
+        for (int it = i0; it < i1; ++it) {
+            const int p0 = it * G, p1 = p0 + G < np ? p0 + G : np;
+            for (int p = p0; p < p1; ++p) {
+                const uint8_t *panel = jb->W + (size_t)p * pb;
+                if (fused) { qd_decode_scales(t, panel, K, &sc[p - p0]); codes[p - p0] = qd_codes_of(t, panel, K); }
+                else codes[p - p0] = qd_decode_panel(t, panel, K, &sc[p - p0]);
+            }
+            for (int m0 = 0; m0 < M; m0 += MRMAX) {
+                const int MR = M - m0 < MRMAX ? M - m0 : MRMAX;
+                for (int p = p0; p < p1; ++p) {
+                    float out[MRMAX * 8];
+                    run_panel(jb->type, fused, MR, codes[p - p0], t->codes, &sc[p - p0], nb, a, m0, out);
+                    const int n0 = 8 * p, nn = jb->N - n0 < 8 ? jb->N - n0 : 8;
+                    for (int m = 0; m < MR; ++m) memcpy(jb->y + (size_t)(m0 + m) * jb->ldy + n0, out + 8 * m, sizeof(float) * nn);
+                }
+            }
+        }
+    }
+}
+
+static int threads_for(double bytes, int M, int nthreads) {
+    /* below ~64 KB of weights a second thread costs more than it saves */
+    return bytes * (M < 4 ? M : 4) < 65536.0 ? 1 : nthreads;
+}
+
+/* y[m * ldy + n] for m < M, n < N. Activations from qd_quantize_q8_0 (32-block types) or
+   qd_quantize_q8_K (K-quants). Returns 0, or -1 for an unknown type. */
+int qd_matmul(int type, const uint8_t *W, int N, int K, const int8_t *xq, const float *xd, const int32_t *xs,
+              const int16_t *bsum, int M, float *y, long ldy, int nthreads) {
+    const qd_type *t = qd_type_info(type);
+    if (!t || K % t->bs || M <= 0) return t && K % t->bs == 0 ? 0 : -1;
+    const qd_acts a = {xq, xd, xs, bsum, M, K};
+    const qd_job job = {type, N, W, y, ldy};
+    nthreads = threads_for((double)((N + 7) / 8) * qd_panel_bytes(t, K), M, nthreads);
+    #pragma omp parallel num_threads(nthreads)
+    run_jobs(&job, 1, K, &a, &a, M);
+    return 0;
+}
+
+/* A group of weights reading the same input (q/k/v, gate/up): x float32 [M][K] (row stride ldx)
+   quantized once per activation kind the group needs, inside the same parallel region as the
+   matmuls; weight i writes y columns [off_i, off_i + N_i) with off_i = N_0 + ... + N_{i-1}. */
+#define QD_GROUP_MAX 8
+typedef struct {
+    int nw, K;
+    int types[QD_GROUP_MAX], Ns[QD_GROUP_MAX];
+    const uint8_t *Ws[QD_GROUP_MAX];
+} qd_group;
+
+int qd_group_run(const qd_group *g, const float *x, long ldx, int M, float *y, long ldy, int nthreads) {
+    const int K = g->K;
+    if (g->nw < 1 || g->nw > QD_GROUP_MAX || M <= 0) return g->nw >= 1 && g->nw <= QD_GROUP_MAX ? 0 : -1;
+    qd_job jobs[QD_GROUP_MAX];
+    int need0 = 0, needK = 0, off = 0;
+    double bytes = 0;
+    for (int i = 0; i < g->nw; ++i) {
+        const qd_type *t = qd_type_info(g->types[i]);
+        if (!t || K % t->bs) return -1;
+        if (t->kq) needK = 1; else need0 = 1;
+        jobs[i] = (qd_job){g->types[i], g->Ns[i], g->Ws[i], y + off, ldy};
+        off += g->Ns[i];
+        bytes += (double)((g->Ns[i] + 7) / 8) * qd_panel_bytes(t, K);
+    }
+    /* activation buffers (calling thread's cache; the workers only read them) */
+    const size_t q8 = (size_t)M * K, n0 = (size_t)M * (K / 32), nK = (size_t)M * (K / 256);
+    const size_t need = (need0 ? q8 + 8 * n0 : 0) + (needK ? q8 + 4 * nK + 2 * (size_t)M * (K / 16) : 0) + 256;
+    uint8_t *buf = (uint8_t *)tl_grow(&tl_act, &tl_act_cap, need), *p = buf;
+    qd_acts a0 = {0}, aK = {0};
+    if (need0) {
+        a0.xq = (int8_t *)p; p += q8;
+        a0.xd = (float *)p; p += 4 * n0;
+        a0.xs = (int32_t *)p; p += 4 * n0;
+        a0.M = M; a0.K = K;
+    }
+    if (needK) {
+        p = (uint8_t *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
+        aK.xq = (int8_t *)p; p += q8;
+        aK.xd = (float *)p; p += 4 * nK;
+        aK.bsum = (int16_t *)p;
+        aK.M = M; aK.K = K;
+    }
+    nthreads = threads_for(bytes, M, nthreads);
+    #pragma omp parallel num_threads(nthreads)
+    {
+        #pragma omp for schedule(static)
+        for (int m = 0; m < M; ++m) {
+            if (need0) qd_quant_row_q8_0(x + (size_t)m * ldx, K, (int8_t *)a0.xq + (size_t)m * K,
+                                         (float *)a0.xd + (size_t)m * (K / 32), (int32_t *)a0.xs + (size_t)m * (K / 32));
+            if (needK) qd_quant_row_q8_K(x + (size_t)m * ldx, K, (int8_t *)aK.xq + (size_t)m * K,
+                                         (float *)aK.xd + (size_t)m * (K / 256), (int16_t *)aK.bsum + (size_t)m * (K / 16));
+        }
+        /* the implicit barrier of the omp for: every row quantized before any matmul */
+        run_jobs(jobs, g->nw, K, &a0, &aK, M);
+    }
+    return 0;
+}
+
+int qd_group_size(void) { return (int)sizeof(qd_group); }
+
+/* Which code paths this build has: 0 portable, 1 AVX2, 2 VNNI (native or emulated). */
+int qd_isa_level(void) {
+#if defined(QD_VNNI)
+    return 2;
+#elif defined(QD_AVX2)
+    return 1;
+#else
+    return 0;
+#endif
+}
