@@ -254,9 +254,9 @@ def _load_gguf(path: Path, _progress=print_progress) -> LoadedModel:
                               GGMLQuantizationType.BF16):
                 weights[info.name] = t.to(torch.float32)
             else:
-                from kernels.dequant_ref import dequantize  # 1-D quantized: rare
+                import kernels  # 1-D quantized: rare
 
-                weights[info.name] = dequantize(QWeight(t.reshape(1, -1), info.qtype, 1,
+                weights[info.name] = kernels.dequantize(QWeight(t.reshape(1, -1), info.qtype, 1,
                                                         info.shape[0]))[0]
         else:
             cols = info.shape[0]

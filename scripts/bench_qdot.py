@@ -3,7 +3,7 @@
 For every distinct (type, shape) of the model's matmul weights (first layer's tensors + the output
 head): decode at batch 1 and 4 (quantization of the activations included; us, GB/s of weight bytes
 read) and prefill at 430 rows (GOPS = 2 M N K / t), against the float-tile kernel on main
-(`kernels.cpu_qgemv`, "old"). Timings: minimum over --reps repetitions, the two kernels interleaved
+(`kernels.cpu.qgemv`, "old"). Timings: minimum over --reps repetitions, the two kernels interleaved
 rep by rep (the cores are shared with other jobs: minima, not means).
 
     python scripts/bench_qdot.py                      # the table
@@ -242,7 +242,7 @@ def main() -> None:
 
     old = None
     if not args.no_old:
-        from kernels import cpu_qgemv
+        from kernels.cpu import qgemv as cpu_qgemv
         from kernels.qweight import QWeight
         old = cpu_qgemv if cpu_qgemv.available() else None
 

@@ -23,7 +23,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 from kernels import dequant_ref
 from kernels.dequant_ref import _bits, _f16, _nibbles, _scale_min_k4, _shifts
-from kernels.testing import random_qweight
+from tests.kernel_oracles import random_qweight
 
 _PATH = Path(__file__).resolve().parents[1] / "kernels" / "cpu" / "qdot.py"
 
