@@ -25,7 +25,7 @@ def tiny_model(tmp_path_factory):
     return path
 
 
-SERVER_ARGS = ["-np", "2", "-c", "32768", "--max-body-size", "1000000", "--header-timeout", "1"]
+SERVER_ARGS = ["-np", "2", "-c", "32768", "--max-body-size", "8000000", "--header-timeout", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -65,17 +65,44 @@ def test_non_streamed_request_frees_its_slot_when_the_client_leaves(server):
 
 
 def test_body_over_the_limit_is_a_413_in_the_envelope(server):
-    r = httpx.post(server.url + "/completion", content=b'{"prompt":"' + b"a" * 1_000_001 + b'"}', timeout=30)
+    r = httpx.post(server.url + "/completion", content=b'{"prompt":"' + b"a" * 8_000_001 + b'"}', timeout=30)
     assert r.status_code == 413
     err = r.json()["error"]
     assert err["code"] == 413 and err["type"] == "invalid_request_error" and "--max-body-size" in err["message"]
 
     def chunks():
-        for _ in range(20):
+        for _ in range(100):
             yield b"a" * 100_000
     r = httpx.post(server.url + "/completion", content=chunks(), timeout=30)
-    assert r.status_code == 413 and "1000000" in r.json()["error"]["message"]
+    assert r.status_code == 413 and "8000000" in r.json()["error"]["message"]
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_health_answers_while_a_huge_prompt_is_tokenized(server):
+    """Tokenizing a multi-megabyte prompt takes seconds (tens on a loaded CI machine); it runs off
+    the event loop with the GIL released, so /health keeps answering. Before, /health waited for
+    the whole tokenization."""
+    words = " ".join(f"w{i}" for i in range(250_000))  # ~1.9 MB of text
+    out: dict = {}
+
+    def big():
+        out["r"] = httpx.post(server.url + "/completion", json={"prompt": words, "n_predict": 1}, timeout=300)
+
+    t = threading.Thread(target=big)
+    t0 = time.monotonic()
+    t.start()
+    lat = []
+    with httpx.Client(timeout=60) as c:
+        while t.is_alive():
+            s0 = time.monotonic()
+            assert c.get(server.url + "/health").status_code == 200
+            lat.append(time.monotonic() - s0)
+            time.sleep(0.05)
+    t.join()
+    total = time.monotonic() - t0
+    assert out["r"].status_code == 400 and out["r"].json()["error"]["type"] == "exceed_context_size_error"
+    assert len(lat) >= 5, lat  # the big request took a while: /health was really measured during it
+    assert max(lat) < max(2.5, total / 4), (max(lat), total)
 
 
 def test_half_open_connections_are_closed_after_the_header_timeout(server):
