@@ -126,6 +126,7 @@ class _Parser:
         self.first_use: dict[int, tuple[int, str]] = {}  # rule id -> (pos, using rule)
         self.class_ids: dict[CharClass, int] = {}
         self.cur_rule = "?"
+        self.n_elements = 0  # lowered size so far (MAX_GRAMMAR_ELEMENTS is checked while parsing)
 
     # --- errors and positions -------------------------------------------------------------
     def where(self, pos: int | None = None) -> str:
@@ -267,12 +268,21 @@ class _Parser:
             self.i += 1
             self.skip_space(True)
             alts.append(self.parse_sequence(name, nested))
+        self.n_elements += sum(len(a) + 1 for a in alts)
+        self.check_size(0)
         return alts
+
+    def check_size(self, pending: int) -> None:
+        size = self.n_elements + pending
+        if size > MAX_GRAMMAR_ELEMENTS:
+            raise GrammarError(f"grammar too large: more than {MAX_GRAMMAR_ELEMENTS} elements after lowering "
+                               f"(at {self.where()}), the limit is {MAX_GRAMMAR_ELEMENTS} (MAX_GRAMMAR_ELEMENTS)")
 
     def parse_sequence(self, name: str, nested: bool) -> list[Element]:
         seq: list[Element] = []
         last_start = 0  # index in seq where the last symbol begins (a literal is several chars)
         while True:
+            self.check_size(len(seq))
             c = self.peek()
             if c == '"':
                 self.i += 1
@@ -282,6 +292,8 @@ class _Parser:
                         raise self.error("unterminated string literal")
                     cp = self.parse_char()
                     seq.append(("char", self.class_id(CharClass(((cp, cp),)))))
+                    if not len(seq) & 4095:
+                        self.check_size(len(seq))
                 self.i += 1
                 if len(seq) == last_start:  # empty literal: an empty group
                     rid = self.new_rule(name)

@@ -206,3 +206,7 @@ class GrammarCompiler:
 
     def matcher(self, gbnf_text: str) -> Matcher:
         return self.compile(gbnf_text).matcher()
+
+    def cached(self, gbnf_text: str) -> bool:
+        with self._lock:
+            return gbnf_text in self._cache

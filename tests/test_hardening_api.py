@@ -96,3 +96,24 @@ def test_n_probs_is_capped(client):
                                                   "logprobs": True, "top_logprobs": 10 ** 6})
     assert r.status_code == 200
     assert all(len(c["top_logprobs"]) == N_PROBS_MAX for c in r.json()["choices"][0]["logprobs"]["content"])
+
+
+def test_huge_repetition_bounds_are_served_in_bounded_memory(client):
+    import resource
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for schema in [{"type": "array", "minItems": 1000000000, "items": {"type": "integer"}},
+                   {"type": "string", "minLength": 10000000}, {"type": "string", "pattern": "^[a-z]{5,2000000000}$"}]:
+        r = client.post("/completion", json={"prompt": "hi", "n_predict": 4, "json_schema": schema})
+        assert r.status_code == 200, r.text
+    r = client.post("/completion", json={"prompt": "hi", "n_predict": 4, "grammar": 'root ::= "a"{3000000000,}'})
+    assert r.status_code == 200 and r.json()["content"] == "aaaa"
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024 < 100
+
+
+def test_grammar_over_the_size_limit_is_a_400_naming_it(client):
+    from grammar.gbnf import MAX_GRAMMAR_ELEMENTS
+    grammar = "root ::= " + " | ".join(f'"w{i}"' for i in range(MAX_GRAMMAR_ELEMENTS // 4))
+    r = client.post("/completion", json={"prompt": "hi", "n_predict": 1, "grammar": grammar})
+    msg = envelope(r, 400, "invalid_request_error")
+    assert f"the limit is {MAX_GRAMMAR_ELEMENTS}" in msg
+    assert client.get("/health").status_code == 200
