@@ -86,7 +86,7 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
     prompt_tokens = list(await off_loop(ctx.tokenizer.encode, prep.prompt, add_special=True, parse_special=True))
     check_context(len(prompt_tokens), ctx.engine.n_ctx_slot)
     params = parse_sampling(prep.body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
-    chat_api.apply_grammar(ctx, prep, params)
+    await off_loop(chat_api.apply_grammar, ctx, prep, params)  # parses the grammar: off the event loop
     task = parse_task(prep.body, prompt_tokens, params, cfg.n_predict, openai=True)
     cmpl_id = "chatcmpl-" + random_id()
     model = cfg.model_name
