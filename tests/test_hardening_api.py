@@ -3,8 +3,6 @@ stays usable; NaN / Infinity / 1e400 / lone surrogates are rejected as llama-ser
 them; Python internals never reach messages; n_probs is capped."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from api.params import N_PROBS_MAX
