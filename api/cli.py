@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cors-origins", default="*", metavar="ORIGINS",
                    help="comma-separated origins allowed by CORS ('*' = all)")
     g.add_argument("--timeout", "-to", type=int, default=600, metavar="N", help="HTTP keep-alive timeout in seconds")
+    g.add_argument("--max-body-size", type=int, default=32 << 20, metavar="BYTES",
+                   help="largest request body accepted; a larger one is a 413 (tritium; 0 = no limit)")
+    g.add_argument("--header-timeout", type=float, default=10.0, metavar="N",
+                   help="seconds a client may take to send a request's headers (tritium; 0 = no limit)")
+    g.add_argument("--shutdown-timeout", type=float, default=5.0, metavar="N",
+                   help="on SIGTERM, seconds running requests get to finish before they are ended (tritium)")
     g.add_argument("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
     g.add_argument("--slots", dest="slots", action="store_true", default=True, help="enable the /slots endpoint")
     g.add_argument("--no-slots", dest="slots", action="store_false", help="disable the /slots endpoint")
@@ -344,6 +350,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         model_path=args.model or "", alias=args.alias, host=args.host, port=args.port, api_keys=_api_keys(args),
         cors_origins=[o.strip() for o in args.cors_origins.split(",") if o.strip()] or ["*"],
+        max_body_size=args.max_body_size, read_timeout=float(args.timeout), shutdown_timeout=args.shutdown_timeout,
         metrics=args.metrics, slots=args.slots, props=args.props, slot_save_path=args.slot_save_path,
         sse_ping_interval=args.sse_ping_interval, embeddings=args.embeddings, pooling=args.pooling,
         embd_normalize=args.embd_normalize, jinja=args.jinja, reasoning_format=args.reasoning_format,
@@ -476,8 +483,12 @@ def main(argv: list[str] | None = None) -> int:
 
     app = create_app(scfg, None, log)  # the engine is attached by the loader thread
     server = app.state.server
-    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=args.timeout,
-                                       lifespan="off"))
+    from api.shutdown import DrainingServer, header_timeout_protocol
+
+    uv = DrainingServer(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=args.timeout,
+                                       lifespan="off", http=header_timeout_protocol(args.header_timeout),
+                                       timeout_graceful_shutdown=5),
+                        app.state.drain, args.shutdown_timeout, lambda m: log.srv("I", "llama_server", m))
     failed: list[BaseException] = []
 
     def load() -> None:

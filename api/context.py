@@ -33,6 +33,9 @@ class ServerConfig:
     props: bool = False
     slot_save_path: str | None = None
     sse_ping_interval: float = 30.0
+    max_body_size: int = 32 << 20  # bytes; 0 = no limit (api/guard.py)
+    read_timeout: float = 600.0  # --timeout: seconds per chunk of a request body
+    shutdown_timeout: float = 5.0  # SIGTERM: seconds running requests get to finish
     embeddings: bool = False
     pooling: str = "mean"
     embd_normalize: int = 2

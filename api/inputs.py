@@ -5,32 +5,36 @@ with llama-server's message.
 """
 from __future__ import annotations
 
-import json
-from typing import Any
+import asyncio
+from typing import Any, Callable
 
 from fastapi import Request
 
+from api import strict_json
 from api.context import ServerConfig
 from api.engine_api import TokenizerAPI
 from api.errors import ApiError, context_exceeded, not_supported
 
+OFF_LOOP_BYTES = 256 << 10  # bodies (and prompts) larger than this are parsed / tokenized in a worker thread
+
 
 async def read_json(request: Request) -> dict[str, Any]:
-    """The request body as a JSON object; a parse error is llama-server's 500 server_error."""
+    """The request body as a JSON object, parsed as strictly as llama-server (api/strict_json.py):
+    a parse error is its 500 server_error. A large body is parsed off the event loop."""
     raw = await request.body()
     if not raw.strip():
         return {}
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ApiError(f"[json.exception.parse_error.101] parse error at line {e.lineno}, column {e.colno}: "
-                       f"syntax error while parsing value - {e.msg}", "server_error", 500)
-    except UnicodeDecodeError as e:
-        raise ApiError(f"[json.exception.parse_error.101] parse error: invalid UTF-8: {e}", "server_error", 500)
+    data = await asyncio.to_thread(strict_json.loads, raw) if len(raw) > OFF_LOOP_BYTES else strict_json.loads(raw)
     if not isinstance(data, dict):
         raise ApiError(f"[json.exception.type_error.302] type must be object, but is {type(data).__name__}",
                        "invalid_request_error", 400)
     return data
+
+
+async def off_loop(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run CPU-heavy request work (tokenizing a prompt) in a worker thread: the event loop keeps
+    serving other requests (/health answers while a 50 MB prompt is tokenized)."""
+    return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 def tokenize_prompt(tok: TokenizerAPI, prompt: Any) -> list[int]:

@@ -138,6 +138,9 @@ def _parse_samplers(raw: Any) -> list[str] | None:
     raise ApiError(f"Field 'samplers': [json.exception.type_error.302] type must be array, but is {json_type_name(raw)}")
 
 
+N_PROBS_MAX = 100  # n_probs / top_logprobs above this are capped (llama-server caps only at n_vocab)
+
+
 def parse_sampling(body: dict[str, Any], defaults: SamplingParams, tokenizer: Any, n_ctx_slot: int,
                    schema_to_grammar: Callable[[Any], str] | None = None) -> SamplingParams:
     """SamplingParams of a request: every field of `SamplingParams` read under its own JSON name."""
@@ -159,6 +162,7 @@ def parse_sampling(body: dict[str, Any], defaults: SamplingParams, tokenizer: An
         elif isinstance(cur, float):
             setattr(p, name, f32(f.number(name, cur)))
     p.seed = f.integer("seed", p.seed) & 0xFFFFFFFF
+    p.n_probs = min(p.n_probs, N_PROBS_MAX)  # the effective value is echoed in generation_settings
     if p.repeat_last_n == -1:
         p.repeat_last_n = n_ctx_slot
     if p.dry_penalty_last_n == -1:

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api.context import ApiContext, ServerConfig
 from api.engine_api import EngineAPI
 from api.errors import ApiError, invalid_api_key, loading_model, not_found
+from api.guard import Drain, RequestGuard
 from api.log import Logger
 from api.routes import ROUTERS
 
@@ -35,6 +36,8 @@ def create_app(cfg: ServerConfig, engine: EngineAPI | None, log: Logger | None =
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = ApiContext(cfg, engine, log or Logger())
     app.middleware("http")(pre_routing)
+    app.state.drain = Drain()
+    app.add_middleware(RequestGuard)  # outermost: body limits, disconnects, drain (api/guard.py)
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_error)

@@ -7,8 +7,13 @@ rules so that each rule is a list of alternatives, each a sequence of elements:
 
   * `("char", class_id)` - one code point matching `grammar.classes[class_id]`
   * `("ref", rule_id)`  - the rule `grammar.rule_names[rule_id]`
+  * `("rep", rule_id, lo, hi)` - the rule repeated lo..hi times (hi -1: unbounded): a counted
+    repetition `{m,n}` with m > 1 or n > 1 is one element run by a counter in the recognizer,
+    never m copies, so `x{1000000000}` costs what `x{2}` costs
 
-Errors raise `GrammarError` naming the rule and the line/column.
+Errors raise `GrammarError` naming the rule and the line/column. A grammar is refused when its
+lowered form passes `MAX_GRAMMAR_ELEMENTS`, when it nests deeper than Python's stack allows, or
+when an item that may be empty is repeated more than `MAX_NULLABLE_REPEAT` times.
 """
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ import bisect
 from dataclasses import dataclass, field
 
 MAX_CODEPOINT = 0x10FFFF
+MAX_GRAMMAR_ELEMENTS = 250_000  # elements of the lowered grammar (about 1 per literal char)
+MAX_NULLABLE_REPEAT = 64  # `x{m,n}` where x may match "" is a chain of n frames: keep n small
 
 
 class GrammarError(ValueError):
@@ -60,7 +67,7 @@ def _merge(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple((a, b) for a, b in out)
 
 
-Element = tuple  # ("char", class_id) | ("ref", rule_id)
+Element = tuple  # ("char", class_id) | ("ref", rule_id) | ("rep", rule_id, lo, hi)
 
 
 @dataclass
@@ -76,7 +83,7 @@ class Grammar:
         # a rule calling itself as the last element of an alternative (the lowered `x*`) is a
         # loop, not nesting; any other cycle may need a stack
         graph = [{e[1] for alt in alts for k, e in enumerate(alt)
-                  if e[0] == "ref" and not (e[1] == r and k == len(alt) - 1)}
+                  if e[0] != "char" and not (e[0] == "ref" and e[1] == r and k == len(alt) - 1)}
                  for r, alts in enumerate(self.rule_alts)]
         return _find_cycle(graph) is not None
 
@@ -119,6 +126,7 @@ class _Parser:
         self.first_use: dict[int, tuple[int, str]] = {}  # rule id -> (pos, using rule)
         self.class_ids: dict[CharClass, int] = {}
         self.cur_rule = "?"
+        self.n_elements = 0  # lowered size so far (MAX_GRAMMAR_ELEMENTS is checked while parsing)
 
     # --- errors and positions -------------------------------------------------------------
     def where(self, pos: int | None = None) -> str:
@@ -260,12 +268,21 @@ class _Parser:
             self.i += 1
             self.skip_space(True)
             alts.append(self.parse_sequence(name, nested))
+        self.n_elements += sum(len(a) + 1 for a in alts)
+        self.check_size(0)
         return alts
+
+    def check_size(self, pending: int) -> None:
+        size = self.n_elements + pending
+        if size > MAX_GRAMMAR_ELEMENTS:
+            raise GrammarError(f"grammar too large: more than {MAX_GRAMMAR_ELEMENTS} elements after lowering "
+                               f"(at {self.where()}), the limit is {MAX_GRAMMAR_ELEMENTS} (MAX_GRAMMAR_ELEMENTS)")
 
     def parse_sequence(self, name: str, nested: bool) -> list[Element]:
         seq: list[Element] = []
         last_start = 0  # index in seq where the last symbol begins (a literal is several chars)
         while True:
+            self.check_size(len(seq))
             c = self.peek()
             if c == '"':
                 self.i += 1
@@ -275,6 +292,8 @@ class _Parser:
                         raise self.error("unterminated string literal")
                     cp = self.parse_char()
                     seq.append(("char", self.class_id(CharClass(((cp, cp),)))))
+                    if not len(seq) & 4095:
+                        self.check_size(len(seq))
                 self.i += 1
                 if len(seq) == last_start:  # empty literal: an empty group
                     rid = self.new_rule(name)
@@ -364,11 +383,15 @@ class _Parser:
         """Replace seq[last_start:] (the last symbol) by its repetition {lo, hi} (hi None = inf)."""
         item = seq[last_start:]
         del seq[last_start:]
-        if len(item) != 1:  # multi-char literal: wrap in a rule
+        if len(item) != 1 or (item[0][0] != "ref" and (lo > 1 or (hi or 0) > 1)):
+            # a multi-char literal, or the item of a counter: wrap it in a rule
             rid = self.new_rule(name)
             self.defined.add(rid)
             self.g.rule_alts[rid] = [item]
             item = [("ref", rid)]
+        if lo > 1 or (hi is not None and hi > 1):
+            seq.append(("rep", item[0][1], lo, -1 if hi is None else hi))
+            return
         seq.extend(item * lo)
         if hi is None:
             # star ::= item star | ""   (right recursion: constant stack depth, tail call)
@@ -376,15 +399,11 @@ class _Parser:
             self.defined.add(rid)
             self.g.rule_alts[rid] = [item + [("ref", rid)], []]
             seq.append(("ref", rid))
-        elif hi > lo:
-            # opt_k ::= item opt_{k-1} | ""
-            tail: list[Element] = []
-            for _ in range(hi - lo):
-                rid = self.new_rule(name)
-                self.defined.add(rid)
-                self.g.rule_alts[rid] = [item + tail, []]
-                tail = [("ref", rid)]
-            seq.extend(tail)
+        elif hi > lo:  # hi == 1, lo == 0: opt ::= item | ""
+            rid = self.new_rule(name)
+            self.defined.add(rid)
+            self.g.rule_alts[rid] = [item, []]
+            seq.append(("ref", rid))
 
 
 def _check_left_recursion(g: Grammar) -> None:
@@ -394,18 +413,23 @@ def _check_left_recursion(g: Grammar) -> None:
     while changed:
         changed = False
         for r in range(n):
-            if not nullable[r] and any(all(e[0] == "ref" and nullable[e[1]] for e in alt) for alt in g.rule_alts[r]):
+            if not nullable[r] and any(all(_nullable(e, nullable) for e in alt) for alt in g.rule_alts[r]):
                 nullable[r] = True
                 changed = True
     left = [set() for _ in range(n)]
     for r in range(n):
         for alt in g.rule_alts[r]:
             for e in alt:
-                if e[0] != "ref":
+                if e[0] == "char":
                     break
                 left[r].add(e[1])
-                if not nullable[e[1]]:
+                if not _nullable(e, nullable):
                     break
+            for e in alt:
+                if e[0] == "rep" and nullable[e[1]] and (e[3] < 0 or e[3] > MAX_NULLABLE_REPEAT):
+                    rng = f"{{{e[2]},{'' if e[3] < 0 else e[3]}}}"
+                    raise GrammarError(f"rule '{_user_name(g, r)}' repeats an item that may be empty {rng} times; "
+                                       f"the limit for such an item is {MAX_NULLABLE_REPEAT} (left recursion)")
     found = _find_cycle(left)
     if found is not None:
         path, nxt = found
@@ -417,6 +441,24 @@ def _check_left_recursion(g: Grammar) -> None:
                            f"input; this includes repeating an item that may be empty)")
 
 
+def _nullable(e: Element, nullable: list[bool]) -> bool:
+    if e[0] == "char":
+        return False
+    return nullable[e[1]] or (e[0] == "rep" and e[2] == 0)
+
+
+def _user_name(g: Grammar, r: int) -> str:
+    """The user's rule a generated rule belongs to (`item_3` -> `item`)."""
+    name = g.rule_names[r]
+    while _generated(name):
+        name = name.rpartition("_")[0]
+    return name
+
+
+def _grammar_size(g: Grammar) -> int:
+    return sum(len(alt) + 1 for alts in g.rule_alts for alt in alts)
+
+
 def _generated(name: str) -> bool:
     base, _, k = name.rpartition("_")
     return bool(base) and k.isdigit()
@@ -426,4 +468,12 @@ def parse_gbnf(text: str) -> Grammar:
     """Parse GBNF text; raises GrammarError with rule name and line/column on bad input."""
     if not isinstance(text, str):
         raise GrammarError("grammar must be a string")
-    return _Parser(text).parse()
+    try:
+        g = _Parser(text).parse()
+    except RecursionError:
+        raise GrammarError("grammar nests too deeply (groups inside groups)") from None
+    size = _grammar_size(g)
+    if size > MAX_GRAMMAR_ELEMENTS:
+        raise GrammarError(f"grammar too large: {size} elements after lowering, the limit is "
+                           f"{MAX_GRAMMAR_ELEMENTS} (MAX_GRAMMAR_ELEMENTS)")
+    return g

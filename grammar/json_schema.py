@@ -16,6 +16,8 @@ import re
 from typing import Any
 
 from .gbnf import GrammarError
+from .int_range import IntRange, int_bound
+from .schema_pattern import pattern_rule, repeat_text
 
 SPACE_RULE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
 
@@ -49,12 +51,9 @@ _FORMATS: dict[str, tuple[str, list[str]]] = {
     "date-time-string": ('"\\"" date-time "\\""', ["date-time"]),
 }
 
-_DOT = "[^\\x0A\\x0D]"
 _RESERVED = {"root", "dot", *_PRIMITIVES, *_FORMATS}
 _BAD_NAME_CHARS = re.compile(r"[^a-zA-Z0-9-]+")
 _LITERAL_ESCAPES = {"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}
-_NON_LITERAL = set("|.()[]{}*+?")
-_REGEX_ONLY_ESCAPES = set("^$.[]()|{}*+?")
 
 
 def _literal(s: str) -> str:
@@ -63,160 +62,6 @@ def _literal(s: str) -> str:
 
 def _const(value: Any) -> str:
     return _literal(json.dumps(value))
-
-
-def _repeat(item: str, lo: int, hi: int | None, sep: str = "") -> str:
-    """`item` repeated lo..hi times (hi None: unbounded), optionally separated by `sep`."""
-    if hi == 0:
-        return ""
-    if lo == 0 and hi == 1:
-        return f"{item}?"
-    if not sep:
-        if lo == 1 and hi is None:
-            return f"{item}+"
-        if lo == 0 and hi is None:
-            return f"{item}*"
-        return f"{item}{{{lo},{'' if hi is None else hi}}}"
-    body = item + " " + _repeat(f"({sep} {item})", max(lo - 1, 0), None if hi is None else hi - 1)
-    return f"({body})?" if lo == 0 else body
-
-
-class _IntRange:
-    """Digit-by-digit GBNF for integers in [lo, hi] (either bound may be None)."""
-
-    def __init__(self) -> None:
-        self.out: list[str] = []
-
-    def digits(self, a: str, b: str) -> None:
-        self.out.append(f"[{a}]" if a == b else f"[{a}-{b}]")
-
-    def more(self, lo: int, hi: int | None) -> None:
-        self.out.append("[0-9]")
-        if lo == hi == 1:
-            return
-        self.out.append("{" + str(lo))
-        if hi != lo:
-            self.out.append("," + ("" if hi is None else str(hi)))
-        self.out.append("}")
-
-    def same_length(self, a: str, b: str) -> None:
-        """Numbers with len(a) == len(b) digits between a and b."""
-        i = 0
-        while i < len(a) and a[i] == b[i]:
-            i += 1
-        if i:
-            self.out.append(f'"{a[:i]}"')
-        if i == len(a):
-            return
-        if i:
-            self.out.append(" ")
-        rest = len(a) - i - 1
-        if rest == 0:
-            self.out.append(f"[{a[i]}-{b[i]}]")
-            return
-        a_sub, b_sub = a[i + 1:], b[i + 1:]
-        zeros, nines = "0" * rest, "9" * rest
-        done = False
-        self.out.append("(")
-        if a_sub == zeros:
-            self.digits(a[i], chr(ord(b[i]) - 1))
-            self.out.append(" ")
-            self.more(rest, rest)
-        else:
-            self.out.append(f"[{a[i]}] (")
-            self.same_length(a_sub, nines)
-            self.out.append(")")
-            if ord(a[i]) < ord(b[i]) - 1:
-                self.out.append(" | ")
-                if b_sub == nines:
-                    self.digits(chr(ord(a[i]) + 1), b[i])
-                    done = True
-                else:
-                    self.digits(chr(ord(a[i]) + 1), chr(ord(b[i]) - 1))
-                self.out.append(" ")
-                self.more(rest, rest)
-        if not done:
-            self.out.append(" | ")
-            self.digits(b[i], b[i])
-            self.out.append(" ")
-            self.same_length(zeros, b_sub)
-        self.out.append(")")
-
-    def build(self, lo: int | None, hi: int | None, left: int = 16, top: bool = True) -> None:
-        out = self.out
-        if lo is not None and hi is not None:
-            if lo < 0 and hi < 0:
-                out.append('"-" (')
-                self.build(-hi, -lo, left, True)
-                out.append(")")
-                return
-            if lo < 0:
-                out.append('"-" (')
-                self.build(0, -lo, left, True)
-                out.append(") | ")
-                lo = 0
-            a, b = str(lo), str(hi)
-            for n in range(len(a), len(b)):
-                self.same_length(a, "9" * n)
-                a = "1" + "0" * n
-                out.append(" | ")
-            self.same_length(a, b)
-            return
-        fewer = max(left - 1, 1)
-        if lo is not None:
-            if lo < 0:
-                out.append('"-" (')
-                self.build(None, -lo, left, False)
-                out.append(") | [0] | [1-9] ")
-                self.more(0, left - 1)
-            elif lo == 0:
-                if top:
-                    out.append("[0] | [1-9] ")
-                    self.more(0, fewer)
-                else:
-                    self.more(1, left)
-            elif lo <= 9:
-                c = str(lo)
-                start = "1" if top else "0"
-                if c > start:
-                    self.digits(start, chr(ord(c) - 1))
-                    out.append(" ")
-                    self.more(1, fewer)
-                    out.append(" | ")
-                self.digits(c, "9")
-                out.append(" ")
-                self.more(0, fewer)
-            else:
-                s = str(lo)
-                c = s[0]
-                if c > "1":
-                    self.digits("1" if top else "0", chr(ord(c) - 1))
-                    out.append(" ")
-                    self.more(len(s), fewer)
-                    out.append(" | ")
-                self.digits(c, c)
-                out.append(" (")
-                self.build(int(s[1:]), None, fewer, False)
-                out.append(")")
-                if c < "9":
-                    out.append(" | ")
-                    self.digits(chr(ord(c) + 1), "9")
-                    out.append(" ")
-                    self.more(len(s) - 1, fewer)
-            return
-        if hi is not None:
-            if hi >= 0:
-                if top:
-                    out.append('"-" [1-9] ')
-                    self.more(0, fewer)
-                    out.append(" | ")
-                self.build(0, hi, left, True)
-            else:
-                out.append('"-" (')
-                self.build(-hi, None, left, False)
-                out.append(")")
-            return
-        raise GrammarError("integer range needs a minimum or a maximum")
 
 
 class _Converter:
@@ -316,11 +161,11 @@ class _Converter:
                 parts = ' "," space '.join(self.visit(it, f"{name}{sep}tuple-{i}") for i, it in enumerate(items))
                 return self.add_rule(rule_name, f'"[" space {parts} space "]"')
             item = self.visit(items, f"{name}{sep}item")
-            rep = _repeat(item, int(schema.get("minItems", 0)),
+            rep = repeat_text(item, int(schema.get("minItems", 0)),
                           None if schema.get("maxItems") is None else int(schema["maxItems"]), sep='"," space')
             return self.add_rule(rule_name, f'"[" space {rep} space "]"')
         if typ in (None, "string") and "pattern" in schema:
-            return self.pattern(schema["pattern"], rule_name)
+            return pattern_rule(self, schema["pattern"], rule_name)
         if typ in (None, "string") and re.fullmatch(r"uuid[1-5]?", fmt or ""):
             return self.add_primitive("root" if rule_name == "root" else fmt, _PRIMITIVES["uuid"])
         if typ in (None, "string") and f"{fmt}-string" in _FORMATS:
@@ -329,7 +174,7 @@ class _Converter:
         if typ == "string" and ("minLength" in schema or "maxLength" in schema):
             char = self.add_primitive("char", _PRIMITIVES["char"])
             hi = schema.get("maxLength")
-            rep = _repeat(char, int(schema.get("minLength", 0)), None if hi is None else int(hi))
+            rep = repeat_text(char, int(schema.get("minLength", 0)), None if hi is None else int(hi))
             return self.add_rule(rule_name, f'"\\"" {rep} "\\""')
         if typ in (None, "integer") and any(k in schema for k in ("minimum", "exclusiveMinimum", "maximum",
                                                                    "exclusiveMaximum")):
@@ -342,11 +187,11 @@ class _Converter:
                 hi = schema["maximum"]
             elif "exclusiveMaximum" in schema:
                 hi = schema["exclusiveMaximum"] - 1
-            lo = None if lo is None else _int_bound(lo, up=True)
-            hi = None if hi is None else _int_bound(hi, up=False)
+            lo = None if lo is None else int_bound(lo, up=True)
+            hi = None if hi is None else int_bound(hi, up=False)
             if lo is not None and hi is not None and lo > hi:
                 raise GrammarError(f"integer range [{lo}, {hi}] is empty")
-            r = _IntRange()
+            r = IntRange()
             r.build(lo, hi)
             return self.add_rule(rule_name, "(" + "".join(r.out) + ")")
         if typ == "object" or len(schema) == 0:
@@ -464,137 +309,6 @@ class _Converter:
         visit(trie)
         out.append(f' ){"" if trie.get("") else "?"} ["]')
         return "".join(out)
-
-    def pattern(self, pattern: str, name: str) -> str:
-        """Translate a JSON-schema regex (unanchored unless ^/$ given) into a GBNF rule."""
-        pattern = pattern[1:] if pattern.startswith("^") else ".*" + pattern
-        pattern = pattern[:-1] if pattern.endswith("$") else pattern + ".*"
-        sub_ids: dict[str, str] = {}
-        n = len(pattern)
-        pos = 0
-
-        def to_rule(item: tuple[str, bool]) -> str:
-            return f'"{item[0]}"' if item[1] else item[0]
-
-        def dot() -> str:
-            return self.add_rule("dot", _DOT)
-
-        def seq_until_close(start: int) -> tuple[str, bool]:
-            nonlocal pos
-            seq: list[tuple[str, bool]] = []
-
-            def joined() -> tuple[str, bool]:
-                merged: list[tuple[str, bool]] = []
-                for item in seq:
-                    if item[1] and merged and merged[-1][1]:
-                        merged[-1] = (merged[-1][0] + item[0], True)
-                    else:
-                        merged.append(item)
-                if len(merged) == 1:
-                    return merged[0]
-                return " ".join(to_rule(x) for x in seq), False
-
-            while pos < n:
-                c = pattern[pos]
-                if c == ".":
-                    seq.append((dot(), False))
-                    pos += 1
-                elif c == "(":
-                    pos += 1
-                    if pos < n and pattern[pos] == "?":
-                        raise GrammarError(f"unsupported pattern syntax '(?' at index {pos} of /{pattern}/")
-                    seq.append((f"({to_rule(seq_until_close(pos))})", False))
-                elif c == ")":
-                    pos += 1
-                    if not (start > 0 and pattern[start - 1] == "("):
-                        raise GrammarError(f"unbalanced parentheses in pattern /{pattern}/")
-                    return joined()
-                elif c == "[":
-                    cls = c
-                    pos += 1
-                    while pos < n and pattern[pos] != "]":
-                        if pattern[pos] == "\\":
-                            cls += pattern[pos:pos + 2]
-                            pos += 2
-                        else:
-                            cls += pattern[pos]
-                            pos += 1
-                    if pos >= n:
-                        raise GrammarError(f"unbalanced square brackets in pattern /{pattern}/")
-                    cls += "]"
-                    pos += 1
-                    seq.append((cls, False))
-                elif c == "|":
-                    seq.append(("|", False))
-                    pos += 1
-                elif c in "*+?":
-                    if not seq:
-                        raise GrammarError(f"nothing to repeat at index {pos} of /{pattern}/")
-                    seq[-1] = (to_rule(seq[-1]) + c, False)
-                    pos += 1
-                elif c == "{":
-                    end = pattern.find("}", pos)
-                    if end < 0:
-                        raise GrammarError(f"unbalanced curly brackets in pattern /{pattern}/")
-                    quant = pattern[pos:end + 1]
-                    pos = end + 1
-                    nums = [s.strip() for s in quant[1:-1].split(",")]
-                    try:
-                        if len(nums) == 1:
-                            lo = hi = int(nums[0])
-                        elif len(nums) == 2:
-                            lo = int(nums[0]) if nums[0] else 0
-                            hi = int(nums[1]) if nums[1] else None
-                        else:
-                            raise ValueError
-                    except ValueError:
-                        raise GrammarError(f"invalid quantifier {quant} in /{pattern}/") from None
-                    if not seq:
-                        raise GrammarError(f"nothing to repeat at index {pos} of /{pattern}/")
-                    sub, is_lit = seq[-1]
-                    if not is_lit:
-                        sid = sub_ids.get(sub)
-                        if sid is None:
-                            sid = self.add_rule(f"{name}-{len(sub_ids) + 1}", sub)
-                            sub_ids[sub] = sid
-                        sub = sid
-                    seq[-1] = (_repeat(f'"{sub}"' if is_lit else sub, lo, hi), False)
-                else:
-                    lit = ""
-                    while pos < n:
-                        ch = pattern[pos]
-                        if ch == "\\" and pos < n - 1:
-                            nxt = pattern[pos + 1]
-                            if nxt in _REGEX_ONLY_ESCAPES:
-                                lit += nxt
-                            else:
-                                lit += pattern[pos:pos + 2]
-                            pos += 2
-                        elif ch == '"':
-                            lit += '\\"'
-                            pos += 1
-                        elif ch not in _NON_LITERAL and (pos == n - 1 or lit == "" or pattern[pos + 1] == "."
-                                                         or pattern[pos + 1] not in _NON_LITERAL):
-                            lit += ch
-                            pos += 1
-                        else:
-                            break
-                    if lit:
-                        seq.append((lit, True))
-            return joined()
-
-        body = seq_until_close(0)
-        return self.add_rule(name, '"\\"" (' + to_rule(body) + ') "\\""')
-
-
-def _int_bound(v: Any, up: bool) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise GrammarError(f"integer bound must be a number, got {v!r}")
-    if isinstance(v, float) and not v.is_integer():
-        import math
-        return math.ceil(v) if up else math.floor(v)
-    return int(v)
-
 
 def json_schema_to_gbnf(schema: Any) -> str:
     """Convert a JSON schema (dict) to llama.cpp-style GBNF. Raises GrammarError."""

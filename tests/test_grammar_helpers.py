@@ -70,11 +70,22 @@ def recognizes(g: Grammar, text: str) -> bool:
         alt = alts_by_id[alt_id]
         if k == len(alt):
             return frozenset((i,))
-        kind, arg = alt[k]
+        kind, arg = alt[k][:2]
         out: set[int] = set()
         if kind == "char":
             if i < n and g.classes[arg].matches(ord(text[i])):
                 out |= seq_ends(rule, alt_id, i + 1, k + 1)
+        elif kind == "rep":  # a counter: arg repeated lo..hi times (hi -1: unbounded)
+            lo, hi = alt[k][2], alt[k][3]
+            frontier, count = {i}, 0
+            while frontier and (hi < 0 or count <= hi):
+                if count >= lo:
+                    for j in frontier:
+                        out |= seq_ends(rule, alt_id, j, k + 1)
+                if count == hi or count > n + lo:
+                    break
+                frontier = {e for j in frontier for e in rule_ends(arg, j)}
+                count += 1
         else:
             for j in rule_ends(arg, i):
                 out |= seq_ends(rule, alt_id, j, k + 1)

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 
 from api.context import ApiContext, Ctx
 from api.errors import ApiError, json_response, not_supported
-from api.inputs import check_context, read_json, tokenize_prompt
+from api.inputs import check_context, off_loop, read_json, tokenize_prompt
 from api.params import Fields
 from api.results import collect
 from runtime.tasks import EmbeddingTask
@@ -48,7 +48,7 @@ async def run_embeddings(ctx: ApiContext, body: dict[str, Any], oai: bool) -> tu
         raise not_supported("This server does not support embeddings. Start it with `--embeddings`")
     if oai and cfg.pooling == "none":
         raise ApiError("Pooling type 'none' is not OAI compatible. Please use a different pooling type")
-    inputs = embedding_inputs(ctx, body)
+    inputs = await off_loop(embedding_inputs, ctx, body)
     normalize = Fields(body).integer("embd_normalize", cfg.embd_normalize)
     handles = [ctx.engine.submit(EmbeddingTask(t, cfg.pooling, normalize)) for t in inputs]
     outs = await asyncio.gather(*(collect(h) for h in handles))

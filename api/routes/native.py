@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from api import infill as infill_api
 from api.context import ApiContext, Ctx
 from api.errors import ApiError, json_response
-from api.inputs import check_context, read_json, require_generation, split_prompts, tokenize_prompt
+from api.inputs import check_context, off_loop, read_json, require_generation, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task, sampling_settings
 from api.results import collect, probs_json
 from api.sse import stream_events
@@ -104,7 +104,7 @@ async def completion(ctx: Ctx, request: Request) -> Response:
     prompts = split_prompts(body["prompt"])
     reqs = []
     for i, p in enumerate(prompts):
-        toks = tokenize_prompt(ctx.tokenizer, p)
+        toks = await off_loop(tokenize_prompt, ctx.tokenizer, p)
         check_context(len(toks), ctx.engine.n_ctx_slot)
         reqs.append(native_request(ctx, body, toks, i))
     if reqs[0].task.stream:

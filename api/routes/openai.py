@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from api import chat as chat_api
 from api.context import BUILD_INFO, Ctx, random_id
 from api.errors import ApiError, json_response
-from api.inputs import check_context, read_json, require_generation, split_prompts, tokenize_prompt
+from api.inputs import check_context, off_loop, read_json, require_generation, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task
 from api.results import collect, finish_reason, probs_json, usage_json
 from api.sse import stream_events
@@ -34,7 +34,7 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
     prompts = split_prompts(body["prompt"])
     if len(prompts) != 1:
         raise ApiError("Only one prompt is supported")
-    toks = tokenize_prompt(ctx.tokenizer, prompts[0])
+    toks = await off_loop(tokenize_prompt, ctx.tokenizer, prompts[0])
     check_context(len(toks), ctx.engine.n_ctx_slot)
     body = dict(body)
     if body.get("logprobs") is not None:  # OpenAI: logprobs is the number of top candidates
@@ -83,10 +83,10 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
     require_generation(cfg)
     body = await read_json(request)
     prep = chat_api.prepare(ctx, body)
-    prompt_tokens = list(ctx.tokenizer.encode(prep.prompt, add_special=True, parse_special=True))
+    prompt_tokens = list(await off_loop(ctx.tokenizer.encode, prep.prompt, add_special=True, parse_special=True))
     check_context(len(prompt_tokens), ctx.engine.n_ctx_slot)
     params = parse_sampling(prep.body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
-    chat_api.apply_grammar(ctx, prep, params)
+    await off_loop(chat_api.apply_grammar, ctx, prep, params)  # parses the grammar: off the event loop
     task = parse_task(prep.body, prompt_tokens, params, cfg.n_predict, openai=True)
     cmpl_id = "chatcmpl-" + random_id()
     model = cfg.model_name

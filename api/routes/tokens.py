@@ -9,7 +9,7 @@ from fastapi.responses import Response
 from api import chat as chat_api
 from api.context import Ctx
 from api.errors import ApiError, json_response
-from api.inputs import read_json, tokenize_prompt
+from api.inputs import off_loop, read_json, tokenize_prompt
 from api.params import Fields
 
 router = APIRouter()
@@ -24,10 +24,10 @@ async def tokenize(ctx: Ctx, request: Request) -> Response:
     toks: list[int] = []
     if content is not None:
         if isinstance(content, str):
-            toks = list(ctx.tokenizer.encode(content, add_special=f.boolean("add_special", False),
+            toks = list(await off_loop(ctx.tokenizer.encode, content, add_special=f.boolean("add_special", False),
                                              parse_special=f.boolean("parse_special", True)))
         else:
-            toks = tokenize_prompt(ctx.tokenizer, content)
+            toks = await off_loop(tokenize_prompt, ctx.tokenizer, content)
     if not with_pieces:
         return json_response({"tokens": toks})
     out = []

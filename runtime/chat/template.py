@@ -101,9 +101,16 @@ def normalize_messages(messages: list[dict], object_arguments: bool = True) -> l
         msg["content"] = content
         if msg.get("tool_calls"):
             calls = []
+            if not isinstance(msg["tool_calls"], list):
+                raise ValueError("'tool_calls' must be an array of tool call objects")
             for tc in msg["tool_calls"]:
+                if not isinstance(tc, dict) or not isinstance(tc.get("function", {}), dict):
+                    raise ValueError("each entry of 'tool_calls' must be an object with a 'function' object "
+                                     "({\"type\": \"function\", \"function\": {\"name\": ..., \"arguments\": ...}})")
                 tc = dict(tc)
                 fn = dict(tc.get("function") or {})
+                if "name" in fn and not isinstance(fn["name"], str):
+                    raise ValueError("a tool call's 'function.name' must be a string")
                 args = fn.get("arguments")
                 if object_arguments and isinstance(args, str):
                     try:

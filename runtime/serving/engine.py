@@ -85,6 +85,11 @@ class Engine:
     def submit(self, task: CompletionTask | EmbeddingTask) -> TaskHandle:
         """Thread-safe (call it from asyncio or from a plain thread)."""
         h = TaskHandle(task, next(self._task_ids), self._outbox, self._wake)
+        grammar = getattr(getattr(task, "params", None), "grammar", "")
+        pending = self.scheduler.vocab.precompile(grammar) if grammar and self.scheduler is not None else None
+        if pending is not None:  # queued once its grammar is compiled (off the engine thread)
+            pending.add_done_callback(lambda _: (self._inbox.put(("task", h)), self._wake.set()))
+            return h
         self._inbox.put(("task", h))
         self._wake.set()
         return h

@@ -7,6 +7,10 @@ first use, it caches compiled grammars by text); the engine owns one.
 """
 from __future__ import annotations
 
+import concurrent.futures
+import threading
+from collections import OrderedDict
+
 import torch
 
 from runtime.sampler import Sampled, SamplerState, sample_batch
@@ -23,6 +27,29 @@ class Vocabulary:
     def __init__(self, tokenizer, eog: frozenset[int], control: set[int]):
         self.tokenizer, self.eog, self.control = tokenizer, eog, control
         self._grammar_compiler = None
+        self._compiler_lock = threading.Lock()
+        self._precompiler: concurrent.futures.ThreadPoolExecutor | None = None
+        self._failed: OrderedDict[str, Exception] = OrderedDict()  # grammar text -> its error, from precompile
+
+    def precompile(self, gbnf: str) -> concurrent.futures.Future | None:
+        """Compile `gbnf` in a worker thread (None when it is compiled already), so that a large
+        grammar never stalls the engine thread; admission then finds it in the compiler's cache
+        (or its error)."""
+        compiler = self._compiler()
+        if compiler.cached(gbnf):
+            return None
+        if self._precompiler is None:
+            self._precompiler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tritium-grammar")
+
+        def run() -> None:
+            try:
+                compiler.compile(gbnf)
+            except Exception as e:  # noqa: BLE001 - reported when the task is admitted
+                with self._compiler_lock:
+                    self._failed[gbnf] = e
+                    while len(self._failed) > 16:
+                        self._failed.popitem(last=False)
+        return self._precompiler.submit(run)
 
     def piece(self, tok: int) -> bytes:
         """The bytes a sampled token adds to the text (control tokens add none)."""
@@ -72,12 +99,20 @@ class Vocabulary:
                 ids.add(toks[0])
         return ids
 
+    def _compiler(self):
+        with self._compiler_lock:
+            if self._grammar_compiler is None:
+                from grammar import GrammarCompiler, Vocab
+                vocab = Vocab(self.tokenizer.token_pieces(), set(self.eog))
+                self._grammar_compiler = GrammarCompiler(vocab)
+            return self._grammar_compiler
+
     def _compile_grammar(self, gbnf: str):
-        if self._grammar_compiler is None:
-            from grammar import GrammarCompiler, Vocab
-            vocab = Vocab(self.tokenizer.token_pieces(), set(self.eog))
-            self._grammar_compiler = GrammarCompiler(vocab)
-        return self._grammar_compiler.matcher(gbnf)
+        with self._compiler_lock:
+            failed = self._failed.pop(gbnf, None)
+        if failed is not None:
+            raise failed
+        return self._compiler().matcher(gbnf)
 
 
 def maybe_trigger_grammar(req: Request) -> None:

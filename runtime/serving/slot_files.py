@@ -222,6 +222,10 @@ def read_slot_file(path: str, kv, n_stream: int = 1) -> tuple[list[int], dict, i
             out = {"k": torch.empty(shape, dtype=kv.dtype), "v": torch.empty(shape, dtype=kv.dtype)}
         if n != len(tokens):
             raise SlotFileError("token count mismatch")
-    except struct.error as e:
-        raise SlotFileError(str(e)) from e
+    except (struct.error, ValueError) as e:
+        if isinstance(e, SlotFileError):
+            raise
+        # struct.error / ValueError from numpy: the file stops before its header says it should
+        what = "empty file" if not data else f"truncated or not a slot file ({len(data)} bytes)"
+        raise SlotFileError(what) from e
     return tokens, out, len(data)

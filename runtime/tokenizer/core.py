@@ -27,6 +27,8 @@ from runtime.tokenizer.vocab import (ATTR_CONTROL, ATTR_LSTRIP, ATTR_RSTRIP, ATT
 
 __all__ = ["Tokenizer", "IncrementalDecoder"]
 
+_GIL_FREE_CHARS = 1 << 16  # fragments longer than this are encoded with the GIL released
+
 
 @dataclass(frozen=True)
 class _Special:
@@ -194,6 +196,11 @@ class Tokenizer:
         for frag in frags:
             if isinstance(frag, int):
                 out.append(frag)
+            elif len(raw[k]) > _GIL_FREE_CHARS:
+                # encode_batch releases the GIL (encode does not): a huge prompt tokenized in a
+                # worker thread must not stop the server's event loop for seconds
+                out.extend(self._hf.encode_batch([raw[k]], add_special_tokens=False)[0].ids)
+                k += 1
             else:
                 out.extend(encode(raw[k], add_special_tokens=False).ids)
                 k += 1

@@ -1,0 +1,117 @@
+"""Issue #13 in process (the real app on the tiny engine): deep nesting is a 400 and the connection
+stays usable; NaN / Infinity / 1e400 / lone surrogates are rejected as llama-server's parser rejects
+them; Python internals never reach messages; n_probs is capped."""
+from __future__ import annotations
+
+import pytest
+
+from api.params import N_PROBS_MAX
+
+
+@pytest.fixture(scope="module")
+def client(api_engine, api_client):
+    with api_client(api_engine) as c:
+        yield c
+
+
+def envelope(r, status: int, type: str) -> str:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"code", "message", "type"} and err["code"] == status and err["type"] == type
+    return err["message"]
+
+
+@pytest.mark.parametrize("body", [b"[" * 10000, b'{"prompt":' + b"[" * 10000 + b"]" * 10000 + b"}",
+                                  b'{"a":' * 5000 + b"1" + b"}" * 5000])
+def test_deep_nesting_is_a_400_and_the_connection_stays_usable(client, body):
+    msg = envelope(client.post("/completion", content=body), 400, "invalid_request_error")
+    assert "nests too deeply" in msg and "recursion" not in msg
+    assert client.get("/health").status_code == 200
+
+
+def test_deeply_nested_schema_is_a_400(client):
+    schema = '{"type":"array","items":' * 3000 + '{"type":"integer"}' + "}" * 3000
+    r = client.post("/completion", content='{"prompt":"hi","n_predict":1,"json_schema":' + schema + "}")
+    assert r.status_code == 400 and "recursion" not in r.text.lower(), r.text[:300]
+    assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("literal, text", [
+    ("NaN", "invalid literal; last read: 'N'"), ("Infinity", "invalid literal; last read: 'I'"),
+    ("-Infinity", "invalid literal; last read: '-I'"),
+])
+def test_nan_and_infinity_are_parse_errors(client, literal, text):
+    r = client.post("/completion", content=f'{{"prompt":"hi","n_predict":1,"temperature":{literal}}}')
+    msg = envelope(r, 500, "server_error")
+    assert msg.startswith("[json.exception.parse_error.101] parse error at line 1, column ") and text in msg
+
+
+def test_number_overflow_is_a_parse_error(client):
+    r = client.post("/completion", content='{"prompt":"hi","n_predict":1,"temperature":1e400}')
+    assert envelope(r, 500, "server_error") == "[json.exception.out_of_range.406] number overflow parsing '1e400'"
+
+
+@pytest.mark.parametrize("s, text", [("\\ud800", "must be followed by U+DC00..U+DFFF"),
+                                     ("\\udc00", "must follow U+D800..U+DBFF"),
+                                     ("a\\ud800\\u0041", "must be followed by U+DC00..U+DFFF")])
+def test_lone_surrogates_are_parse_errors(client, s, text):
+    r = client.post("/completion", content=f'{{"prompt":"{s}","n_predict":1}}')
+    assert text in envelope(r, 500, "server_error")
+
+
+def test_valid_surrogate_pairs_and_escaped_backslashes_still_parse(client):
+    r = client.post("/tokenize", content='{"content":"\\ud83d\\ude00 \\\\ud800"}')
+    assert r.status_code == 200 and r.json()["tokens"]
+
+
+def test_malformed_tool_calls_are_explained(client):
+    for tc in [[["a", "b"]], "x", [{"function": 5}], [{"type": "function", "function": {"name": 1}}]]:
+        r = client.post("/v1/chat/completions", json={"messages": [
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": tc}],
+            "max_tokens": 1})
+        msg = envelope(r, 400, "invalid_request_error")
+        assert "tool_calls" in msg or "tool call" in msg, msg
+        assert "dictionary update" not in msg and "object is not" not in msg
+
+
+def test_empty_and_junk_slot_files_are_explained(api_engine, api_client):
+    d = api_engine.cfg.slot_save_path
+    client = api_client(api_engine, slot_save_path=d)
+    open(f"{d}/empty.bin", "wb").close()
+    open(f"{d}/short.bin", "wb").write(b"\x01\x00")
+    for name, text in [("empty.bin", "empty file"), ("short.bin", "truncated or not a slot file")]:
+        msg = envelope(client.post("/slots/0?action=restore", json={"filename": name}), 400, "invalid_request_error")
+        assert text in msg and "unpack" not in msg and "buffer" not in msg
+
+
+def test_n_probs_is_capped(client):
+    r = client.post("/completion", json={"prompt": "hi", "n_predict": 2, "n_probs": 1000000})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["generation_settings"]["n_probs"] == N_PROBS_MAX
+    assert all(len(p["top_logprobs"]) == N_PROBS_MAX for p in body["completion_probabilities"])
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                                  "logprobs": True, "top_logprobs": 10 ** 6})
+    assert r.status_code == 200
+    assert all(len(c["top_logprobs"]) == N_PROBS_MAX for c in r.json()["choices"][0]["logprobs"]["content"])
+
+
+def test_huge_repetition_bounds_are_served_in_bounded_memory(client):
+    import resource
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for schema in [{"type": "array", "minItems": 1000000000, "items": {"type": "integer"}},
+                   {"type": "string", "minLength": 10000000}, {"type": "string", "pattern": "^[a-z]{5,2000000000}$"}]:
+        r = client.post("/completion", json={"prompt": "hi", "n_predict": 4, "json_schema": schema})
+        assert r.status_code == 200, r.text
+    r = client.post("/completion", json={"prompt": "hi", "n_predict": 4, "grammar": 'root ::= "a"{3000000000,}'})
+    assert r.status_code == 200 and r.json()["content"] == "aaaa"
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024 < 100
+
+
+def test_grammar_over_the_size_limit_is_a_400_naming_it(client):
+    from grammar.gbnf import MAX_GRAMMAR_ELEMENTS
+    grammar = "root ::= " + " | ".join(f'"w{i}"' for i in range(MAX_GRAMMAR_ELEMENTS // 4))
+    r = client.post("/completion", json={"prompt": "hi", "n_predict": 1, "grammar": grammar})
+    msg = envelope(r, 400, "invalid_request_error")
+    assert f"the limit is {MAX_GRAMMAR_ELEMENTS}" in msg
+    assert client.get("/health").status_code == 200
