@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated origins allowed by CORS ('*' = all)")
     g.add_argument("--timeout", "-to", type=int, default=600, metavar="N", help="HTTP keep-alive timeout in seconds")
     g.add_argument("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
+    g.add_argument("--ui", "--webui", dest="ui", action="store_true", default=True, help="serve the web chat page at /")
+    g.add_argument("--no-ui", "--no-webui", dest="ui", action="store_false", help="no web chat page")
     g.add_argument("--slots", dest="slots", action="store_true", default=True, help="enable the /slots endpoint")
     g.add_argument("--no-slots", dest="slots", action="store_false", help="disable the /slots endpoint")
     g.add_argument("--props", action="store_true", help="allow changing global properties with POST /props")
@@ -158,7 +160,7 @@ _NO_EFFECT = [
     (("-ts", "--tensor-split"), True), (("-fit", "--fit"), True), (("-dt", "--defrag-thold"), True),
     (("--threads-http",), True), (("--keep",), True), (("--context-shift",), False),
     (("--no-context-shift",), False), (("--swa-full",), False), (("--ctx-checkpoints", "--swa-checkpoints"), True),
-    (("--offline",), False), (("--webui",), False), (("--no-webui",), False), (("--spm-infill",), False),
+    (("--offline",), False), (("--spm-infill",), False),
     (("--no-prefill-assistant",), False), (("-lcs", "--lookup-cache-static"), True),
     (("-lcd", "--lookup-cache-dynamic"), True), (("--reuse-port",), False), (("-e", "--escape"), False),
     (("--no-escape",), False), (("--log-colors",), True), (("--log-prefix",), False), (("--log-timestamps",), False),
@@ -348,7 +350,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         sse_ping_interval=args.sse_ping_interval, embeddings=args.embeddings, pooling=args.pooling,
         embd_normalize=args.embd_normalize, jinja=args.jinja, reasoning_format=args.reasoning_format,
         reasoning_budget=args.reasoning_budget, enable_thinking={"on": True, "off": False}.get(args.reasoning or ""),
-        n_predict=args.n_predict, defaults=defaults)
+        n_predict=args.n_predict, defaults=defaults, ui=args.ui)
 
 
 def engine_config(args: argparse.Namespace, scfg: ServerConfig):
