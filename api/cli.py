@@ -34,6 +34,14 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("model and context")
     g.add_argument("-m", "--model", default=None, metavar="FNAME",
                    help="model path (GGUF file or Hugging Face folder); without it a built-in tiny model is used")
+    g.add_argument("-hf", "-hfr", "--hf-repo", dest="hf_repo", default=None, metavar="<user>/<model>[:quant]",
+                   help="Hugging Face model repository; quant is optional, case-insensitive, default to Q4_K_M, "
+                        "or falls back to the first file in the repo if Q4_K_M doesn't exist")
+    g.add_argument("-hff", "--hf-file", dest="hf_file", default=None, metavar="FILE",
+                   help="Hugging Face model file; overrides the quant in --hf-repo")
+    g.add_argument("-hft", "--hf-token", dest="hf_token", default=None, metavar="TOKEN",
+                   help="Hugging Face access token (default: value from HF_TOKEN environment variable)")
+    g.add_argument("--offline", action="store_true", help="offline mode: forces use of cache, prevents network access")
     g.add_argument("-a", "--alias", default=None, help="model name in API responses (default: the model path)")
     g.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N",
                    help="size of the prompt context, 0 = loaded from the model")
@@ -160,7 +168,7 @@ _NO_EFFECT = [
     (("-ts", "--tensor-split"), True), (("-fit", "--fit"), True), (("-dt", "--defrag-thold"), True),
     (("--threads-http",), True), (("--keep",), True), (("--context-shift",), False),
     (("--no-context-shift",), False), (("--swa-full",), False), (("--ctx-checkpoints", "--swa-checkpoints"), True),
-    (("--offline",), False), (("--spm-infill",), False),
+    (("--spm-infill",), False),
     (("--no-prefill-assistant",), False), (("-lcs", "--lookup-cache-static"), True),
     (("-lcd", "--lookup-cache-dynamic"), True), (("--reuse-port",), False), (("-e", "--escape"), False),
     (("--no-escape",), False), (("--log-colors",), True), (("--log-prefix",), False), (("--log-timestamps",), False),
@@ -179,8 +187,7 @@ _SPECULATIVE = [
 # refused: they would change what the server computes or serves, and tritium does not implement them
 _UNSUPPORTED = [
     (("--lora",), True), (("--lora-scaled",), True), (("--lora-init-without-apply",), False),
-    (("--control-vector",), True), (("--control-vector-scaled",), True), (("-hf", "-hfr", "--hf-repo"), True),
-    (("-hff", "--hf-file"), True), (("-mu", "--model-url"), True), (("--rerank", "--reranking"), False),
+    (("--control-vector",), True), (("--control-vector-scaled",), True), (("-mu", "--model-url"), True), (("--rerank", "--reranking"), False),
     (("--api-prefix",), True), (("--mirostat",), True),
     (("-l", "--logit-bias"), True), (("--path",), True), (("--ssl-key-file",), True), (("--ssl-cert-file",), True),
 ]
@@ -440,6 +447,23 @@ def _worker(args: argparse.Namespace, scfg: ServerConfig, log: Logger) -> int:
     return 0
 
 
+def _fetch_hf_model(args: argparse.Namespace, scfg: ServerConfig, log: Logger) -> bool:
+    """-hf: the model file from the Hub (or its cache) becomes -m; the repo is the model's name."""
+    from runtime.hf_download import HfDownloadError, HfModelRequest, download_model
+
+    req = HfModelRequest(args.hf_repo, file=args.hf_file, token=args.hf_token or os.environ.get("HF_TOKEN"),
+                         offline=args.offline)
+    try:
+        path = download_model(req, log=lambda m: log.srv("W", "llama_server", m))
+    except HfDownloadError as e:
+        log.srv("E", "llama_server", f"failed to fetch model metadata: {e}")
+        return False
+    args.model = scfg.model_path = str(path)
+    scfg.alias = scfg.alias or args.hf_repo
+    log.srv("I", "llama_server", f"model from {args.hf_repo}: {path}")
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -450,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log = Logger(verbosity(args), log_file=args.log_file)
     _pin_and_prioritise(args, log)
+    if args.hf_repo and not _fetch_hf_model(args, scfg, log):
+        return 1
     if n_ranks > 1 and int(os.environ.get("RANK", "0")) > 0:
         return _worker(args, scfg, log)
     if n_ranks > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
