@@ -42,6 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-hft", "--hf-token", dest="hf_token", default=None, metavar="TOKEN",
                    help="Hugging Face access token (default: value from HF_TOKEN environment variable)")
     g.add_argument("--offline", action="store_true", help="offline mode: forces use of cache, prevents network access")
+    # one list for both, in command-line order (llama.cpp appends to one list of adapters)
+    g.add_argument("--lora", dest="lora", action="append", default=[], type=lambda v: ("--lora", v), metavar="FNAME",
+                   help="path to LoRA adapter (use comma-separated values to load multiple adapters)")
+    g.add_argument("--lora-scaled", dest="lora", action="append", type=lambda v: ("--lora-scaled", v),
+                   metavar="FNAME:SCALE,...",
+                   help="path to LoRA adapter with user defined scaling (format: FNAME:SCALE,...)")
+    g.add_argument("--lora-init-without-apply", action="store_true",
+                   help="load LoRA adapters without applying them (apply later via POST /lora-adapters)")
     g.add_argument("-a", "--alias", default=None, help="model name in API responses (default: the model path)")
     g.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N",
                    help="size of the prompt context, 0 = loaded from the model")
@@ -186,7 +194,6 @@ _SPECULATIVE = [
 ]
 # refused: they would change what the server computes or serves, and tritium does not implement them
 _UNSUPPORTED = [
-    (("--lora",), True), (("--lora-scaled",), True), (("--lora-init-without-apply",), False),
     (("--control-vector",), True), (("--control-vector-scaled",), True), (("-mu", "--model-url"), True), (("--rerank", "--reranking"), False),
     (("--api-prefix",), True), (("--mirostat",), True),
     (("-l", "--logit-bias"), True), (("--path",), True), (("--ssl-key-file",), True), (("--ssl-cert-file",), True),
@@ -287,6 +294,24 @@ def _unsupported(args: argparse.Namespace) -> str | None:
     return None
 
 
+def lora_adapters(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """--lora and --lora-scaled as (path, scale), in command-line order (adapter ids follow it)."""
+    out: list[tuple[str, float]] = []
+    for flag, value in args.lora:
+        if flag == "--lora":
+            out += [(item, 1.0) for item in value.split(",") if item]
+            continue
+        for item in value.split(","):
+            parts = item.split(":")
+            if len(parts) != 2:
+                raise ArgError("--lora-scaled", "lora-scaled format: FNAME:SCALE")
+            try:
+                out.append((parts[0], float(parts[1])))
+            except ValueError:
+                raise ArgError("--lora-scaled", f"invalid scale: {parts[1]}")
+    return out
+
+
 def _kv_dtype(args: argparse.Namespace) -> str:
     types = {args.cache_type_k.lower(), args.cache_type_v.lower()}
     if len(types) != 1 or not types <= {"f16", "f32", "bf16"}:
@@ -336,6 +361,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         raise ArgError(flag, "not supported by tritium")
     _kv_dtype(args)
     _cpu_set(args)
+    lora_adapters(args)
     grammar = _default_grammar(args)
     d = SamplingParams()
     defaults = SamplingParams(
@@ -373,7 +399,8 @@ def engine_config(args: argparse.Namespace, scfg: ServerConfig):
         embeddings=args.embeddings, pooling=args.pooling, n_predict=args.n_predict, defaults=scfg.defaults,
         chat_template=args.chat_template, chat_template_file=args.chat_template_file,
         verbosity=verbosity(args), n_batch=max(1, args.batch_size), kv_dtype=_kv_dtype(args), warmup=args.warmup,
-        config_overrides=_rope_overrides(args))
+        config_overrides=_rope_overrides(args), lora=lora_adapters(args),
+        lora_init_without_apply=args.lora_init_without_apply)
 
 
 def verbosity(args: argparse.Namespace) -> int:
