@@ -34,6 +34,22 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("model and context")
     g.add_argument("-m", "--model", default=None, metavar="FNAME",
                    help="model path (GGUF file or Hugging Face folder); without it a built-in tiny model is used")
+    g.add_argument("-hf", "-hfr", "--hf-repo", dest="hf_repo", default=None, metavar="<user>/<model>[:quant]",
+                   help="Hugging Face model repository; quant is optional, case-insensitive, default to Q4_K_M, "
+                        "or falls back to the first file in the repo if Q4_K_M doesn't exist")
+    g.add_argument("-hff", "--hf-file", dest="hf_file", default=None, metavar="FILE",
+                   help="Hugging Face model file; overrides the quant in --hf-repo")
+    g.add_argument("-hft", "--hf-token", dest="hf_token", default=None, metavar="TOKEN",
+                   help="Hugging Face access token (default: value from HF_TOKEN environment variable)")
+    g.add_argument("--offline", action="store_true", help="offline mode: forces use of cache, prevents network access")
+    # one list for both, in command-line order (llama.cpp appends to one list of adapters)
+    g.add_argument("--lora", dest="lora", action="append", default=[], type=lambda v: ("--lora", v), metavar="FNAME",
+                   help="path to LoRA adapter (use comma-separated values to load multiple adapters)")
+    g.add_argument("--lora-scaled", dest="lora", action="append", type=lambda v: ("--lora-scaled", v),
+                   metavar="FNAME:SCALE,...",
+                   help="path to LoRA adapter with user defined scaling (format: FNAME:SCALE,...)")
+    g.add_argument("--lora-init-without-apply", action="store_true",
+                   help="load LoRA adapters without applying them (apply later via POST /lora-adapters)")
     g.add_argument("-a", "--alias", default=None, help="model name in API responses (default: the model path)")
     g.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N",
                    help="size of the prompt context, 0 = loaded from the model")
@@ -102,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shutdown-timeout", type=float, default=5.0, metavar="N",
                    help="on SIGTERM, seconds running requests get to finish before they are ended (tritium)")
     g.add_argument("--metrics", action="store_true", help="enable the Prometheus /metrics endpoint")
+    g.add_argument("--ui", "--webui", dest="ui", action="store_true", default=True, help="serve the web chat page at /")
+    g.add_argument("--no-ui", "--no-webui", dest="ui", action="store_false", help="no web chat page")
     g.add_argument("--slots", dest="slots", action="store_true", default=True, help="enable the /slots endpoint")
     g.add_argument("--no-slots", dest="slots", action="store_false", help="disable the /slots endpoint")
     g.add_argument("--props", action="store_true", help="allow changing global properties with POST /props")
@@ -164,7 +182,7 @@ _NO_EFFECT = [
     (("-ts", "--tensor-split"), True), (("-fit", "--fit"), True), (("-dt", "--defrag-thold"), True),
     (("--threads-http",), True), (("--keep",), True), (("--context-shift",), False),
     (("--no-context-shift",), False), (("--swa-full",), False), (("--ctx-checkpoints", "--swa-checkpoints"), True),
-    (("--offline",), False), (("--webui",), False), (("--no-webui",), False), (("--spm-infill",), False),
+    (("--spm-infill",), False),
     (("--no-prefill-assistant",), False), (("-lcs", "--lookup-cache-static"), True),
     (("-lcd", "--lookup-cache-dynamic"), True), (("--reuse-port",), False), (("-e", "--escape"), False),
     (("--no-escape",), False), (("--log-colors",), True), (("--log-prefix",), False), (("--log-timestamps",), False),
@@ -182,9 +200,7 @@ _SPECULATIVE = [
 ]
 # refused: they would change what the server computes or serves, and tritium does not implement them
 _UNSUPPORTED = [
-    (("--lora",), True), (("--lora-scaled",), True), (("--lora-init-without-apply",), False),
-    (("--control-vector",), True), (("--control-vector-scaled",), True), (("-hf", "-hfr", "--hf-repo"), True),
-    (("-hff", "--hf-file"), True), (("-mu", "--model-url"), True), (("--rerank", "--reranking"), False),
+    (("--control-vector",), True), (("--control-vector-scaled",), True), (("-mu", "--model-url"), True), (("--rerank", "--reranking"), False),
     (("--api-prefix",), True), (("--mirostat",), True),
     (("-l", "--logit-bias"), True), (("--path",), True), (("--ssl-key-file",), True), (("--ssl-cert-file",), True),
 ]
@@ -284,6 +300,24 @@ def _unsupported(args: argparse.Namespace) -> str | None:
     return None
 
 
+def lora_adapters(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """--lora and --lora-scaled as (path, scale), in command-line order (adapter ids follow it)."""
+    out: list[tuple[str, float]] = []
+    for flag, value in args.lora:
+        if flag == "--lora":
+            out += [(item, 1.0) for item in value.split(",") if item]
+            continue
+        for item in value.split(","):
+            parts = item.split(":")
+            if len(parts) != 2:
+                raise ArgError("--lora-scaled", "lora-scaled format: FNAME:SCALE")
+            try:
+                out.append((parts[0], float(parts[1])))
+            except ValueError:
+                raise ArgError("--lora-scaled", f"invalid scale: {parts[1]}")
+    return out
+
+
 def _kv_dtype(args: argparse.Namespace) -> str:
     types = {args.cache_type_k.lower(), args.cache_type_v.lower()}
     if len(types) != 1 or not types <= {"f16", "f32", "bf16"}:
@@ -333,6 +367,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         raise ArgError(flag, "not supported by tritium")
     _kv_dtype(args)
     _cpu_set(args)
+    lora_adapters(args)
     grammar = _default_grammar(args)
     d = SamplingParams()
     defaults = SamplingParams(
@@ -355,7 +390,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         sse_ping_interval=args.sse_ping_interval, embeddings=args.embeddings, pooling=args.pooling,
         embd_normalize=args.embd_normalize, jinja=args.jinja, reasoning_format=args.reasoning_format,
         reasoning_budget=args.reasoning_budget, enable_thinking={"on": True, "off": False}.get(args.reasoning or ""),
-        n_predict=args.n_predict, defaults=defaults)
+        n_predict=args.n_predict, defaults=defaults, ui=args.ui)
 
 
 def engine_config(args: argparse.Namespace, scfg: ServerConfig):
@@ -371,7 +406,8 @@ def engine_config(args: argparse.Namespace, scfg: ServerConfig):
         embeddings=args.embeddings, pooling=args.pooling, n_predict=args.n_predict, defaults=scfg.defaults,
         chat_template=args.chat_template, chat_template_file=args.chat_template_file,
         verbosity=verbosity(args), n_batch=max(1, args.batch_size), kv_dtype=_kv_dtype(args), warmup=args.warmup,
-        config_overrides=_rope_overrides(args))
+        config_overrides=_rope_overrides(args), lora=lora_adapters(args),
+        lora_init_without_apply=args.lora_init_without_apply)
 
 
 def verbosity(args: argparse.Namespace) -> int:
@@ -445,6 +481,23 @@ def _worker(args: argparse.Namespace, scfg: ServerConfig, log: Logger) -> int:
     return 0
 
 
+def _fetch_hf_model(args: argparse.Namespace, scfg: ServerConfig, log: Logger) -> bool:
+    """-hf: the model file from the Hub (or its cache) becomes -m; the repo is the model's name."""
+    from runtime.hf_download import HfDownloadError, HfModelRequest, download_model
+
+    req = HfModelRequest(args.hf_repo, file=args.hf_file, token=args.hf_token or os.environ.get("HF_TOKEN"),
+                         offline=args.offline)
+    try:
+        path = download_model(req, log=lambda m: log.srv("W", "llama_server", m))
+    except HfDownloadError as e:
+        log.srv("E", "llama_server", f"failed to fetch model metadata: {e}")
+        return False
+    args.model = scfg.model_path = str(path)
+    scfg.alias = scfg.alias or args.hf_repo
+    log.srv("I", "llama_server", f"model from {args.hf_repo}: {path}")
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -455,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     log = Logger(verbosity(args), log_file=args.log_file)
     _pin_and_prioritise(args, log)
+    if args.hf_repo and not _fetch_hf_model(args, scfg, log):
+        return 1
     if n_ranks > 1 and int(os.environ.get("RANK", "0")) > 0:
         return _worker(args, scfg, log)
     if n_ranks > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:

@@ -44,6 +44,7 @@ class ServerConfig:
     reasoning_budget: int = -1
     enable_thinking: bool | None = None
     n_predict: int = -1
+    ui: bool = True  # the web chat page at / (api/routes/ui.py)
     defaults: SamplingParams = field(default_factory=SamplingParams)
 
     @property

@@ -109,6 +109,14 @@ class EngineAPI(Protocol):
 
     def metrics(self) -> dict[str, float]: ...
 
+    def lora_adapters(self) -> list[dict[str, Any]]:
+        """GET /lora-adapters: [{id, path, scale, task_name, prompt_prefix}]."""
+        ...
+
+    def set_lora(self, scales: dict[int, float]) -> None:
+        """POST /lora-adapters: the server's adapter scales (unlisted adapters: 0)."""
+        ...
+
     def stop(self) -> None:
         """Called by the CLI at exit."""
         ...

@@ -235,7 +235,22 @@ def parse_task(body: dict[str, Any], prompt_tokens: list[int], params: SamplingP
         stream=f.boolean("stream", False),
         return_tokens=f.boolean("return_tokens", False),
         t_max_predict_ms=f.integer("t_max_predict_ms", -1),
+        lora=parse_lora(body.get("lora")),
     )
+
+
+def parse_lora(value: Any) -> dict[int, float] | None:
+    """A request's `lora` ([{id, scale}], llama-server's parse_lora_request: id -1 and scale 0 when
+    missing; later entries win); None when absent or empty (the server's adapters apply)."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ApiError("Error: 'lora' must be an array of objects with 'id' and 'scale' fields")
+    out: dict[int, float] = {}
+    for entry in value:
+        f = Fields(entry if isinstance(entry, dict) else {})
+        out[f.integer("id", -1)] = f32(f.number("scale", 0.0))
+    return out or None
 
 
 

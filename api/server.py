@@ -26,6 +26,7 @@ from api.errors import ApiError, invalid_api_key, loading_model, not_found
 from api.guard import Drain, RequestGuard
 from api.log import Logger
 from api.routes import ROUTERS
+from api.routes.ui import FRONTEND_PATHS
 
 __all__ = ["ApiContext", "ServerConfig", "create_app"]
 
@@ -72,9 +73,10 @@ async def pre_routing(request: Request, call_next: Callable[[Request], Awaitable
             headers.update({"Access-Control-Allow-Methods": "GET, POST",
                             "Access-Control-Allow-Headers": "*"})
         return Response(b"", status_code=200, media_type="text/html", headers=headers)
-    if not ctx.ready:
+    page = cfg.ui and request.url.path in FRONTEND_PATHS  # the web page: public, served while loading
+    if not ctx.ready and not page:
         resp = loading_model().response()
-    elif cfg.api_keys and request.url.path not in PUBLIC_PATHS and not key_ok(cfg, request):
+    elif cfg.api_keys and request.url.path not in PUBLIC_PATHS and not page and not key_ok(cfg, request):
         resp = invalid_api_key().response()
     else:
         try:

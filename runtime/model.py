@@ -17,6 +17,7 @@ import torch
 import kernels
 from kernels.qweight import QWeight
 from runtime.kv_cache import KVCache, SeqKV
+from runtime.lora import RowLora
 
 
 @dataclass
@@ -31,6 +32,7 @@ class SeqBatch:
     # the others may come back as -inf. `banned` tokens are excluded from that top-k.
     topk: int = 0
     banned: tuple[int, ...] = ()
+    lora: tuple[float, ...] = ()  # this sequence's scale per loaded LoRA adapter (runtime/lora.py)
 
 
 @dataclass
@@ -207,6 +209,7 @@ class Model:
         self._topk_head = ops.prepare_topk_head(self.output) if tp is None else None
         self.n_vocab = self.output.rows if tp is None else tp.n_vocab
         self.n_embd = cfg.n_embd
+        self.adapters: list = []  # LoRA adapters (runtime.lora.LoraAdapter), attached at load
 
     def new_cache(self, n_tokens: int, block_size: int = 16, dtype: torch.dtype = torch.float16) -> KVCache:
         nb = (n_tokens + block_size - 1) // block_size
@@ -214,7 +217,7 @@ class Model:
 
     def _layers(self, kv: KVCache, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
                 tables: torch.Tensor, cu: torch.Tensor, kv_lens_t: torch.Tensor,
-                max_q_len: int | None) -> torch.Tensor:
+                max_q_len: int | None, lora: RowLora | None = None) -> torch.Tensor:
         """Embedding and every layer for T new tokens (device tensors: ids/pos/slot [T], tables
         [S, max_blocks] int32, cu [S + 1] int32, kv_lens [S] int32); new K/V are written to their
         slots (negative: skipped). Returns the final residual stream [T, C]. With `max_q_len`
@@ -230,6 +233,10 @@ class Model:
             else:
                 x, residual = ops.add_rms_norm(h, residual, L.attn_norm, self.eps)
             qkv = _matmul_rows(ops, x, L.wqkv)  # [T, (H + 2 KVH) D]
+            p = f"blk.{li}."
+            if lora is not None:
+                lora.add(qkv, x, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
+                         [H * D, KVH * D, KVH * D])
             if L.bqkv is not None:
                 qkv = qkv + L.bqkv
             q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=1)
@@ -244,13 +251,21 @@ class Model:
             ops.write_kv(k, v, kv.k[li], kv.v[li], slot_t)
             attn = ops.paged_attention(q, kv.k[li], kv.v[li], tables, cu, kv_lens_t, self.scale,
                                        max_q_len=max_q_len)
-            h = ops.qmatmul(attn.reshape(T, H * D), L.wo)
+            attn = attn.reshape(T, H * D)
+            h = ops.qmatmul(attn, L.wo)
+            if lora is not None:
+                lora.add(h, attn, [p + "attn_output.weight"])
             if self.tp is not None:  # row-parallel: partial sums of the ranks' heads
                 self.tp.group.all_reduce(h)
             x, residual = ops.add_rms_norm(h, residual, L.ffn_norm, self.eps)
             gu = _matmul_rows(ops, x, L.w_gate_up)  # [T, 2F]
+            if lora is not None:
+                lora.add(gu, x, [p + "ffn_gate.weight", p + "ffn_up.weight"], [self.n_ff, self.n_ff])
             gate, up = gu.split([self.n_ff, self.n_ff], dim=1)
-            h = ops.qmatmul(ops.silu_mul(gate, up), L.w_down)
+            act = ops.silu_mul(gate, up)
+            h = ops.qmatmul(act, L.w_down)
+            if lora is not None:
+                lora.add(h, act, [p + "ffn_down.weight"])
             if self.tp is not None:
                 self.tp.group.all_reduce(h)
         return h + residual  # [T, C] final residual stream
@@ -315,27 +330,34 @@ class Model:
             self.tp.group.send(("forward", step))  # the other ranks run the same step on their shards
         wants = [b for b in batch if b.logits]
         topk = ([b.topk for b in wants], [b.banned for b in wants]) if any(b.topk > 0 for b in wants) else None
-        logits, hn = self.run_step(kv, step, topk)
+        lora = None  # LoRA rows (runtime/lora.py); not with -tp (bootstrap refuses the pair)
+        if self.adapters:
+            lora = RowLora.build(self.adapters, [b.lora for b in batch], q_lens, self.device)
+        logits, hn = self.run_step(kv, step, topk, lora)
         hidden: list[torch.Tensor | None] = []
         for b, s, e in zip(batch, cu[:-1].tolist(), ends):
             hidden.append(hn[s:e].float() if b.hidden else None)
         return logits, hidden
 
-    def run_step(self, kv: KVCache, step: "StepTensors", topk=None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def run_step(self, kv: KVCache, step: "StepTensors", topk=None,
+                 lora: RowLora | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The computation of `forward` on prepared host tensors: (logits of `step.rows`, normed
         hidden states [T, C] when `step.need_hidden`). Every rank of a tensor-parallel model runs it
         for every step. `topk`: (k per row, banned ids per row) where only the top k must be exact."""
         dev = self.device
         T = step.ids.shape[0]
         h = self._layers(kv, step.ids.to(dev), step.pos.to(dev), step.slots.to(dev), step.tables.to(dev),
-                         step.cu.to(dev), step.kv_lens.to(dev), step.max_q_len)
+                         step.cu.to(dev), step.kv_lens.to(dev), step.max_q_len, lora)
         logits = None
         if step.rows:
             hs = h[torch.tensor(step.rows, device=dev)] if len(step.rows) != T else h
             hs = self.ops.rms_norm(hs, self.output_norm, self.eps)
-            if self._topk_head is not None and topk is not None:  # exact only where it matters
+            out_lora = lora.select(step.rows) if lora is not None and lora.has("output.weight") else None
+            if out_lora is None and self._topk_head is not None and topk is not None:  # exact only where it matters
                 logits = self.ops.topk_logits(hs, self.output, self._topk_head, topk[0], topk[1])
             else:
                 logits = self._head(hs)
+                if out_lora is not None:
+                    out_lora.add(logits, hs, ["output.weight"])
         hn = self.ops.rms_norm(h, self.output_norm, self.eps) if step.need_hidden else None
         return logits, hn

@@ -59,6 +59,7 @@ class CompletionTask:
     return_tokens: bool = False
     t_max_predict_ms: int = -1
     grammar_prefix: str = ""  # text of a prefilled assistant turn the grammar has already seen
+    lora: dict[int, float] | None = None  # per-request adapter scales (unlisted: 0); None = the server's
 
 
 @dataclass

@@ -43,6 +43,7 @@ def native_request(ctx: ApiContext, body: dict[str, Any], prompt_tokens: list[in
                                  only_metrics=False, stop=task.stop, n_keep=task.n_keep,
                                  timings_per_token=f.boolean("timings_per_token", False),
                                  post_sampling_probs=f.boolean("post_sampling_probs", False))
+    settings["lora"] = [{"id": i, "scale": s} for i, s in sorted((task.lora or {}).items())]
     return NativeRequest(task, settings, ctx.tokenizer.decode(prompt_tokens), params.n_probs,
                          f.boolean("post_sampling_probs", False), index)
 

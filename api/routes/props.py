@@ -69,7 +69,7 @@ async def props(ctx: Ctx) -> Response:
         "endpoint_slots": cfg.slots,
         "endpoint_props": cfg.props,
         "endpoint_metrics": cfg.metrics,
-        "ui": False,  # no web UI is served
+        "ui": cfg.ui,
         "ui_settings": {},
         "chat_template": chat_api.template_source(tmpl),
         "chat_template_caps": chat_api.template_caps(tmpl),

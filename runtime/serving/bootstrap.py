@@ -61,6 +61,22 @@ def slot_layout(cfg: EngineConfig, n_ctx_train: int) -> tuple[int, int, bool, in
     return n_ctx, n_slots, unified, n_ctx if unified else n_ctx // n_slots
 
 
+def _load_adapters(cfg: EngineConfig, lm, model: Model, log: Log) -> None:
+    """--lora / --lora-scaled: the adapters, checked against the base model (runtime/lora.py)."""
+    from kernels.qweight import QWeight
+    from runtime.lora import load_lora
+
+    shapes = {n: (w.rows, w.cols) for n, w in lm.weights.items() if isinstance(w, QWeight)}
+    for path, _ in cfg.lora:
+        log("I", f"srv    load_model: loading lora adapter from '{path}' ...")
+        try:
+            ad = load_lora(path, lm.config.arch, shapes, model.device)
+        except ValueError as e:
+            raise ValueError(f"failed to load lora adapter '{path}': {e}") from e
+        log("I", f"srv    load_model: loaded {2 * len(ad.weights)} tensors from lora file")
+        model.adapters.append(ad)
+
+
 def _load_model(cfg: EngineConfig, log: Log):
     """(LoadedModel, Model) on this rank: the whole model, or with -tp this rank's shard."""
     from runtime.loader import load_model
@@ -125,6 +141,10 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
 
     lm, model = _load_model(cfg, log)
     path, device = cfg.model_path, cfg.device
+    if cfg.lora:
+        if model.tp is not None:
+            raise ValueError("LoRA adapters (--lora) are not supported with tensor parallelism (-tp)")
+        _load_adapters(cfg, lm, model, log)
     log("I", f"cmn          init: n_threads = {torch.get_num_threads()}, device = {device}")
     if model.unpacked_quantized:
         log("I", "srv    load_model: quantized weights dequantized once to float32 for the CPU path")
@@ -154,7 +174,9 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     if cfg.warmup:
         warm_up(runner, log)
     prompt_cache = None
-    if cfg.cache_ram_mib != 0:
+    if cfg.lora and cfg.cache_ram_mib != 0:  # its entries do not record the adapters they were computed with
+        log("W", "srv    load_model: the RAM prompt cache is disabled while LoRA adapters are loaded")
+    elif cfg.cache_ram_mib != 0:
         limit = None if cfg.cache_ram_mib < 0 else cfg.cache_ram_mib * 1024 * 1024
         prompt_cache = PromptCache(limit, limit_tokens=n_ctx)
     model_info = {

@@ -40,3 +40,5 @@ class EngineConfig:
     # decode steps from CUDA graphs: "1" on CUDA (default), "0" off, "eager" static buffers without
     # capture (also on the CPU, for tests); None = TRITIUM_CUDA_GRAPHS, read by bootstrap.resolve_config
     cuda_graphs: str | None = None
+    lora: list[tuple[str, float]] = field(default_factory=list)  # --lora / --lora-scaled: (path, scale)
+    lora_init_without_apply: bool = False  # loaded with scale 0 until POST /lora-adapters

@@ -117,6 +117,17 @@ class Engine:
             return snapshot()
         return self.run_on_loop(snapshot, timeout=30)
 
+    def lora_adapters(self) -> list[dict]:
+        scales = self.scheduler.lora_scales if self.scheduler is not None else ()
+        return [{"id": i, "path": ad.path, "scale": scales[i] if i < len(scales) else 0.0,
+                 "task_name": ad.task_name, "prompt_prefix": ad.prompt_prefix}
+                for i, ad in enumerate(self.model.adapters if self.model is not None else [])]
+
+    def set_lora(self, scales: dict[int, float]) -> None:
+        """New tasks use these scales (llama-server's construct_lora_list: unlisted adapters 0)."""
+        n = len(self.model.adapters) if self.model is not None else 0
+        self.scheduler.lora_scales = tuple(float(scales.get(i, 0.0)) for i in range(n))
+
     def slot_action(self, id_slot: int, action: str, filename: str | None = None) -> dict:
         """save | restore | erase an idle slot's cache; raises slot_files.SlotError."""
         check_action(action, id_slot, len(self.slots), self.cfg.slot_save_path, filename)

@@ -53,7 +53,8 @@ def plan_step(slots: list[Slot], n_batch: int, n_prefill_chunk: int) -> StepPlan
     budget = n_batch
     for s in decoding:
         k, banned = topk_needed(s.req.sampler)
-        plan.batch.append(SeqBatch(s.seq, [s.req.pending], len(s.tokens), logits=True, topk=k, banned=banned))
+        plan.batch.append(SeqBatch(s.seq, [s.req.pending], len(s.tokens), logits=True, topk=k, banned=banned,
+                                   lora=s.req.lora))
         plan.slots.append(s)
         budget -= 1
     chunk_cap = n_prefill_chunk if decoding else n_batch
@@ -66,7 +67,7 @@ def plan_step(slots: list[Slot], n_batch: int, n_prefill_chunk: int) -> StepPlan
         sample = last and not r.embedding
         k, banned = topk_needed(r.sampler) if sample else (0, ())
         plan.batch.append(SeqBatch(s.seq, r.prompt[r.n_past:r.n_past + n], r.n_past, logits=sample,
-                                   hidden=r.embedding, topk=k, banned=banned))
+                                   hidden=r.embedding, topk=k, banned=banned, lora=r.lora))
         plan.slots.append(s)
         budget -= n
     return plan

@@ -32,7 +32,8 @@ class ModelRunner:
     def run(self, plan: StepPlan, graphs: bool = True) -> StepOutput:
         """One forward over `plan.batch`; `graphs=False` forces the eager path."""
         batch = plan.batch
-        if graphs and self.graphs is not None and self.graphs.supports(batch):
+        lora = any(b.lora for b in batch)  # LoRA rows run eagerly (the graphs hold the base model only)
+        if graphs and self.graphs is not None and self.graphs.supports(batch) and not lora:
             out = StepOutput(self.graphs.run(batch), [None] * len(batch))
         else:
             out = StepOutput(*self.model.forward(self.kv, batch))

@@ -40,6 +40,8 @@ class Scheduler:
         self.cfg, self.slots, self.kv, self.model, self.vocab = cfg, slots, kv, model, vocab
         self.prompt_cache, self.metrics, self.log = prompt_cache, metrics, log
         self.waiting: list[TaskHandle] = []
+        # the server's LoRA adapter scales (--lora, POST /lora-adapters); a task may bring its own
+        self.lora_scales: tuple[float, ...] = tuple(0.0 if cfg.lora_init_without_apply else s for _, s in cfg.lora)
 
     @property
     def n_busy(self) -> int:
@@ -58,6 +60,13 @@ class Scheduler:
             self._start(*picked, h)
         self.waiting = still
 
+    def _lora(self, task) -> tuple[float, ...]:
+        """A task's adapter scales: its own `lora` (unlisted adapters 0, as llama-server's
+        construct_lora_list), else the server's."""
+        own = getattr(task, "lora", None)
+        scales = self.lora_scales if own is None else tuple(float(own.get(i, 0.0)) for i in range(len(self.lora_scales)))
+        return scales if any(scales) else ()  # () = the base model
+
     def _reserve(self, s: Slot, n_total: int) -> None:
         reserve(self.kv, self.slots, s, n_total, self.log)
 
@@ -67,6 +76,10 @@ class Scheduler:
         embedding = isinstance(task, EmbeddingTask)
         r = s.req = Request(h, list(task.prompt_tokens), embedding, t_start=time.perf_counter())
         prompt = r.prompt
+        r.lora = self._lora(task)
+        if s.lora != r.lora:  # the cached tokens were computed with other adapters
+            self.kv.clear(s.seq)
+            s.tokens, s.lora = [], r.lora
         if embedding:
             self.kv.clear(s.seq)
             s.tokens = []

@@ -52,6 +52,7 @@ class Request:
     stop_type: StopType = StopType.NONE
     lazy_grammar: Any = None  # matcher waiting for a trigger word in the output
     lazy_triggers: list[str] = field(default_factory=list)
+    lora: tuple[float, ...] = ()  # scale per loaded LoRA adapter for this task
 
     @property
     def task(self):
@@ -70,6 +71,7 @@ class Slot:
     id_task: int = -1
     state: SlotState = SlotState.IDLE
     req: Request | None = None  # the running task; None exactly when state is IDLE
+    lora: tuple[float, ...] = ()  # the adapter scales its cached tokens were computed with
 
     @property
     def busy(self) -> bool:
