@@ -1,4 +1,4 @@
-/* Shared by the CPU kernels (kernels/cpu/*.c): vectors of the build's natural width (vf, VW floats:
+/* Shared by the CPU kernels (the C files of kernels/cpu): vectors of the build's natural width (vf, VW floats:
    16 with AVX-512, 8 with AVX2 + FMA, 4 otherwise) and their loads; fma_v, one rounding per lane on
    every build (so every build computes the same bits); and the older 16-float v16 of qgemv.c. */
 #ifndef TRITIUM_CPU_COMMON_H

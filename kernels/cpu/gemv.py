@@ -1,11 +1,17 @@
-"""Batched GEMV for the CPU decode path: y[M, N] = x[M, K] @ W^T for small M (<= 16).
+"""Batched GEMV for the CPU decode path: y[M, N] = x[M, K] @ W^T for small M.
 
 BLAS sgemm packs the whole weight matrix on every call when M is small, which on a 151,936 x 256
 output head costs 2-3x the time of reading the weights once. This kernel (C, `gemv.c`) reads
 the weights once per call whatever M is: W is repacked at load into tiles of 64 output rows
-(`pack`: [N/64, K, 64], each tile one contiguous stream), and for every k it broadcasts x[m, k]
-against the 64 weights of row k of the tile, accumulating 4 x 4 vectors of 16 floats in registers.
-Without a compiler `available()` is False and callers use BLAS instead.
+(`pack`: [N/64, K, 64], each tile one contiguous stream); for every k, x[m, k] is broadcast
+against a chunk of the 64 weights of row k of the tile, the sums of 4 rows of x x (16 or 64)
+columns kept in registers, each chunk walked once per 4 rows while it sits in L1/L2.
+
+Every output is the fma chain acc = fma(x[m, k], w[n, k], acc) over k = 0 .. K-1 in order
+(float16 / bfloat16 / int8 weights widened exactly first; int8 sums then times the row scale):
+the AVX-512, AVX2 and portable builds (`native.float_isa()`) give the same bits, for every M.
+Without a compiler `available()` is False and callers use BLAS instead; with only the portable
+build (`vectorized()` False: no AVX2 + FMA) they use BLAS too, it is slower.
 """
 from __future__ import annotations
 
@@ -13,12 +19,24 @@ import torch
 
 from . import native
 
-MAX_M = 16
+MAX_M = 16  # callers' bound for "decode-sized" batches; the kernel itself takes any M
 TILE = 64
 
 
 def available() -> bool:
     return native.lib() is not None
+
+
+def vectorized() -> bool:
+    """Whether the kernels are a vector build (AVX-512 or AVX2 + FMA), not the portable one."""
+    lib = native.lib()
+    return lib is not None and bool(lib.i8_widening_is_vectorized())
+
+
+def isa() -> str | None:
+    """The instruction set of the loaded build ("avx512", "avx2", "scalar"), None without one."""
+    lib = native.lib()
+    return None if lib is None else lib.cpu_kernels_isa().decode()
 
 
 _KERNELS = {torch.float32: "bgemv_tiles64", torch.float16: "bgemv_tiles64_f16", torch.bfloat16: "bgemv_tiles64_bf16"}
@@ -46,7 +64,7 @@ def rows(tiles: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def bgemv(x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | None = None) -> torch.Tensor:
-    """x: [M, K] float32 (M <= MAX_M) times the packed [n_rows, K] weight (float32, float16 or
+    """x: [M, K] float32 (any M: one pass over the weights) times the packed [n_rows, K] weight (float32, float16 or
     bfloat16 tiles, widened exactly) -> y: [M, n_rows] float32. `n_threads`: OpenMP threads
     (default torch's count)."""
     return _run(_KERNELS[tiles.dtype], x, tiles, n_rows, n_threads, None)
@@ -55,8 +73,7 @@ def bgemv(x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | No
 def i8_fast() -> bool:
     """Whether the int8 GEMV widens with vector instructions (AVX-512 or AVX2 builds); elsewhere it
     is slower than the float32 one and callers should not use it."""
-    lib = native.lib()
-    return lib is not None and bool(lib.i8_widening_is_vectorized())
+    return vectorized()
 
 
 def pack_i8(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
