@@ -19,8 +19,8 @@ static inline void store_cols(float *restrict yrow, int c, const vf *a, int n, i
     if (len > 0) memcpy(yrow + c, a, (size_t)len * sizeof(float));
 }
 
-/* Batched GEMV on 64-row tiles. Wt: [nt, K, 64]; x: [Mp, K] with Mp a multiple of 4 (zero rows
-   past M); y[m * ldy + n] for m < M, n < N. Every output is the chain acc = fma(x[m, k], w[k, n],
+/* Batched GEMV on 64-row tiles. Wt: [nt, K, 64]; x: [M, K] (Mp: unused, kept for the ABI);
+   y[m * ldy + n] for m < M, n < N. Every output is the chain acc = fma(x[m, k], w[k, n],
    acc) over k = 0 .. K-1 in order, then times the row scale: the same bits on every build and for
    every M. Each tile is read from memory once per call whatever M is: it is walked in column chunks
    of CV vectors, each chunk (K lines, L1/L2-resident) once per 4 rows of x.
@@ -53,11 +53,12 @@ void NAME(const float *restrict x, const WT *restrict Wt, const float *restrict 
             continue;                                                                          \
         }                                                                                      \
         for (int c = 0; c < NV; c += CV)                                                       \
-            for (int m0 = 0; m0 < Mp; m0 += 4) {                                               \
+            for (int m0 = 0; m0 < M; m0 += 4) {                                                \
                 vf a[4][CV];                                                                   \
                 for (int i = 0; i < 4; ++i)                                                    \
                     for (int j = 0; j < CV; ++j) a[i][j] = splat(0.0f);                        \
-                const float *x0 = x + (size_t)m0 * K;                                          \
+                const float *xr[4];  /* rows past M repeat row M - 1 (computed, not stored) */ \
+                for (int i = 0; i < 4; ++i) xr[i] = x + (size_t)(m0 + i < M ? m0 + i : M - 1) * K; \
                 const WT *w = tile + c * VW;                                                   \
                 const int pf = c == 0 && m0 == 0; /* first walk: fetch whole rows ahead */     \
                 for (int k = 0; k < K; ++k, w += 64) {                                         \
@@ -69,7 +70,7 @@ void NAME(const float *restrict x, const WT *restrict Wt, const float *restrict 
                     for (int j = 0; j < CV; ++j) wv[j] = LOAD(w + j * VW);                     \
                     _Pragma("GCC unroll 4")                                                    \
                     for (int i = 0; i < 4; ++i) {                                              \
-                        const vf s = splat(x0[(size_t)i * K + k]);                             \
+                        const vf s = splat(xr[i][k]);                                          \
                         _Pragma("GCC unroll 4")                                                \
                         for (int j = 0; j < CV; ++j) a[i][j] = fma_v(s, wv[j], a[i][j]);       \
                     }                                                                          \

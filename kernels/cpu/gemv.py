@@ -116,14 +116,9 @@ def _run(fn: str, x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: 
     assert lib is not None, "the batched GEMV needs the compiled CPU kernels (check available())"
     M, K = x.shape
     assert tiles.shape[1] == K and x.dtype == torch.float32
-    Mp = (M + 3) // 4 * 4
-    if Mp == M and x.is_contiguous():
-        xp = x
-    else:
-        xp = torch.zeros((Mp, K), dtype=torch.float32)
-        xp[:M] = x
+    xp = x.contiguous()
     y = torch.empty((M, n_rows), dtype=torch.float32)
     assert scale is None or scale.numel() >= tiles.shape[0] * TILE
     getattr(lib, fn)(xp.data_ptr(), tiles.data_ptr(), None if scale is None else scale.data_ptr(),
-                     y.data_ptr(), M, Mp, n_rows, K, n_rows, n_threads or torch.get_num_threads())
+                     y.data_ptr(), M, M, n_rows, K, n_rows, n_threads or torch.get_num_threads())
     return y
