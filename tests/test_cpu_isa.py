@@ -130,3 +130,22 @@ def test_paged_decode_on_every_build(isa, dtype, head_dim, heads, monkeypatch):
                 monkeypatch.setenv("TRITIUM_CPU_ISA", {v: k for k, v in FORCE.items()}[other])
                 assert torch.equal(_decode(case, softcap), out), other
                 monkeypatch.setenv("TRITIUM_CPU_ISA", {v: k for k, v in FORCE.items()}[isa])
+
+
+@needs_cc
+def test_thread_pool_calls_from_several_threads_and_thread_counts():
+    """kernels/cpu/pool.c: every chunk runs exactly once whatever the thread count, and calls made
+    at the same time from several Python threads (one runs on the pool, the others inline) all
+    give the single-threaded bits."""
+    from concurrent.futures import ThreadPoolExecutor
+    g = torch.Generator().manual_seed(3)
+    w = cpu_gemv.pack(torch.randn(4000, 64, generator=g))
+    xs = [torch.randn(m, 64, generator=g) for m in (1, 2, 5, 8)]
+    want = [cpu_gemv.bgemv(x, w, 4000, n_threads=1) for x in xs]
+    for nt in (2, 3, 8):
+        for x, y in zip(xs, want):
+            assert torch.equal(cpu_gemv.bgemv(x, w, 4000, n_threads=nt), y)
+    with ThreadPoolExecutor(4) as ex:
+        futs = [ex.submit(cpu_gemv.bgemv, xs[i % 4], w, 4000, 2) for i in range(64)]
+        for i, f in enumerate(futs):
+            assert torch.equal(f.result(), want[i % 4])

@@ -3,6 +3,7 @@
    16 sums d = i (mod 16) in order, by fma) reduced by the same tree, the softmax runs in order in
    scalar float32 (expf), and each output is the fma chain over the cached positions in order. */
 #include "common.h"
+#include "pool.h"
 
 #define LV (16 / VW)  /* vectors per 16 floats */
 #define GB 4          /* query heads per pass over the V rows */
@@ -37,100 +38,116 @@ static inline float ld1(const void *cache, size_t off, int f16) {
     return f16 ? (float)((const _Float16 *)cache)[off] : ((const float *)cache)[off];
 }
 
+struct att_args {
+    const float *q; const void *kc, *vc; const int *bt, *lens; float *out, *scratch;
+    int maxb, H, KVH, D, BS, bs_shift, maxL, kv_f16; float scale, softcap;
+};
+
+/* One (sequence, KV head) pair: item = s * KVH + kh. */
+static void attend(void *args, int item) {
+    const struct att_args *A = args;
+    const int KVH = A->KVH, H = A->H, D = A->D, BS = A->BS, bs_shift = A->bs_shift, maxL = A->maxL;
+    const int G = H / KVH, D16 = D / 16 * 16, kv_f16 = A->kv_f16;
+    const int s = item / KVH, kh = item % KVH;
+    const float scale = A->scale, softcap = A->softcap;
+    const void *kc = A->kc, *vc = A->vc;
+    const int *bt = A->bt, maxb = A->maxb;
+    const int *lens = A->lens;
+    const float *q = A->q;
+    float *out = A->out, *scratch = A->scratch;
+    const int L = lens[s];
+    const int *tab = bt + (size_t)s * maxb;
+    float *sc = scratch + ((size_t)s * KVH + kh) * G * maxL;
+    const float *qs = q + ((size_t)s * H + (size_t)kh * G) * D;
+    float *os = out + ((size_t)s * H + (size_t)kh * G) * D;
+    /* offset of position t's row: one table entry per block (a shift when BS is a power of 2) */
+    const int nblk = (L + BS - 1) >> bs_shift;
+#define KROW(cache, off) ((const char *)(cache) + (off) * (kv_f16 ? 2 : 4))
+#define ROW(t) ((((size_t)tab[(t) >> bs_shift] << bs_shift) + ((t) & (BS - 1))) * KVH + kh) * D
+    float kf[D];  /* one K row widened once for the G query heads */
+    for (int t = 0; t < L; ++t) {
+        const size_t row = ROW(t);
+        if ((t & (BS - 1)) == 0 && (t >> bs_shift) + 1 < nblk) {  /* next block's rows */
+            const size_t next = ROW(t + BS);
+            for (int i = 0; i < BS; ++i) {
+                __builtin_prefetch(KROW(kc, next + (size_t)i * KVH * D));
+                __builtin_prefetch(KROW(vc, next + (size_t)i * KVH * D));
+            }
+        }
+        for (int c = 0; c < D16; c += 16) {
+            vf k[LV];
+            ld16(kc, row + c, kv_f16, k);
+            memcpy(kf + c, k, sizeof k);
+        }
+        for (int d = D16; d < D; ++d) kf[d] = ld1(kc, row + d, kv_f16);
+        for (int g = 0; g < G; ++g) {
+            const float *qg = qs + (size_t)g * D;
+            float acc;
+            if (D16) {
+                vf a[LV];
+                for (int j = 0; j < LV; ++j) a[j] = splat(0.0f);
+                for (int c = 0; c < D16; c += 16)
+                    for (int j = 0; j < LV; ++j) a[j] = fma_v(ldv(qg + c + j * VW), ldv(kf + c + j * VW), a[j]);
+                acc = sum16(a);
+            } else acc = 0.0f;
+            for (int d = D16; d < D; ++d) acc = __builtin_fmaf(qg[d], kf[d], acc);
+            acc *= scale;
+            if (softcap > 0.0f) acc = softcap * tanhf(acc / softcap);
+            sc[(size_t)g * maxL + t] = acc;
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        float *p = sc + (size_t)g * maxL, mx = -INFINITY, sum = 0.0f;
+        for (int t = 0; t < L; ++t) mx = p[t] > mx ? p[t] : mx;
+        for (int t = 0; t < L; ++t) { p[t] = expf(p[t] - mx); sum += p[t]; }
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int t = 0; t < L; ++t) p[t] *= inv;
+    }
+    for (int g0 = 0; g0 < G; g0 += GB) {
+        const int gn = G - g0 < GB ? G - g0 : GB;
+        for (int c = 0; c < D16; c += 16) {
+            vf a[GB][LV];
+            for (int g = 0; g < GB; ++g)
+                for (int j = 0; j < LV; ++j) a[g][j] = splat(0.0f);
+            for (int t = 0; t < L; ++t) {
+                const size_t row = ROW(t);
+                vf v[LV];
+                ld16(vc, row + c, kv_f16, v);
+                _Pragma("GCC unroll 4")
+                for (int g = 0; g < GB; ++g) {
+                    if (g < gn) {
+                        const vf p = splat(sc[(size_t)(g0 + g) * maxL + t]);
+                        for (int j = 0; j < LV; ++j) a[g][j] = fma_v(p, v[j], a[g][j]);
+                    }
+                }
+            }
+            for (int g = 0; g < gn; ++g) memcpy(os + (size_t)(g0 + g) * D + c, a[g], 16 * sizeof(float));
+        }
+        for (int d = D16; d < D; ++d)
+            for (int g = g0; g < g0 + gn; ++g) {
+                float acc = 0.0f;
+                for (int t = 0; t < L; ++t) {
+                    const size_t row = ROW(t);
+                    acc = __builtin_fmaf(sc[(size_t)g * maxL + t], ld1(vc, row + d, kv_f16), acc);
+                }
+                os[(size_t)g * D + d] = acc;
+            }
+    }
+}
+
 /* Paged decode attention, one query per sequence. q: [S, H, D] f32; k/v cache: [NB, BS, KVH, D]
-   of float16 (kv_f16 = 1) or float32; bt: [S, maxb] int32 block tables; lens: [S];
-   out: [S, H, D] f32; scratch: [S * KVH, G, maxL] f32 scores. Per (sequence, KV head): the
-   scores of its G query heads against every cached key (each K row widened once), the softmax,
-   then the weighted V sums (GB heads x 16 columns held in registers per pass over the V rows). */
-void paged_decode(const float *restrict q, const void *kc, const void *vc, const int *restrict bt,
-                  int maxb, const int *restrict lens, float *restrict out, float *restrict scratch,
-                  int S, int H, int KVH, int D, int BS, int maxL, float scale, float softcap,
-                  int kv_f16, int nthreads) {
-    const int G = H / KVH, D16 = D / 16 * 16;
+   of float16 (kv_f16 = 1) or float32, BS a power of 2; bt: [S, maxb] int32 block tables;
+   lens: [S]; out: [S, H, D] f32; scratch: [S * KVH, G, maxL] f32 scores. Per (sequence, KV head),
+   on the threads of kernels/cpu/pool.c: the scores of its G query heads against every cached key
+   (each K row widened once), the softmax, then the weighted V sums (GB heads x 16 columns held in
+   registers per pass over the V rows). */
+void paged_decode(const float *q, const void *kc, const void *vc, const int *bt, int maxb, const int *lens,
+                  float *out, float *scratch, int S, int H, int KVH, int D, int BS, int maxL, float scale,
+                  float softcap, int kv_f16, int nthreads) {
     int bs_shift = 0;
     while ((1 << bs_shift) < BS) ++bs_shift;
     if ((1 << bs_shift) != BS) return;  /* attention.py only passes power-of-2 block sizes */
-    #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(nthreads) if(nthreads > 1)
-    for (int s = 0; s < S; ++s) {
-        for (int kh = 0; kh < KVH; ++kh) {
-            const int L = lens[s];
-            const int *tab = bt + (size_t)s * maxb;
-            float *sc = scratch + ((size_t)s * KVH + kh) * G * maxL;
-            const float *qs = q + ((size_t)s * H + (size_t)kh * G) * D;
-            float *os = out + ((size_t)s * H + (size_t)kh * G) * D;
-            /* offset of position t's row: one table entry per block (a shift when BS is a power of 2) */
-            const int nblk = (L + BS - 1) >> bs_shift;
-#define KROW(cache, off) ((const char *)(cache) + (off) * (kv_f16 ? 2 : 4))
-#define ROW(t) ((((size_t)tab[(t) >> bs_shift] << bs_shift) + ((t) & (BS - 1))) * KVH + kh) * D
-            float kf[D];  /* one K row widened once for the G query heads */
-            for (int t = 0; t < L; ++t) {
-                const size_t row = ROW(t);
-                if ((t & (BS - 1)) == 0 && (t >> bs_shift) + 1 < nblk) {  /* next block's rows */
-                    const size_t next = ROW(t + BS);
-                    for (int i = 0; i < BS; ++i) {
-                        __builtin_prefetch(KROW(kc, next + (size_t)i * KVH * D));
-                        __builtin_prefetch(KROW(vc, next + (size_t)i * KVH * D));
-                    }
-                }
-                for (int c = 0; c < D16; c += 16) {
-                    vf k[LV];
-                    ld16(kc, row + c, kv_f16, k);
-                    memcpy(kf + c, k, sizeof k);
-                }
-                for (int d = D16; d < D; ++d) kf[d] = ld1(kc, row + d, kv_f16);
-                for (int g = 0; g < G; ++g) {
-                    const float *qg = qs + (size_t)g * D;
-                    float acc;
-                    if (D16) {
-                        vf a[LV];
-                        for (int j = 0; j < LV; ++j) a[j] = splat(0.0f);
-                        for (int c = 0; c < D16; c += 16)
-                            for (int j = 0; j < LV; ++j) a[j] = fma_v(ldv(qg + c + j * VW), ldv(kf + c + j * VW), a[j]);
-                        acc = sum16(a);
-                    } else acc = 0.0f;
-                    for (int d = D16; d < D; ++d) acc = __builtin_fmaf(qg[d], kf[d], acc);
-                    acc *= scale;
-                    if (softcap > 0.0f) acc = softcap * tanhf(acc / softcap);
-                    sc[(size_t)g * maxL + t] = acc;
-                }
-            }
-            for (int g = 0; g < G; ++g) {
-                float *p = sc + (size_t)g * maxL, mx = -INFINITY, sum = 0.0f;
-                for (int t = 0; t < L; ++t) mx = p[t] > mx ? p[t] : mx;
-                for (int t = 0; t < L; ++t) { p[t] = expf(p[t] - mx); sum += p[t]; }
-                const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-                for (int t = 0; t < L; ++t) p[t] *= inv;
-            }
-            for (int g0 = 0; g0 < G; g0 += GB) {
-                const int gn = G - g0 < GB ? G - g0 : GB;
-                for (int c = 0; c < D16; c += 16) {
-                    vf a[GB][LV];
-                    for (int g = 0; g < GB; ++g)
-                        for (int j = 0; j < LV; ++j) a[g][j] = splat(0.0f);
-                    for (int t = 0; t < L; ++t) {
-                        const size_t row = ROW(t);
-                        vf v[LV];
-                        ld16(vc, row + c, kv_f16, v);
-                        _Pragma("GCC unroll 4")
-                        for (int g = 0; g < GB; ++g) {
-                            if (g < gn) {
-                                const vf p = splat(sc[(size_t)(g0 + g) * maxL + t]);
-                                for (int j = 0; j < LV; ++j) a[g][j] = fma_v(p, v[j], a[g][j]);
-                            }
-                        }
-                    }
-                    for (int g = 0; g < gn; ++g) memcpy(os + (size_t)(g0 + g) * D + c, a[g], 16 * sizeof(float));
-                }
-                for (int d = D16; d < D; ++d)
-                    for (int g = g0; g < g0 + gn; ++g) {
-                        float acc = 0.0f;
-                        for (int t = 0; t < L; ++t) {
-                            const size_t row = ROW(t);
-                            acc = __builtin_fmaf(sc[(size_t)g * maxL + t], ld1(vc, row + d, kv_f16), acc);
-                        }
-                        os[(size_t)g * D + d] = acc;
-                    }
-            }
-        }
-    }
+    struct att_args a = {q, kc, vc, bt, lens, out, scratch, maxb, H, KVH, D, BS, bs_shift, maxL, kv_f16,
+                         scale, softcap};
+    pool_run(attend, &a, S * KVH, nthreads);
 }
