@@ -267,3 +267,30 @@ def test_kernels_and_runtime_import_without_triton():
             "assert 'triton' not in sys.modules, 'triton was imported'\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.skipif(not cpu_gemv.available(), reason="no C compiler on this machine")
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("D,R", [(32, 16), (64, 16), (128, 64)])  # R < D/2: dimensions passed through
+def test_pointwise_ops_match_the_reference(neox, D, R):
+    """kernels/cpu/pointwise.c: RMSNorm (+ residual add) and RoPE within float32 rounding of the
+    reference, on non-contiguous views too; other dtypes go to the reference itself."""
+    from kernels.cpu import pointwise
+    from tests.kernel_oracles import rms_norm_oracle, rope_oracle
+    g = torch.Generator().manual_seed(D + R)
+    T, C = 5, 3 * D
+    big = torch.randn(T, 2 * C, generator=g)
+    x, res = big[:, :C], torch.randn(T, C, generator=g)  # x: a strided view
+    w = torch.randn(C, generator=g)
+    assert float((cpu.rms_norm(x, w, 1e-6).double() - rms_norm_oracle(x, w, 1e-6)).abs().max()) < 1e-5
+    normed, s = cpu.add_rms_norm(x, res, w, 1e-5)
+    assert torch.equal(s, x + res)
+    assert float((normed.double() - rms_norm_oracle(x + res, w, 1e-5)).abs().max()) < 1e-5
+    q = torch.randn(T, 3, D, generator=g)
+    pos = torch.tensor([0, 7, 300, -5, 4095])
+    inv = 1.0 / (10000.0 ** (torch.arange(R, dtype=torch.float32) / R))
+    got = cpu.rope(q, pos, inv, neox)
+    want = rope_oracle(q, pos, inv, neox)
+    assert got.shape == q.shape and float((got.double() - want).abs().max()) < 2e-4  # |angle| up to 4095 rad
+    assert torch.equal(got[..., 2 * R:], q[..., 2 * R:])
+    assert cpu.rope is pointwise.rope and torch.equal(cpu.rope(q.half(), pos, inv, neox), ref.rope(q.half(), pos, inv, neox))

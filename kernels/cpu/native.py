@@ -13,7 +13,8 @@ A build is reused only for the same sources (and headers), compiler, flags, defi
 the cache key hashes them together with what the compiler reports for those flags
 (`cc <flags> -dM -E`: its version and the CPU features the flags enable, e.g. with -march=native).
 
-`KERNELS` is the library the CPU kernel families live in (gemv.c, qgemv.c, attention.c; pool.c), built
+`KERNELS` is the library the CPU kernel families live in (gemv.c, qgemv.c, attention.c, pointwise.c;
+pool.c), built
 once per instruction set (`kernels_library(isa)`: "avx512", "avx2" (+ FMA, F16C) or "scalar", the
 portable C); `lib()` is the handle of `float_isa()`'s build, or None. `float_isa()`: the best this
 CPU runs, or the one `TRITIUM_CPU_ISA` forces (the variable kernels/cpu/qdot.py reads, same values:
@@ -133,7 +134,7 @@ def load(library: Library) -> ctypes.CDLL | None:
 _i, _l, _f, _p = ctypes.c_int, ctypes.c_long, ctypes.c_float, ctypes.c_void_p
 _BGEMV = ([_p, _p, _p, _p, _i, _i, _i, _i, _l, _i], None)
 _QGEMV = ([_p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _l, _i], None)
-KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "pool.c"), {
+KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "pool.c", "pointwise.c"), {
     # gemv.c (kernels/cpu/gemv.py)
     "bgemv_tiles64": _BGEMV, "bgemv_tiles64_i8": _BGEMV, "bgemv_tiles64_f16": _BGEMV, "bgemv_tiles64_bf16": _BGEMV,
     "i8_widening_is_vectorized": ([], _i), "cpu_kernels_isa": ([], ctypes.c_char_p),
@@ -141,6 +142,9 @@ KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "pool.c"),
     "qgemv_tiles64_c8": _QGEMV, "qgemv_tiles64_c4": _QGEMV,
     # attention.c (kernels/cpu/attention.py)
     "paged_decode": ([_p, _p, _p, _p, _i, _p, _p, _p, _i, _i, _i, _i, _i, _i, _f, _f, _i, _i], None),
+    # pointwise.c (kernels/cpu/pointwise.py)
+    "add_rms_norm_f32": ([_p, _p, _p, _p, _p, _i, _i, _f], None),
+    "rope_f32": ([_p, _p, _p, _p, _i, _i, _i, _i, _i], None),
 })
 
 
