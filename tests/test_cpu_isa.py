@@ -149,3 +149,29 @@ def test_thread_pool_calls_from_several_threads_and_thread_counts():
         futs = [ex.submit(cpu_gemv.bgemv, xs[i % 4], w, 4000, 2) for i in range(64)]
         for i, f in enumerate(futs):
             assert torch.equal(f.result(), want[i % 4])
+
+
+@needs_cc
+@pytest.mark.parametrize("M,N,K", [(1, 200, 96), (2, 77, 130), (4, 300, 64), (7, 65, 33)])
+def test_head_scan_i8_is_exact_integer_arithmetic(isa, M, N, K):
+    """The output head's first pass: int32 dot products of the int8 rows, then two float32
+    products, bit for bit; and within `topk.first_pass`'s bound of the float64 logits."""
+    import importlib
+    cpu_topk = importlib.import_module("kernels.cpu.topk")  # the package exports the function `topk`
+    g = torch.Generator().manual_seed(11 * M + K)
+    x = torch.randn(M, K, generator=g) * 3
+    w = torch.randn(N, K, generator=g) * torch.rand(N, 1, generator=g)
+    q, scale, err, norm = cpu_gemv.pack_i8(cpu_gemv.pack(w))
+    q4 = cpu_gemv.interleave_i8(q)
+    K4 = q4.shape[1] * 4
+    qx, sx = cpu_gemv.quantize_rows(x, K4)
+    y = cpu_gemv.head_scan_i8(qx, sx, q4, scale, N, n_threads=2)
+    assert not qx[:, K:].any()  # zero padding
+    dots = qx[:, :K].numpy().astype(np.int64) @ cpu_gemv.unpack(q, N).numpy().astype(np.int64).T
+    want = (dots.astype(np.float32) * sx.numpy()[:, None]) * scale[:N].numpy()[None, :]
+    assert np.array_equal(y.numpy(), want)
+    head = cpu_topk.TopkHead(q4, scale, float(norm.max()), float(err.max()))
+    a, b = cpu_topk.first_pass(x, head, N)
+    exact = (x.double() @ w.double().T).numpy()
+    assert (np.abs(a - exact) <= b[:, None]).all()
+    assert (b < 0.03 * x.double().norm(dim=1).numpy() * float(norm.max())).all()  # a few % of |x| max |w_r|

@@ -108,3 +108,103 @@ BGEMV_TILES64(bgemv_tiles64, float, ldv)
 BGEMV_TILES64(bgemv_tiles64_i8, signed char, ldv_i8)
 BGEMV_TILES64(bgemv_tiles64_f16, unsigned short, ldv_f16)
 BGEMV_TILES64(bgemv_tiles64_bf16, unsigned short, ldv_bf16)
+
+/* ---- the output head's first pass in integers (kernels/cpu/topk.py) ------------------------------
+   y[m, n] = ((float)sum_k qx[m, k] q[n, k] * sx[m]) * s[n]: int8 activations (one scale per row of
+   x) times the int8 head, summed exactly in int32 (AVX2: vpsignb + vpmaddubsw + vpmaddwd, no
+   saturation since |q| <= 127). q4: [nt, K4 / 4, 64, 4], 4 consecutive k of one head row in 4
+   bytes; qx: [M, K4] (K4 a multiple of 4, zero-padded); s: [nt * 64]. */
+struct scan_args { const signed char *qx; const float *sx; const signed char *q4; const float *s; float *y;
+                   int M, N, K4, nt, per; long ldy; };
+
+static inline void scan_store(const struct scan_args *A, int m, int n0, int c, const int *acc, int ncols) {
+    const int nn = A->N - n0 < 64 ? A->N - n0 : 64;
+    for (int j = 0; j < ncols && c + j < nn; ++j)
+        A->y[(size_t)m * A->ldy + n0 + c + j] = ((float)acc[j] * A->sx[m]) * A->s[n0 + c + j];
+}
+
+#if defined(__AVX2__)
+/* MR rows of x (rows past M repeat row M - 1, not stored) against 16 columns of tile t. */
+#define SCAN_BLOCK(MR)                                                                         \
+static void scan_block##MR(const struct scan_args *A, int t, int c, int m0) {                  \
+    const int K4 = A->K4, M = A->M;                                                            \
+    const signed char *w = A->q4 + (size_t)t * K4 * 64 + (size_t)c * 4;                        \
+    const signed char *xr[MR];                                                                 \
+    for (int i = 0; i < MR; ++i) xr[i] = A->qx + (size_t)(m0 + i < M ? m0 + i : M - 1) * K4;   \
+    const __m256i ones = _mm256_set1_epi16(1);                                                 \
+    __m256i acc[MR][2];                                                                        \
+    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();               \
+    for (int k = 0; k < K4; k += 4, w += 256) {                                                \
+        if (c == 0 && m0 == 0) __builtin_prefetch(w + PF_ROWS * 256), __builtin_prefetch(w + PF_ROWS * 256 + 64), \
+            __builtin_prefetch(w + PF_ROWS * 256 + 128), __builtin_prefetch(w + PF_ROWS * 256 + 192); \
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)w);                             \
+        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + 32));                      \
+        for (int i = 0; i < MR; ++i) {                                                         \
+            int xi; memcpy(&xi, xr[i] + k, 4);                                                 \
+            const __m256i xb = _mm256_set1_epi32(xi), ax = _mm256_abs_epi8(xb);                \
+            acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, xb)), ones)); \
+            acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, xb)), ones)); \
+        }                                                                                      \
+    }                                                                                          \
+    for (int i = 0; i < MR && m0 + i < M; ++i) {                                               \
+        int out[16];                                                                           \
+        memcpy(out, acc[i], sizeof out);                                                       \
+        scan_store(A, m0 + i, t * 64, c, out, 16);                                             \
+    }                                                                                          \
+}
+SCAN_BLOCK(4)
+/* One row of x against all 64 columns of tile t: the tile read as one sequential stream. */
+static void scan_row(const struct scan_args *A, int t, int m) {
+    const int K4 = A->K4;
+    const signed char *w = A->q4 + (size_t)t * K4 * 64, *x = A->qx + (size_t)m * K4;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_si256();
+    for (int k = 0; k < K4; k += 4, w += 256) {
+        int xi; memcpy(&xi, x + k, 4);
+        const __m256i xb = _mm256_set1_epi32(xi), ax = _mm256_abs_epi8(xb);
+        for (int j = 0; j < 8; ++j) {
+            const __m256i wj = _mm256_loadu_si256((const __m256i *)(w + 32 * j));
+            acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wj, xb)), ones));
+        }
+    }
+    int out[64];
+    memcpy(out, acc, sizeof out);
+    scan_store(A, m, t * 64, 0, out, 64);
+}
+static void scan_tile(const struct scan_args *A, int t) {
+    const int m4 = A->M == 1 ? 0 : (A->M + 3) / 4 * 4;  /* rows in 4-row blocks (clamped), or one row alone */
+    for (int c = 0; c < 64 && m4; c += 16)
+        for (int m0 = 0; m0 < m4; m0 += 4) scan_block4(A, t, c, m0);
+    if (!m4) scan_row(A, t, 0);
+}
+#else
+static void scan_tile(const struct scan_args *A, int t) {
+    const int K4 = A->K4;
+    const signed char *tile = A->q4 + (size_t)t * K4 * 64;
+    for (int m = 0; m < A->M; ++m) {
+        int acc[64] = {0};
+        const signed char *x = A->qx + (size_t)m * K4;
+        for (int k = 0; k < K4; k += 4)
+            for (int j = 0; j < 64; ++j)
+                for (int b = 0; b < 4; ++b) acc[j] += (int)x[k + b] * tile[((size_t)k / 4 * 64 + j) * 4 + b];
+        scan_store(A, m, t * 64, 0, acc, 64);
+    }
+}
+#endif
+
+static void scan_run(void *args, int chunk) {
+    const struct scan_args *A = args;
+    const int t1 = (chunk + 1) * A->per < A->nt ? (chunk + 1) * A->per : A->nt;
+    for (int t = chunk * A->per; t < t1; ++t) scan_tile(A, t);
+}
+
+void head_scan_i8(const signed char *qx, const float *sx, const signed char *q4, const float *s, float *y,
+                  int M, int N, int K4, long ldy, int nthreads) {
+    const int nt = (N + 63) / 64;
+    int nchunks = nthreads > 1 ? CHUNKS_PER_THREAD * nthreads : 1;
+    nchunks = nchunks < nt ? nchunks : nt;
+    const int per = (nt + nchunks - 1) / nchunks;
+    struct scan_args a = {qx, sx, q4, s, y, M, N, K4, nt, per, ldy};
+    pool_run(scan_run, &a, (nt + per - 1) / per, nthreads);
+}

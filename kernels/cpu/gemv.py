@@ -110,6 +110,41 @@ def bgemv_i8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, n_rows: int)
     return _run("bgemv_tiles64_i8", x, q, n_rows, None, scale)
 
 
+def interleave_i8(q: torch.Tensor) -> torch.Tensor:
+    """int8 tiles [nt, K, 64] -> [nt, K4 / 4, 64, 4] (K4 = K rounded up to 4, zero-padded): 4
+    consecutive k of one row in 4 bytes, the layout of `head_scan_i8`."""
+    nt, K, _ = q.shape
+    K4 = (K + 3) // 4 * 4
+    qp = torch.zeros((nt, K4, TILE), dtype=torch.int8)
+    qp[:, :K] = q
+    return qp.view(nt, K4 // 4, 4, TILE).transpose(2, 3).contiguous()
+
+
+def quantize_rows(x: torch.Tensor, K4: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] float32 -> (qx int8 [M, K4] zero-padded, sx float32 [M]): qx = round(x / sx)
+    with sx = max |x| / 127 per row (1 for an all-zero row)."""
+    M, K = x.shape
+    sx = x.abs().amax(dim=1) / 127.0
+    sx = torch.where(sx > 0, sx, torch.ones_like(sx))
+    qx = torch.zeros((M, K4), dtype=torch.int8)
+    qx[:, :K] = torch.round(x / sx[:, None]).clamp_(-127, 127).to(torch.int8)
+    return qx, sx
+
+
+def head_scan_i8(qx: torch.Tensor, sx: torch.Tensor, q4: torch.Tensor, scale: torch.Tensor, n_rows: int,
+                 n_threads: int | None = None) -> torch.Tensor:
+    """y[m, r] = ((float)(qx[m] . q[r]) * sx[m]) * scale[r] in float32, the dot product exact in
+    int32 (gemv.c `head_scan_i8`): qx, sx from `quantize_rows`, q4 from `interleave_i8`."""
+    lib = native.lib()
+    assert lib is not None and qx.dtype == torch.int8 and q4.dtype == torch.int8 and sx.dtype == torch.float32
+    M, K4 = qx.shape
+    assert q4.shape[1] * 4 == K4 and scale.numel() >= q4.shape[0] * TILE and K4 * 127 * 127 < 2 ** 31
+    y = torch.empty((M, n_rows), dtype=torch.float32)
+    lib.head_scan_i8(qx.contiguous().data_ptr(), sx.contiguous().data_ptr(), q4.data_ptr(), scale.data_ptr(),
+                     y.data_ptr(), M, n_rows, K4, n_rows, n_threads or torch.get_num_threads())
+    return y
+
+
 def _run(fn: str, x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | None,
          scale: torch.Tensor | None) -> torch.Tensor:
     lib = native.lib()
