@@ -29,6 +29,32 @@ static inline float sum16(const vf *s) {
 #endif
 }
 
+/* e^x for x <= 0 (softmax terms), the same operations in every lane of every build and in exp_1:
+   n = round(x log2 e) (fma with 1.5 * 2^23, explicit: no compiler contraction can differ), r = x - n ln 2 in two fma steps (Cody-Waite),
+   e^r by a degree-6 polynomial (Horner, fma), times 2^n through the exponent bits; x < -87 gives
+   ~1e-38 instead of 0 (negligible next to the maximum's 1). Relative error ~2 ulp. */
+#define EXP_BODY(T, FMA, SPLAT, ROUND_INT_SHIFT, MAX)                                             \
+    x = MAX(x, SPLAT(-87.0f));                                                                     \
+    const T n = FMA(x, SPLAT(1.44269504088896341f), SPLAT(12582912.0f)) - SPLAT(12582912.0f);     \
+    T r = FMA(n, SPLAT(-0.693145751953125f), x);                                                   \
+    r = FMA(n, SPLAT(-1.428606765330187045e-06f), r);                                              \
+    T q = SPLAT(1.0f / 720.0f);                                                                    \
+    q = FMA(q, r, SPLAT(1.0f / 120.0f));                                                           \
+    q = FMA(q, r, SPLAT(1.0f / 24.0f));                                                            \
+    q = FMA(q, r, SPLAT(1.0f / 6.0f));                                                             \
+    q = FMA(q, r, SPLAT(0.5f));                                                                    \
+    q = FMA(q, r, SPLAT(1.0f));                                                                    \
+    q = FMA(q, r, SPLAT(1.0f));                                                                    \
+    return q * ROUND_INT_SHIFT(n);
+static inline vf pow2_v(vf n) { return (vf)((__builtin_convertvector(n, vi) + 127) << 23); }
+static inline float pow2_1(float n) { int i = ((int)n + 127) << 23; float f; memcpy(&f, &i, 4); return f; }
+static inline float fma_1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+static inline float splat_1(float s) { return s; }
+static inline vf max_v(vf a, vf b) { vi m = a < b; return (vf)(((vi)a & ~m) | ((vi)b & m)); }
+static inline float max_1(float a, float b) { return a < b ? b : a; }
+static inline vf exp_v(vf x) { EXP_BODY(vf, fma_v, splat, pow2_v, max_v) }
+static inline float exp_1(float x) { EXP_BODY(float, fma_1, splat_1, pow2_1, max_1) }
+
 /* 16 cached values from a float16 (f16 = 1) or float32 cache row, as LV vectors. */
 static inline void ld16(const void *cache, size_t off, int f16, vf *out) {
     for (int j = 0; j < LV; ++j)
@@ -99,7 +125,17 @@ static void attend(void *args, int item) {
     for (int g = 0; g < G; ++g) {
         float *p = sc + (size_t)g * maxL, mx = -INFINITY, sum = 0.0f;
         for (int t = 0; t < L; ++t) mx = p[t] > mx ? p[t] : mx;
-        for (int t = 0; t < L; ++t) { p[t] = expf(p[t] - mx); sum += p[t]; }
+        const int L16 = L / 16 * 16;
+        vf acc[LV];
+        for (int j = 0; j < LV; ++j) acc[j] = splat(0.0f);
+        for (int t = 0; t < L16; t += 16)
+            for (int j = 0; j < LV; ++j) {
+                const vf e = exp_v(ldv(p + t + j * VW) - splat(mx));
+                stv(p + t + j * VW, e);
+                acc[j] += e;
+            }
+        sum = L16 ? sum16(acc) : 0.0f;
+        for (int t = L16; t < L; ++t) { p[t] = exp_1(p[t] - mx); sum += p[t]; }
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
         for (int t = 0; t < L; ++t) p[t] *= inv;
     }
