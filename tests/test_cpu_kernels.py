@@ -55,34 +55,6 @@ def test_bgemv_i8_within_its_error_bound(M, N, K):
     assert float((y.double() - exact).norm() / exact.norm()) < 0.02  # and it is a useful approximation
 
 
-@pytest.mark.skipif(not cpu_gemv.available(), reason="no C compiler on this machine")
-@pytest.mark.parametrize("flags", [("-mno-avx512f",), ("-mno-avx512f", "-mno-avx2")])
-def test_bgemv_i8_narrower_builds_agree(flags, monkeypatch, tmp_path):
-    """The AVX2 and the generic int8 widening give the same sums as the native build."""
-    from dataclasses import replace
-    monkeypatch.setenv("TRITIUM_CACHE", str(tmp_path))
-    lib = native.load(replace(native.KERNELS, flags=flags))
-    assert lib is not None
-    assert lib.i8_widening_is_vectorized() == (0 if "-mno-avx2" in flags else 1)
-    from gguf import GGMLQuantizationType
-    from kernels.cpu import qgemv as cpu_qgemv
-    x = torch.randn(5, 96)
-    q, scale, _, _ = cpu_gemv.pack_i8(cpu_gemv.pack(torch.randn(200, 96)))
-    want = cpu_gemv.bgemv_i8(x, q, scale, 200)
-    xq = torch.randn(3, 256)
-    packed = [cpu_qgemv.pack(random_qweight(GGMLQuantizationType[t], 70, 256)) for t in ("Q4_K", "Q6_K", "Q4_1")]
-    want_q = [cpu_qgemv.qgemv(xq, p) for p in packed]
-    halves = [cpu_gemv.pack(torch.randn(100, 96).to(dt)) for dt in (torch.float16, torch.bfloat16)]
-    want_h = [cpu_gemv.bgemv(x, t, 100) for t in halves]
-    monkeypatch.setattr(native, "lib", lambda: lib)
-    for t, w in zip(halves, want_h):
-        assert torch.allclose(cpu_gemv.bgemv(x, t, 100), w, rtol=1e-5, atol=1e-4)
-    got = cpu_gemv.bgemv_i8(x, q, scale, 200)
-    assert torch.allclose(got, want, rtol=1e-5, atol=1e-4)
-    for p, w in zip(packed, want_q):  # 4-bit (with offsets), 8-bit (without), 4-bit
-        assert torch.allclose(cpu_qgemv.qgemv(xq, p), w, rtol=1e-5, atol=1e-4)
-
-
 QUANT_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 
 
@@ -150,9 +122,9 @@ def test_prepared_weights_give_the_same_products(rows, cols, dtype):
     data = torch.randn(rows, cols).to(dtype)
     w = QWeight.from_float(data)
     p = cpu.prepare_weight(w)
-    big = rows * cols >= matmul._BGEMV_MIN_ELEMS and cpu_gemv.available()
+    big = rows * cols >= matmul._BGEMV_MIN_ELEMS and cpu_gemv.vectorized()
     assert p.layout == ("tiles64" if big else "cols") and (p.rows, p.cols) == (rows, cols)
-    kept = big and dtype != torch.float32 and cpu_gemv.i8_fast()
+    kept = big and dtype != torch.float32
     assert p.data.dtype == (dtype if kept else torch.float32)
     assert torch.equal(cpu.dequantize(p), data.float())
     ids = torch.tensor([0, rows - 1, 5])
@@ -167,7 +139,7 @@ def test_prepared_weights_give_the_same_products(rows, cols, dtype):
 @pytest.mark.skipif(not cpu_gemv.available(), reason="no C compiler on this machine")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("softcap", [0.0, 7.0])
-@pytest.mark.parametrize("head_dim", [40, 32, 128])  # 40: the scalar path; multiples of 16: the vector one
+@pytest.mark.parametrize("head_dim", [40, 32, 128])  # 40: a 16-column vector part + a scalar tail
 def test_cpu_paged_decode_matches_float64(dtype, softcap, head_dim):
     from kernels.cpu import attention as cpu_attention
 
@@ -295,3 +267,30 @@ def test_kernels_and_runtime_import_without_triton():
             "assert 'triton' not in sys.modules, 'triton was imported'\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.skipif(not cpu_gemv.available(), reason="no C compiler on this machine")
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("D,R", [(32, 16), (64, 16), (128, 64)])  # R < D/2: dimensions passed through
+def test_pointwise_ops_match_the_reference(neox, D, R):
+    """kernels/cpu/pointwise.c: RMSNorm (+ residual add) and RoPE within float32 rounding of the
+    reference, on non-contiguous views too; other dtypes go to the reference itself."""
+    from kernels.cpu import pointwise
+    from tests.kernel_oracles import rms_norm_oracle, rope_oracle
+    g = torch.Generator().manual_seed(D + R)
+    T, C = 5, 3 * D
+    big = torch.randn(T, 2 * C, generator=g)
+    x, res = big[:, :C], torch.randn(T, C, generator=g)  # x: a strided view
+    w = torch.randn(C, generator=g)
+    assert float((cpu.rms_norm(x, w, 1e-6).double() - rms_norm_oracle(x, w, 1e-6)).abs().max()) < 1e-5
+    normed, s = cpu.add_rms_norm(x, res, w, 1e-5)
+    assert torch.equal(s, x + res)
+    assert float((normed.double() - rms_norm_oracle(x + res, w, 1e-5)).abs().max()) < 1e-5
+    q = torch.randn(T, 3, D, generator=g)
+    pos = torch.tensor([0, 7, 300, -5, 4095])
+    inv = 1.0 / (10000.0 ** (torch.arange(R, dtype=torch.float32) / R))
+    got = cpu.rope(q, pos, inv, neox)
+    want = rope_oracle(q, pos, inv, neox)
+    assert got.shape == q.shape and float((got.double() - want).abs().max()) < 2e-4  # |angle| up to 4095 rad
+    assert torch.equal(got[..., 2 * R:], q[..., 2 * R:])
+    assert cpu.rope is pointwise.rope and torch.equal(cpu.rope(q.half(), pos, inv, neox), ref.rope(q.half(), pos, inv, neox))

@@ -10,12 +10,16 @@ fastest path this machine has and falling back to the torch reference (`kernels.
 | `qgemv.py` + `qgemv.c` | every GGUF quantized type repacked exactly into affine-integer tiles, and their GEMV |
 | `attention.c` | the paged decode attention kernel |
 | `common.h` | the vector type and loads the C files share |
+| `pointwise.py` + `pointwise.c` | `rms_norm`, `add_rms_norm`, `rope` on float32 rows, else the reference |
+| `pool.c` | the C kernels' thread pool (never waits for a thread that has not started) |
 | `native.py` | compiling the C files on first use into `$TRITIUM_CACHE` and loading them (ctypes) |
 
-RMSNorm, RoPE, SiLU and the KV write are the reference's: torch is the fastest choice for them here.
+SiLU and the KV write are the reference's (torch); RMSNorm and RoPE are one C call each
+(`pointwise.py` + `pointwise.c`: the torch ops' overhead outweighed their arithmetic at decode).
 Nothing here imports triton.
 """
-from ..ref import add_rms_norm, rms_norm, rope, silu_mul, write_kv  # noqa: F401
+from ..ref import silu_mul, write_kv  # noqa: F401
+from .pointwise import add_rms_norm, rms_norm, rope  # noqa: F401
 from .attention import paged_attention  # noqa: F401
 from .matmul import dequantize, embedding, packs_quantized, prepare_weight, qmatmul  # noqa: F401
 from .topk import prepare_topk_head, topk, topk_logits  # noqa: F401

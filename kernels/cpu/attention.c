@@ -1,95 +1,189 @@
-/* Paged decode attention (kernels/cpu/attention.py). */
+/* Paged decode attention (kernels/cpu/attention.py), at the build's vector width (common.h).
+   Every build computes the same bits: dot products are kept as 16 partial sums (lane i of the
+   16 sums d = i (mod 16) in order, by fma) reduced by the same tree, the softmax runs in order in
+   scalar float32 (expf), and each output is the fma chain over the cached positions in order. */
 #include "common.h"
+#include "pool.h"
 
-static inline float hsum(v16 a) {
-    float f[16]; memcpy(f, &a, sizeof f);
-    float r = 0.0f;
-    for (int i = 0; i < 16; ++i) r += f[i];
-    return r;
+#define LV (16 / VW)  /* vectors per 16 floats */
+#define GB 4          /* query heads per pass over the V rows */
+
+/* Lanes 0..15 of s[0 .. LV-1] summed as: for h = 8, 4, 2, 1: s[i] += s[i + h] (i < h); s[0]. */
+static inline float sum16(const vf *s) {
+#if VW == 16
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256((__m512)s[0]),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd((__m512)s[0]), 1)));
+#elif VW == 8
+    __m256 a = _mm256_add_ps((__m256)s[0], (__m256)s[1]);
+#endif
+#if VW >= 8
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+#else
+    float f[16];
+    memcpy(f, s, sizeof f);
+    for (int h = 8; h >= 1; h /= 2)
+        for (int i = 0; i < h; ++i) f[i] += f[i + h];
+    return f[0];
+#endif
 }
 
-/* One cached K or V row as float32. */
-static inline void load_row(const void *cache, size_t row, int D, int f16, float *out) {
-    if (f16) { const _Float16 *r = (const _Float16 *)cache + row; for (int d = 0; d < D; ++d) out[d] = (float)r[d]; }
-    else { memcpy(out, (const float *)cache + row, (size_t)D * sizeof(float)); }
+/* e^x for x <= 0 (softmax terms), the same operations in every lane of every build and in exp_1:
+   n = round(x log2 e) (fma with 1.5 * 2^23, explicit: no compiler contraction can differ), r = x - n ln 2 in two fma steps (Cody-Waite),
+   e^r by a degree-6 polynomial (Horner, fma), times 2^n through the exponent bits; x < -87 gives
+   ~1e-38 instead of 0 (negligible next to the maximum's 1). Relative error ~2 ulp. */
+#define EXP_BODY(T, FMA, SPLAT, ROUND_INT_SHIFT, MAX)                                             \
+    x = MAX(x, SPLAT(-87.0f));                                                                     \
+    const T n = FMA(x, SPLAT(1.44269504088896341f), SPLAT(12582912.0f)) - SPLAT(12582912.0f);     \
+    T r = FMA(n, SPLAT(-0.693145751953125f), x);                                                   \
+    r = FMA(n, SPLAT(-1.428606765330187045e-06f), r);                                              \
+    T q = SPLAT(1.0f / 720.0f);                                                                    \
+    q = FMA(q, r, SPLAT(1.0f / 120.0f));                                                           \
+    q = FMA(q, r, SPLAT(1.0f / 24.0f));                                                            \
+    q = FMA(q, r, SPLAT(1.0f / 6.0f));                                                             \
+    q = FMA(q, r, SPLAT(0.5f));                                                                    \
+    q = FMA(q, r, SPLAT(1.0f));                                                                    \
+    q = FMA(q, r, SPLAT(1.0f));                                                                    \
+    return q * ROUND_INT_SHIFT(n);
+static inline vf pow2_v(vf n) { return (vf)((__builtin_convertvector(n, vi) + 127) << 23); }
+static inline float pow2_1(float n) { int i = ((int)n + 127) << 23; float f; memcpy(&f, &i, 4); return f; }
+static inline float fma_1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+static inline float splat_1(float s) { return s; }
+static inline vf max_v(vf a, vf b) { vi m = a < b; return (vf)(((vi)a & ~m) | ((vi)b & m)); }
+static inline float max_1(float a, float b) { return a < b ? b : a; }
+static inline vf exp_v(vf x) { EXP_BODY(vf, fma_v, splat, pow2_v, max_v) }
+static inline float exp_1(float x) { EXP_BODY(float, fma_1, splat_1, pow2_1, max_1) }
+
+/* 16 cached values from a float16 (f16 = 1) or float32 cache row, as LV vectors. */
+static inline void ld16(const void *cache, size_t off, int f16, vf *out) {
+    for (int j = 0; j < LV; ++j)
+        out[j] = f16 ? ldv_f16((const unsigned short *)cache + off + j * VW) : ldv((const float *)cache + off + j * VW);
+}
+static inline float ld1(const void *cache, size_t off, int f16) {
+    return f16 ? (float)((const _Float16 *)cache)[off] : ((const float *)cache)[off];
+}
+
+struct att_args {
+    const float *q; const void *kc, *vc; const int *bt, *lens; float *out, *scratch;
+    int maxb, H, KVH, D, BS, bs_shift, maxL, kv_f16; float scale, softcap;
+};
+
+/* One (sequence, KV head) pair: item = s * KVH + kh. */
+static void attend(void *args, int item) {
+    const struct att_args *A = args;
+    const int KVH = A->KVH, H = A->H, D = A->D, BS = A->BS, bs_shift = A->bs_shift, maxL = A->maxL;
+    const int G = H / KVH, D16 = D / 16 * 16, kv_f16 = A->kv_f16;
+    const int s = item / KVH, kh = item % KVH;
+    const float scale = A->scale, softcap = A->softcap;
+    const void *kc = A->kc, *vc = A->vc;
+    const int *bt = A->bt, maxb = A->maxb;
+    const int *lens = A->lens;
+    const float *q = A->q;
+    float *out = A->out, *scratch = A->scratch;
+    const int L = lens[s];
+    const int *tab = bt + (size_t)s * maxb;
+    float *sc = scratch + ((size_t)s * KVH + kh) * G * maxL;
+    const float *qs = q + ((size_t)s * H + (size_t)kh * G) * D;
+    float *os = out + ((size_t)s * H + (size_t)kh * G) * D;
+    /* offset of position t's row: one table entry per block (a shift when BS is a power of 2) */
+    const int nblk = (L + BS - 1) >> bs_shift;
+#define KROW(cache, off) ((const char *)(cache) + (off) * (kv_f16 ? 2 : 4))
+#define ROW(t) ((((size_t)tab[(t) >> bs_shift] << bs_shift) + ((t) & (BS - 1))) * KVH + kh) * D
+    float kf[D];  /* one K row widened once for the G query heads */
+    for (int t = 0; t < L; ++t) {
+        const size_t row = ROW(t);
+        if ((t & (BS - 1)) == 0 && (t >> bs_shift) + 1 < nblk) {  /* next block's rows */
+            const size_t next = ROW(t + BS);
+            for (int i = 0; i < BS; ++i) {
+                __builtin_prefetch(KROW(kc, next + (size_t)i * KVH * D));
+                __builtin_prefetch(KROW(vc, next + (size_t)i * KVH * D));
+            }
+        }
+        for (int c = 0; c < D16; c += 16) {
+            vf k[LV];
+            ld16(kc, row + c, kv_f16, k);
+            memcpy(kf + c, k, sizeof k);
+        }
+        for (int d = D16; d < D; ++d) kf[d] = ld1(kc, row + d, kv_f16);
+        for (int g = 0; g < G; ++g) {
+            const float *qg = qs + (size_t)g * D;
+            float acc;
+            if (D16) {
+                vf a[LV];
+                for (int j = 0; j < LV; ++j) a[j] = splat(0.0f);
+                for (int c = 0; c < D16; c += 16)
+                    for (int j = 0; j < LV; ++j) a[j] = fma_v(ldv(qg + c + j * VW), ldv(kf + c + j * VW), a[j]);
+                acc = sum16(a);
+            } else acc = 0.0f;
+            for (int d = D16; d < D; ++d) acc = __builtin_fmaf(qg[d], kf[d], acc);
+            acc *= scale;
+            if (softcap > 0.0f) acc = softcap * tanhf(acc / softcap);
+            sc[(size_t)g * maxL + t] = acc;
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        float *p = sc + (size_t)g * maxL, mx = -INFINITY, sum = 0.0f;
+        for (int t = 0; t < L; ++t) mx = p[t] > mx ? p[t] : mx;
+        const int L16 = L / 16 * 16;
+        vf acc[LV];
+        for (int j = 0; j < LV; ++j) acc[j] = splat(0.0f);
+        for (int t = 0; t < L16; t += 16)
+            for (int j = 0; j < LV; ++j) {
+                const vf e = exp_v(ldv(p + t + j * VW) - splat(mx));
+                stv(p + t + j * VW, e);
+                acc[j] += e;
+            }
+        sum = L16 ? sum16(acc) : 0.0f;
+        for (int t = L16; t < L; ++t) { p[t] = exp_1(p[t] - mx); sum += p[t]; }
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int t = 0; t < L; ++t) p[t] *= inv;
+    }
+    for (int g0 = 0; g0 < G; g0 += GB) {
+        const int gn = G - g0 < GB ? G - g0 : GB;
+        for (int c = 0; c < D16; c += 16) {
+            vf a[GB][LV];
+            for (int g = 0; g < GB; ++g)
+                for (int j = 0; j < LV; ++j) a[g][j] = splat(0.0f);
+            for (int t = 0; t < L; ++t) {
+                const size_t row = ROW(t);
+                vf v[LV];
+                ld16(vc, row + c, kv_f16, v);
+                _Pragma("GCC unroll 4")
+                for (int g = 0; g < GB; ++g) {
+                    if (g < gn) {
+                        const vf p = splat(sc[(size_t)(g0 + g) * maxL + t]);
+                        for (int j = 0; j < LV; ++j) a[g][j] = fma_v(p, v[j], a[g][j]);
+                    }
+                }
+            }
+            for (int g = 0; g < gn; ++g) memcpy(os + (size_t)(g0 + g) * D + c, a[g], 16 * sizeof(float));
+        }
+        for (int d = D16; d < D; ++d)
+            for (int g = g0; g < g0 + gn; ++g) {
+                float acc = 0.0f;
+                for (int t = 0; t < L; ++t) {
+                    const size_t row = ROW(t);
+                    acc = __builtin_fmaf(sc[(size_t)g * maxL + t], ld1(vc, row + d, kv_f16), acc);
+                }
+                os[(size_t)g * D + d] = acc;
+            }
+    }
 }
 
 /* Paged decode attention, one query per sequence. q: [S, H, D] f32; k/v cache: [NB, BS, KVH, D]
-   of float16 (kv_f16 = 1) or float32; bt: [S, maxb] int32 block tables; lens: [S];
-   out: [S, H, D] f32; scratch: [S * KVH, G, maxL] f32 scores. Two passes per (sequence, KV head):
-   scores of its G query heads against every cached key, then softmax and the weighted V sum. */
-void paged_decode(const float *restrict q, const void *kc, const void *vc, const int *restrict bt,
-                  int maxb, const int *restrict lens, float *restrict out, float *restrict scratch,
-                  int S, int H, int KVH, int D, int BS, int maxL, float scale, float softcap,
-                  int kv_f16, int nthreads) {
-    const int G = H / KVH;
-    #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(nthreads)
-    for (int s = 0; s < S; ++s) {
-        for (int kh = 0; kh < KVH; ++kh) {
-            const int L = lens[s];
-            float *sc = scratch + ((size_t)s * KVH + kh) * G * maxL;
-            const float *qs = q + ((size_t)s * H + (size_t)kh * G) * D;
-            if (D % 16 == 0) {  /* vector path: K row widened once, G dot products of D / 16 vectors */
-                const int nc = D / 16;
-                for (int t = 0; t < L; ++t) {
-                    const size_t row = (((size_t)bt[(size_t)s * maxb + t / BS] * BS + t % BS) * KVH + kh) * D;
-                    v16 kv[16];
-                    for (int c = 0; c < nc; ++c)
-                        kv[c] = kv_f16 ? ldh((const unsigned short *)kc + row + 16 * c) : ld((const float *)kc + row + 16 * c);
-                    for (int g = 0; g < G; ++g) {
-                        v16 a = {0};
-                        for (int c = 0; c < nc; ++c) a += ld(qs + (size_t)g * D + 16 * c) * kv[c];
-                        float acc = hsum(a) * scale;
-                        if (softcap > 0.0f) acc = softcap * tanhf(acc / softcap);
-                        sc[(size_t)g * maxL + t] = acc;
-                    }
-                }
-            } else
-            for (int t = 0; t < L; ++t) {
-                const size_t row = (((size_t)bt[(size_t)s * maxb + t / BS] * BS + t % BS) * KVH + kh) * D;
-                float kf[256];
-                load_row(kc, row, D, kv_f16, kf);
-                for (int g = 0; g < G; ++g) {
-                    float acc = 0.0f;
-                    for (int d = 0; d < D; ++d) acc += qs[(size_t)g * D + d] * kf[d];
-                    acc *= scale;
-                    if (softcap > 0.0f) acc = softcap * tanhf(acc / softcap);
-                    sc[(size_t)g * maxL + t] = acc;
-                }
-            }
-            for (int g = 0; g < G; ++g) {
-                float *p = sc + (size_t)g * maxL, mx = -INFINITY, sum = 0.0f;
-                for (int t = 0; t < L; ++t) mx = p[t] > mx ? p[t] : mx;
-                for (int t = 0; t < L; ++t) { p[t] = expf(p[t] - mx); sum += p[t]; }
-                float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-                for (int t = 0; t < L; ++t) p[t] *= inv;
-            }
-            float *os = out + ((size_t)s * H + (size_t)kh * G) * D;
-            if (D % 16 == 0) {  /* vector path: V row widened once, accumulated into G rows in registers */
-                const int nc = D / 16;
-                for (int g = 0; g < G; ++g) {
-                    v16 acc[16] = {{0}};
-                    const float *p = sc + (size_t)g * maxL;
-                    for (int t = 0; t < L; ++t) {
-                        const size_t row = (((size_t)bt[(size_t)s * maxb + t / BS] * BS + t % BS) * KVH + kh) * D;
-                        for (int c = 0; c < nc; ++c)
-                            acc[c] += p[t] * (kv_f16 ? ldh((const unsigned short *)vc + row + 16 * c)
-                                                     : ld((const float *)vc + row + 16 * c));
-                    }
-                    memcpy(os + (size_t)g * D, acc, (size_t)D * sizeof(float));
-                }
-                continue;
-            }
-            for (int i = 0; i < G * D; ++i) os[i] = 0.0f;
-            for (int t = 0; t < L; ++t) {
-                const size_t row = (((size_t)bt[(size_t)s * maxb + t / BS] * BS + t % BS) * KVH + kh) * D;
-                float vf[256];
-                load_row(vc, row, D, kv_f16, vf);
-                for (int g = 0; g < G; ++g) {
-                    const float p = sc[(size_t)g * maxL + t];
-                    for (int d = 0; d < D; ++d) os[(size_t)g * D + d] += p * vf[d];
-                }
-            }
-        }
-    }
+   of float16 (kv_f16 = 1) or float32, BS a power of 2; bt: [S, maxb] int32 block tables;
+   lens: [S]; out: [S, H, D] f32; scratch: [S * KVH, G, maxL] f32 scores. Per (sequence, KV head),
+   on the threads of kernels/cpu/pool.c: the scores of its G query heads against every cached key
+   (each K row widened once), the softmax, then the weighted V sums (GB heads x 16 columns held in
+   registers per pass over the V rows). */
+void paged_decode(const float *q, const void *kc, const void *vc, const int *bt, int maxb, const int *lens,
+                  float *out, float *scratch, int S, int H, int KVH, int D, int BS, int maxL, float scale,
+                  float softcap, int kv_f16, int nthreads) {
+    int bs_shift = 0;
+    while ((1 << bs_shift) < BS) ++bs_shift;
+    if ((1 << bs_shift) != BS) return;  /* attention.py only passes power-of-2 block sizes */
+    struct att_args a = {q, kc, vc, bt, lens, out, scratch, maxb, H, KVH, D, BS, bs_shift, maxL, kv_f16,
+                         scale, softcap};
+    pool_run(attend, &a, S * KVH, nthreads);
 }

@@ -2,10 +2,10 @@
 
 Decode-only batches (one query per sequence) go to the C kernel of `attention.c`: every
 sequence's keys and values read straight from the block-allocated cache through its block table
-(no gather copy), float32 scores and softmax, GQA, optional tanh soft-capping (decode step of the
-lesson model 9.9 -> 9.1 ms for 1 sequence, 13.3 -> 11.3 ms for 4, against the torch gather + SDPA
-path). Without it, several decode sequences go through one padded torch gather while that stays
-small; everything else (prefill, mixed batches) through the reference.
+(no gather copy), float32 scores and softmax, GQA, optional tanh soft-capping; the same bits on
+every instruction-set build (see attention.c). Without it, several decode sequences go through
+one padded torch gather while that stays small; everything else (prefill, mixed batches) through
+the reference.
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import torch
 from .. import ref
 from . import native
 
-MAX_HEAD_DIM = 256  # the C kernel's per-row buffers
 # Batched decode attention pads every sequence to the longest; only do it while the padded KV
 # gather stays below this many elements.
 _BATCHED_DECODE_MAX_ELEMS = 1 << 26
@@ -23,24 +22,28 @@ _BATCHED_DECODE_MAX_ELEMS = 1 << 26
 def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     return (native.lib() is not None and q.device.type == "cpu" and k_cache.device.type == "cpu"
             and k_cache.dtype in (torch.float16, torch.float32) and k_cache.is_contiguous()
-            and k_cache.shape[-1] <= MAX_HEAD_DIM)
+            and k_cache.shape[1] & (k_cache.shape[1] - 1) == 0)  # power-of-2 blocks (the C kernel shifts)
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 kv_lens: list[int], scale: float, softcap: float = 0.0) -> torch.Tensor:
-    """q: [S, H, D]; caches [NB, BS, KVH, D]; block_tables [S, MAXB] int32 -> [S, H, D] float32."""
+                 kv_lens: list[int] | torch.Tensor, scale: float, softcap: float = 0.0,
+                 n_threads: int | None = None) -> torch.Tensor:
+    """q: [S, H, D]; caches [NB, BS, KVH, D]; block_tables [S, MAXB] int32; kv_lens: [S] (list or
+    tensor) -> [S, H, D] float32. `n_threads`: OpenMP threads (default torch's count)."""
     lib = native.lib()
     S, H, D = q.shape
     NB, BS, KVH, _ = k_cache.shape
-    qf = q.float().contiguous()
-    bt = block_tables.to(torch.int32).contiguous()
-    lens = torch.tensor(kv_lens, dtype=torch.int32)
-    max_l = max(kv_lens)
+    qf = q if q.dtype == torch.float32 and q.is_contiguous() else q.float().contiguous()
+    bt = block_tables if block_tables.dtype == torch.int32 and block_tables.is_contiguous() \
+        else block_tables.to(torch.int32).contiguous()
+    lens = torch.as_tensor(kv_lens, dtype=torch.int32).contiguous()
+    max_l = int(lens.max())
     out = torch.empty((S, H, D), dtype=torch.float32)
     scratch = torch.empty((S * KVH, H // KVH, max_l), dtype=torch.float32)
     lib.paged_decode(qf.data_ptr(), k_cache.data_ptr(), v_cache.contiguous().data_ptr(), bt.data_ptr(),
                      bt.shape[1], lens.data_ptr(), out.data_ptr(), scratch.data_ptr(), S, H, KVH, D, BS, max_l,
-                     float(scale), float(softcap), int(k_cache.dtype == torch.float16), torch.get_num_threads())
+                     float(scale), float(softcap), int(k_cache.dtype == torch.float16),
+                     n_threads or torch.get_num_threads())
     return out
 
 
@@ -74,8 +77,10 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, sc
     S = len(lens)
     decode_only = S > 0 and all(cu[s + 1] - cu[s] == 1 for s in range(S)) and cu[0] == 0 and min(lens) > 0
     if decode_only and supported(q, k_cache):  # C kernel, reads the blocks in place
+        if q.shape[0] == S and q.dtype == torch.float32:
+            return paged_decode(q, k_cache, v_cache, block_tables, kv_lens, scale, softcap)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        out[:S] = paged_decode(q[:S], k_cache, v_cache, block_tables, lens, scale, softcap).to(q.dtype)
+        out[:S] = paged_decode(q[:S], k_cache, v_cache, block_tables, kv_lens, scale, softcap).to(q.dtype)
         return out
     if S > 1 and decode_only:
         NB, BS, KVH, D = k_cache.shape

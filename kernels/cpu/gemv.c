@@ -1,101 +1,210 @@
-/* Batched GEMV on 64-row float tiles (kernels/cpu/gemv.py). */
+/* Batched GEMV on 64-row float tiles (kernels/cpu/gemv.py), at the build's vector width (common.h). */
 #include "common.h"
+#include "pool.h"
 
-/* int8 tiles are widened to float32 exactly; their per-row scales are applied to the sums. */
-#if defined(__AVX512F__)
-#include <immintrin.h>
-static inline v16 ldi8(const signed char *p) {
-    return (v16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-}
-int i8_widening_is_vectorized(void) { return 1; }
-#elif defined(__AVX2__)
-#include <immintrin.h>
-static inline v16 ldi8(const signed char *p) {
-    __m128i b = _mm_loadu_si128((const __m128i *)p);
-    __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-    __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
-    v16 v; memcpy(&v, &lo, 32); memcpy((char *)&v + 32, &hi, 32); return v;
-}
-int i8_widening_is_vectorized(void) { return 1; }
-#else  /* gcc scalarizes this on x86 without AVX2 (~8x slower than a float32 read) */
-typedef signed char i8x16 __attribute__((vector_size(16)));
-typedef int i32x16 __attribute__((vector_size(64)));
-static inline v16 ldi8(const signed char *p) {
-    i8x16 h; memcpy(&h, p, sizeof h);
-    return __builtin_convertvector(__builtin_convertvector(h, i32x16), v16);
-}
-int i8_widening_is_vectorized(void) { return 0; }
+int i8_widening_is_vectorized(void) { return VW > 4; }
+const char *cpu_kernels_isa(void) { return ISA_NAME; }
+
+#define NV (64 / VW)  /* vectors per row of a tile */
+#if VW == 16
+#define CV 4          /* 4 rows x 4 vectors: 16 of the 32 zmm registers hold sums */
+#else
+#define CV 2          /* 4 rows x 2 vectors: 8 of the 16 ymm / xmm registers */
 #endif
+#define CV1 (NV < 8 ? NV : 8)  /* one row: up to 8 vectors of sums */
+#define PF_ROWS 8  /* several rows: the first chunk's walk prefetches whole tile rows this far ahead */
+#define CHUNKS_PER_THREAD 8  /* tiles split in this many chunks per thread: a late helper still takes some */
 
-/* bfloat16 tiles widened to float32 exactly (16 at a time). */
-typedef unsigned short u16x16 __attribute__((vector_size(32)));
-typedef unsigned int u32x16 __attribute__((vector_size(64)));
-static inline v16 ldbf(const unsigned short *p) {
-    u16x16 h; memcpy(&h, p, sizeof h);
-    u32x16 w = __builtin_convertvector(h, u32x16) << 16;
-    v16 f; memcpy(&f, &w, sizeof f); return f;
+/* Columns [c, c + n * VW) of a tile's output row, clipped to the nn valid ones. */
+static inline void store_cols(float *restrict yrow, int c, const vf *a, int n, int nn) {
+    int len = nn - c < n * VW ? nn - c : n * VW;
+    if (len > 0) memcpy(yrow + c, a, (size_t)len * sizeof(float));
 }
 
-/* Batched GEMV on 64-row tiles. Wt: [nt, K, 64]; x: [Mp, K] with Mp a multiple of 4 (zero rows
-   past M); y[m * ldy + n] for m < M, n < N. For every k, x[m, k] is broadcast against the 64
-   weights of row k of the tile: 4 x 4 accumulators of 16 floats, no horizontal reductions.
+struct bgemv_args { const float *x; const void *Wt; const float *rs; float *y; int M, N, K, nt, per; long ldy; };
+
+/* Batched GEMV on 64-row tiles. Wt: [nt, K, 64]; x: [M, K] (Mp: unused, kept for the ABI);
+   y[m * ldy + n] for m < M, n < N. Every output is the chain acc = fma(x[m, k], w[k, n],
+   acc) over k = 0 .. K-1 in order, then times the row scale: the same bits on every build and for
+   every M. Each tile is read from memory once per call whatever M is: it is walked in column chunks
+   of CV vectors, each chunk (K lines, L1/L2-resident) once per 4 rows of x.
    rs: NULL, or one scale per tile row ([nt * 64]) multiplied into the sums.
+   Threads: runs of tiles handed out by kernels/cpu/pool.c.
    One body, instantiated for float32, float16 and bfloat16 tiles (weights kept in their file type)
    and for int8 tiles with row scales (a quarter of the bytes to read: the approximate first pass
    over an output head, see kernels/cpu/gemv.py). */
 #define BGEMV_TILES64(NAME, WT, LOAD)                                                          \
-void NAME(const float *restrict x, const WT *restrict Wt, const float *restrict rs,            \
-          float *restrict y, int M, int Mp, int N, int K, long ldy, int nthreads) {            \
-    const int nt = (N + 63) / 64;                                                              \
-    _Pragma("omp parallel for schedule(static) num_threads(nthreads)")                         \
-    for (int t = 0; t < nt; ++t) {                                                             \
+static void NAME##_run(void *args, int chunk) {                                                \
+    const struct bgemv_args *A = args;                                                         \
+    const float *restrict x = A->x;                                                            \
+    const WT *restrict Wt = A->Wt;                                                             \
+    const float *restrict rs = A->rs;                                                          \
+    float *restrict y = A->y;                                                                  \
+    const int M = A->M, N = A->N, K = A->K;                                                    \
+    const long ldy = A->ldy;                                                                   \
+    const int t1 = (chunk + 1) * A->per < A->nt ? (chunk + 1) * A->per : A->nt;                \
+    for (int t = chunk * A->per; t < t1; ++t) {                                                \
         const WT *restrict tile = Wt + (size_t)t * K * 64;                                     \
         const int n0 = t * 64, nn = N - n0 < 64 ? N - n0 : 64;                                 \
-        if (M == 1) {  /* one sequence: 4 accumulators, a quarter of the arithmetic */         \
-            v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                        \
-            for (int k = 0; k < K; ++k) {                                                      \
-                const WT *w = tile + (size_t)k * 64;                                           \
-                float s = x[k];                                                                \
-                a0 += s * LOAD(w); a1 += s * LOAD(w + 16);                                     \
-                a2 += s * LOAD(w + 32); a3 += s * LOAD(w + 48);                                \
+        if (M == 1) {  /* one sequence: one row of sums per chunk */                           \
+            for (int c = 0; c < NV; c += CV1) {                                                \
+                vf a[CV1];                                                                     \
+                for (int j = 0; j < CV1; ++j) a[j] = splat(0.0f);                              \
+                const WT *w = tile + c * VW;                                                   \
+                for (int k = 0; k < K; ++k, w += 64) {                                         \
+                    const vf s = splat(x[k]);                                                  \
+                    _Pragma("GCC unroll 8")                                                    \
+                    for (int j = 0; j < CV1; ++j) a[j] = fma_v(s, LOAD(w + j * VW), a[j]);     \
+                }                                                                              \
+                if (rs)                                                                        \
+                    for (int j = 0; j < CV1; ++j) a[j] *= ldv(rs + n0 + (c + j) * VW);         \
+                store_cols(y + n0, c * VW, a, CV1, nn);                                        \
             }                                                                                  \
-            if (rs) {                                                                          \
-                a0 *= ld(rs + n0); a1 *= ld(rs + n0 + 16);                                     \
-                a2 *= ld(rs + n0 + 32); a3 *= ld(rs + n0 + 48);                                \
-            }                                                                                  \
-            v16 acc[4] = {a0, a1, a2, a3};                                                     \
-            memcpy(y + n0, acc, (size_t)nn * sizeof(float));                                   \
             continue;                                                                          \
         }                                                                                      \
-        for (int m0 = 0; m0 < Mp; m0 += 4) {                                                   \
-            v16 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0};                                    \
-            v16 a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};                                    \
-            v16 a20 = {0}, a21 = {0}, a22 = {0}, a23 = {0};                                    \
-            v16 a30 = {0}, a31 = {0}, a32 = {0}, a33 = {0};                                    \
-            const float *x0 = x + (size_t)m0 * K, *x1 = x0 + K, *x2 = x1 + K, *x3 = x2 + K;    \
-            for (int k = 0; k < K; ++k) {                                                      \
-                const WT *w = tile + (size_t)k * 64;                                           \
-                v16 w0 = LOAD(w), w1 = LOAD(w + 16), w2 = LOAD(w + 32), w3 = LOAD(w + 48);     \
-                float s0 = x0[k], s1 = x1[k], s2 = x2[k], s3 = x3[k];                          \
-                a00 += s0 * w0; a01 += s0 * w1; a02 += s0 * w2; a03 += s0 * w3;                \
-                a10 += s1 * w0; a11 += s1 * w1; a12 += s1 * w2; a13 += s1 * w3;                \
-                a20 += s2 * w0; a21 += s2 * w1; a22 += s2 * w2; a23 += s2 * w3;                \
-                a30 += s3 * w0; a31 += s3 * w1; a32 += s3 * w2; a33 += s3 * w3;                \
+        for (int c = 0; c < NV; c += CV)                                                       \
+            for (int m0 = 0; m0 < M; m0 += 4) {                                                \
+                vf a[4][CV];                                                                   \
+                for (int i = 0; i < 4; ++i)                                                    \
+                    for (int j = 0; j < CV; ++j) a[i][j] = splat(0.0f);                        \
+                const float *xr[4];  /* rows past M repeat row M - 1 (computed, not stored) */ \
+                for (int i = 0; i < 4; ++i) xr[i] = x + (size_t)(m0 + i < M ? m0 + i : M - 1) * K; \
+                const WT *w = tile + c * VW;                                                   \
+                const int pf = c == 0 && m0 == 0; /* first walk: fetch whole rows ahead */     \
+                for (int k = 0; k < K; ++k, w += 64) {                                         \
+                    if (pf)                                                                    \
+                        for (int b = 0; b < 64 * (int)sizeof(WT); b += 64)                     \
+                            __builtin_prefetch((const char *)(w + PF_ROWS * 64) + b);          \
+                    vf wv[CV];                                                                 \
+                    _Pragma("GCC unroll 4")                                                    \
+                    for (int j = 0; j < CV; ++j) wv[j] = LOAD(w + j * VW);                     \
+                    _Pragma("GCC unroll 4")                                                    \
+                    for (int i = 0; i < 4; ++i) {                                              \
+                        const vf s = splat(xr[i][k]);                                          \
+                        _Pragma("GCC unroll 4")                                                \
+                        for (int j = 0; j < CV; ++j) a[i][j] = fma_v(s, wv[j], a[i][j]);       \
+                    }                                                                          \
+                }                                                                              \
+                for (int i = 0; i < 4 && m0 + i < M; ++i) {                                    \
+                    if (rs)                                                                    \
+                        for (int j = 0; j < CV; ++j) a[i][j] *= ldv(rs + n0 + (c + j) * VW);   \
+                    store_cols(y + (size_t)(m0 + i) * ldy + n0, c * VW, a[i], CV, nn);         \
+                }                                                                              \
             }                                                                                  \
-            v16 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13},                       \
-                             {a20, a21, a22, a23}, {a30, a31, a32, a33}};                      \
-            for (int i = 0; i < 4 && m0 + i < M; ++i) {                                        \
-                if (rs)                                                                        \
-                    for (int j = 0; j < 4; ++j) acc[i][j] *= ld(rs + n0 + 16 * j);             \
-                float buf[64];                                                                 \
-                memcpy(buf, acc[i], sizeof buf);                                               \
-                memcpy(y + (size_t)(m0 + i) * ldy + n0, buf, (size_t)nn * sizeof(float));      \
-            }                                                                                  \
-        }                                                                                      \
     }                                                                                          \
+}                                                                                              \
+void NAME(const float *x, const WT *Wt, const float *rs, float *y, int M, int Mp, int N, int K, \
+          long ldy, int nthreads) {                                                            \
+    (void)Mp;                                                                                  \
+    const int nt = (N + 63) / 64;                                                              \
+    int nchunks = nthreads > 1 ? CHUNKS_PER_THREAD * nthreads : 1;                             \
+    nchunks = nchunks < nt ? nchunks : nt;                                                     \
+    const int per = (nt + nchunks - 1) / nchunks;                                              \
+    struct bgemv_args a = {x, Wt, rs, y, M, N, K, nt, per, ldy};                               \
+    pool_run(NAME##_run, &a, (nt + per - 1) / per, nthreads);                                  \
 }
 
-BGEMV_TILES64(bgemv_tiles64, float, ld)
-BGEMV_TILES64(bgemv_tiles64_i8, signed char, ldi8)
-BGEMV_TILES64(bgemv_tiles64_f16, unsigned short, ldh)
-BGEMV_TILES64(bgemv_tiles64_bf16, unsigned short, ldbf)
+BGEMV_TILES64(bgemv_tiles64, float, ldv)
+BGEMV_TILES64(bgemv_tiles64_i8, signed char, ldv_i8)
+BGEMV_TILES64(bgemv_tiles64_f16, unsigned short, ldv_f16)
+BGEMV_TILES64(bgemv_tiles64_bf16, unsigned short, ldv_bf16)
+
+/* ---- the output head's first pass in integers (kernels/cpu/topk.py) ------------------------------
+   y[m, n] = ((float)sum_k qx[m, k] q[n, k] * sx[m]) * s[n]: int8 activations (one scale per row of
+   x) times the int8 head, summed exactly in int32 (AVX2: vpsignb + vpmaddubsw + vpmaddwd, no
+   saturation since |q| <= 127). q4: [nt, K4 / 4, 64, 4], 4 consecutive k of one head row in 4
+   bytes; qx: [M, K4] (K4 a multiple of 4, zero-padded); s: [nt * 64]. */
+struct scan_args { const signed char *qx; const float *sx; const signed char *q4; const float *s; float *y;
+                   int M, N, K4, nt, per; long ldy; };
+
+static inline void scan_store(const struct scan_args *A, int m, int n0, int c, const int *acc, int ncols) {
+    const int nn = A->N - n0 < 64 ? A->N - n0 : 64;
+    for (int j = 0; j < ncols && c + j < nn; ++j)
+        A->y[(size_t)m * A->ldy + n0 + c + j] = ((float)acc[j] * A->sx[m]) * A->s[n0 + c + j];
+}
+
+#if defined(__AVX2__)
+/* MR rows of x (rows past M repeat row M - 1, not stored) against 16 columns of tile t. */
+#define SCAN_BLOCK(MR)                                                                         \
+static void scan_block##MR(const struct scan_args *A, int t, int c, int m0) {                  \
+    const int K4 = A->K4, M = A->M;                                                            \
+    const signed char *w = A->q4 + (size_t)t * K4 * 64 + (size_t)c * 4;                        \
+    const signed char *xr[MR];                                                                 \
+    for (int i = 0; i < MR; ++i) xr[i] = A->qx + (size_t)(m0 + i < M ? m0 + i : M - 1) * K4;   \
+    const __m256i ones = _mm256_set1_epi16(1);                                                 \
+    __m256i acc[MR][2];                                                                        \
+    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();               \
+    for (int k = 0; k < K4; k += 4, w += 256) {                                                \
+        if (c == 0 && m0 == 0) __builtin_prefetch(w + PF_ROWS * 256), __builtin_prefetch(w + PF_ROWS * 256 + 64), \
+            __builtin_prefetch(w + PF_ROWS * 256 + 128), __builtin_prefetch(w + PF_ROWS * 256 + 192); \
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)w);                             \
+        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + 32));                      \
+        for (int i = 0; i < MR; ++i) {                                                         \
+            int xi; memcpy(&xi, xr[i] + k, 4);                                                 \
+            const __m256i xb = _mm256_set1_epi32(xi), ax = _mm256_abs_epi8(xb);                \
+            acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, xb)), ones)); \
+            acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, xb)), ones)); \
+        }                                                                                      \
+    }                                                                                          \
+    for (int i = 0; i < MR && m0 + i < M; ++i) {                                               \
+        int out[16];                                                                           \
+        memcpy(out, acc[i], sizeof out);                                                       \
+        scan_store(A, m0 + i, t * 64, c, out, 16);                                             \
+    }                                                                                          \
+}
+SCAN_BLOCK(4)
+/* One row of x against all 64 columns of tile t: the tile read as one sequential stream. */
+static void scan_row(const struct scan_args *A, int t, int m) {
+    const int K4 = A->K4;
+    const signed char *w = A->q4 + (size_t)t * K4 * 64, *x = A->qx + (size_t)m * K4;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_si256();
+    for (int k = 0; k < K4; k += 4, w += 256) {
+        int xi; memcpy(&xi, x + k, 4);
+        const __m256i xb = _mm256_set1_epi32(xi), ax = _mm256_abs_epi8(xb);
+        for (int j = 0; j < 8; ++j) {
+            const __m256i wj = _mm256_loadu_si256((const __m256i *)(w + 32 * j));
+            acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wj, xb)), ones));
+        }
+    }
+    int out[64];
+    memcpy(out, acc, sizeof out);
+    scan_store(A, m, t * 64, 0, out, 64);
+}
+static void scan_tile(const struct scan_args *A, int t) {
+    const int m4 = A->M == 1 ? 0 : (A->M + 3) / 4 * 4;  /* rows in 4-row blocks (clamped), or one row alone */
+    for (int c = 0; c < 64 && m4; c += 16)
+        for (int m0 = 0; m0 < m4; m0 += 4) scan_block4(A, t, c, m0);
+    if (!m4) scan_row(A, t, 0);
+}
+#else
+static void scan_tile(const struct scan_args *A, int t) {
+    const int K4 = A->K4;
+    const signed char *tile = A->q4 + (size_t)t * K4 * 64;
+    for (int m = 0; m < A->M; ++m) {
+        int acc[64] = {0};
+        const signed char *x = A->qx + (size_t)m * K4;
+        for (int k = 0; k < K4; k += 4)
+            for (int j = 0; j < 64; ++j)
+                for (int b = 0; b < 4; ++b) acc[j] += (int)x[k + b] * tile[((size_t)k / 4 * 64 + j) * 4 + b];
+        scan_store(A, m, t * 64, 0, acc, 64);
+    }
+}
+#endif
+
+static void scan_run(void *args, int chunk) {
+    const struct scan_args *A = args;
+    const int t1 = (chunk + 1) * A->per < A->nt ? (chunk + 1) * A->per : A->nt;
+    for (int t = chunk * A->per; t < t1; ++t) scan_tile(A, t);
+}
+
+void head_scan_i8(const signed char *qx, const float *sx, const signed char *q4, const float *s, float *y,
+                  int M, int N, int K4, long ldy, int nthreads) {
+    const int nt = (N + 63) / 64;
+    int nchunks = nthreads > 1 ? CHUNKS_PER_THREAD * nthreads : 1;
+    nchunks = nchunks < nt ? nchunks : nt;
+    const int per = (nt + nchunks - 1) / nchunks;
+    struct scan_args a = {qx, sx, q4, s, y, M, N, K4, nt, per, ldy};
+    pool_run(scan_run, &a, (nt + per - 1) / per, nthreads);
+}

@@ -6,7 +6,7 @@
   when its vectorized C kernel exists; else dequantized once ("unpack_quantized") and treated as
   float weights, or else kept in GGUF blocks ("rows", dequantized on every matmul);
 - float weights of at least 2^16 elements: 64-row tiles for the batched GEMV of `gemv.py`
-  ("tiles64"; float16/bfloat16 stay in their type where the C kernels widen them with vectors);
+  ("tiles64", with a vector build of the C kernels; float16/bfloat16 stay in their type);
 - the others: float32 [cols, rows] ("cols"), what BLAS reads fastest for small batches.
 Without the C kernels the BLAS layouts are used. GGUF "rows" weights go to `kernels.ref`.
 """
@@ -48,9 +48,9 @@ def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: b
         if not unpack_quantized:
             return w
         w = QWeight.from_float(ref.dequantize(w, torch.float32))
-    if w.rows * w.cols >= _BGEMV_MIN_ELEMS and gemv.available():
+    if w.rows * w.cols >= _BGEMV_MIN_ELEMS and gemv.vectorized():
         # float16 / bfloat16 stay in their type (half the bytes per step; widened exactly in C)
-        keep = w.data.dtype in (torch.float16, torch.bfloat16) and gemv.i8_fast()
+        keep = w.data.dtype in (torch.float16, torch.bfloat16)
         data = w.data if keep else w.data.float()
         qtype = w.qtype if keep else GGMLQuantizationType.F32
         return QWeight(gemv.pack(data), qtype, w.rows, w.cols, "tiles64")
@@ -78,12 +78,10 @@ def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
             # prefill through a small matrix: unpacking it (a ~1 MB copy) and one multi-threaded
             # BLAS call beats many passes of the GEMV kernel
             return x @ gemv.unpack(w.data, w.rows).T.to(x.dtype)
-        xf = x.float()
         # small matrices on one thread: an OpenMP fork per layer matmul costs more than it saves,
         # and idle workers spinning on both cores starve the HTTP thread
         nt = 1 if w.rows * w.cols < _BGEMV_MT_MIN_ELEMS else None
-        ys = [gemv.bgemv(xf[i:i + gemv.MAX_M], w.data, w.rows, nt) for i in range(0, x.shape[0], gemv.MAX_M)]
-        return (ys[0] if len(ys) == 1 else torch.cat(ys)).to(x.dtype)
+        return gemv.bgemv(x.float(), w.data, w.rows, nt).to(x.dtype)  # all rows in one pass
     if w.layout == "cols":
         if x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[0] < _BLAS_MT_MIN_M:
             # numpy's BLAS (OpenBLAS) beats torch's MKL sgemm on small-M, large-N products on

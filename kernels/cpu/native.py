@@ -13,8 +13,13 @@ A build is reused only for the same sources (and headers), compiler, flags, defi
 the cache key hashes them together with what the compiler reports for those flags
 (`cc <flags> -dM -E`: its version and the CPU features the flags enable, e.g. with -march=native).
 
-`KERNELS` is the library the CPU kernel families live in (gemv.c, qgemv.c, attention.c); `lib()`
-is its handle or None. A new family adds its sources and signatures there, or makes a `Library`
+`KERNELS` is the library the CPU kernel families live in (gemv.c, qgemv.c, attention.c, pointwise.c;
+pool.c), built
+once per instruction set (`kernels_library(isa)`: "avx512", "avx2" (+ FMA, F16C) or "scalar", the
+portable C); `lib()` is the handle of `float_isa()`'s build, or None. `float_isa()`: the best this
+CPU runs, or the one `TRITIUM_CPU_ISA` forces (the variable kernels/cpu/qdot.py reads, same values:
+avx512vnni -> avx512; avxvnni, avx2, vnni-emu -> avx2; scalar -> scalar).
+A new family adds its sources and signatures there, or makes a `Library`
 of its own (e.g. one per instruction-set variant, with its `opt_flags` and `defines`) and calls
 `load`, or `build` to compile one without loading it.
 """
@@ -25,10 +30,11 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import subprocess
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import env
@@ -128,18 +134,72 @@ def load(library: Library) -> ctypes.CDLL | None:
 _i, _l, _f, _p = ctypes.c_int, ctypes.c_long, ctypes.c_float, ctypes.c_void_p
 _BGEMV = ([_p, _p, _p, _p, _i, _i, _i, _i, _l, _i], None)
 _QGEMV = ([_p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _l, _i], None)
-KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c"), {
+KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "pool.c", "pointwise.c"), {
     # gemv.c (kernels/cpu/gemv.py)
     "bgemv_tiles64": _BGEMV, "bgemv_tiles64_i8": _BGEMV, "bgemv_tiles64_f16": _BGEMV, "bgemv_tiles64_bf16": _BGEMV,
-    "i8_widening_is_vectorized": ([], _i),
+    "i8_widening_is_vectorized": ([], _i), "cpu_kernels_isa": ([], ctypes.c_char_p),
+    "head_scan_i8": ([_p, _p, _p, _p, _p, _i, _i, _i, _l, _i], None),
     # qgemv.c (kernels/cpu/qgemv.py)
     "qgemv_tiles64_c8": _QGEMV, "qgemv_tiles64_c4": _QGEMV,
     # attention.c (kernels/cpu/attention.py)
     "paged_decode": ([_p, _p, _p, _p, _i, _p, _p, _p, _i, _i, _i, _i, _i, _i, _f, _f, _i, _i], None),
+    # pointwise.c (kernels/cpu/pointwise.py)
+    "add_rms_norm_f32": ([_p, _p, _p, _p, _p, _i, _i, _f], None),
+    "rope_f32": ([_p, _p, _p, _p, _i, _i, _i, _i, _i], None),
 })
 
 
+# Builds of KERNELS per instruction set: flags, and the /proc/cpuinfo flags the CPU needs to run it.
+ISA_OPT_FLAGS = {
+    "avx512": ("-O3", "-mtune=native", "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"),
+    "avx2": ("-O3", "-mtune=native", "-mavx2", "-mfma", "-mf16c"),
+    "scalar": ("-O3",),
+}
+_ISA_CPU_FLAGS = {"avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"},
+                  "avx2": {"avx2", "fma", "f16c"}, "scalar": set()}
+# TRITIUM_CPU_ISA (kernels/cpu/qdot.py's names) -> the float kernels' build
+_FROM_ENV = {"avx512vnni": "avx512", "avxvnni": "avx2", "avx2": "avx2", "vnni-emu": "avx2", "scalar": "scalar"}
+
+
 @functools.cache
+def supported_isas() -> tuple[str, ...]:
+    """The builds of KERNELS this CPU runs, best first."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ("scalar",)
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((set(ln.split(":", 1)[1].split()) for ln in f if ln.startswith("flags")), set())
+    except OSError:
+        flags = set()
+    return tuple(isa for isa in ISA_OPT_FLAGS if _ISA_CPU_FLAGS[isa] <= flags)
+
+
+def float_isa() -> str:
+    """The build of KERNELS to use: forced by TRITIUM_CPU_ISA, else the best this CPU runs. A
+    forced build the CPU cannot run is an error (it would die on an illegal instruction)."""
+    forced = os.environ.get("TRITIUM_CPU_ISA", "").strip().lower()
+    if not forced:
+        return supported_isas()[0]
+    if forced not in _FROM_ENV:
+        raise ValueError(f"TRITIUM_CPU_ISA={forced!r}: expected one of {sorted(_FROM_ENV)}")
+    isa = _FROM_ENV[forced]
+    if isa not in supported_isas():
+        raise ValueError(f"TRITIUM_CPU_ISA={forced!r}: this CPU cannot run the {isa} kernels "
+                         f"(it runs {', '.join(supported_isas())})")
+    return isa
+
+
+def kernels_library(isa: str) -> Library:
+    """KERNELS built for `isa` (a key of ISA_OPT_FLAGS)."""
+    return replace(KERNELS, name=f"cpu_kernels-{isa}", opt_flags=ISA_OPT_FLAGS[isa], flags=("-Wno-psabi",))
+
+
+@functools.cache
+def _lib_for(isa: str) -> ctypes.CDLL | None:
+    return load(kernels_library(isa))
+
+
 def lib() -> ctypes.CDLL | None:
-    """The handle of `KERNELS` (None: use the torch paths). Cached: the kernels call it per op."""
-    return load(KERNELS)
+    """The handle of KERNELS for `float_isa()` (None: use the torch paths). Cheap: the kernels call
+    it per op."""
+    return _lib_for(float_isa())

@@ -6,9 +6,10 @@ machine; finding the k-th largest value from chunk maxima and partitioning only 
 it takes ~0.05 ms.
 
 `topk_logits`: a first pass over an int8 copy of the float output head (`gemv.pack_i8`, a quarter
-of the float32 bytes: 0.9 ms for the 151,936 x 256 head at 1 row, 1.8 ms at 4), then an exact
-float32 recompute of the few candidates that can be among the top-k (`prepare_topk_head` gives
-the error bound that selects them).
+of the float32 bytes) with the activations quantized to int8 too, exact integer dot products
+(`gemv.head_scan_i8`; AVX2 maddubs: the 151,936 x 256 head of the lesson model ~3.5 ms at 1 row,
+~4 ms at 4 on one core of this project's AMD EPYC), then an exact float32 recompute of the few
+candidates that can be among the top-k (`first_pass` gives the error bound that selects them).
 """
 from __future__ import annotations
 
@@ -59,35 +60,45 @@ def topk(row: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass
 class TopkHead:
-    """An int8 copy of a float output head in 64-row tiles, with the bound of its error."""
-    q: torch.Tensor  # int8 tiles [nt, cols, 64]
+    """An int8 copy of a float output head (`gemv.interleave_i8` tiles, row scales), with what
+    bounds its error: every row r satisfies |w_r| <= w_max and |w_r - scale_r q_r| <= e_max."""
+    q4: torch.Tensor  # int8 [nt, K4 / 4, 64, 4]
     scale: torch.Tensor  # float32 row scales [nt * 64]
-    err: float  # |first pass - float32 value| <= |x| * err for every row (`prepare_topk_head`)
+    w_max: float
+    e_max: float
 
 
 def prepare_topk_head(w: QWeight) -> TopkHead | None:
-    """For a float head in 64-row tiles where the int8 GEMV is vectorized (else None).
-
-    For every row r, the first-pass value a_r and the float32 value c_r (x . w_r) differ by at most
-    |x| (e_r + (2 gamma_K + 2^-23) |w_r + e_r|) (Cauchy-Schwarz on the quantization error e_r,
-    plus float32 rounding of both dot products), bounded for all rows by |x| `err`."""
+    """For a float head in 64-row tiles where the C kernels are a vector build (else None)."""
     if w.data.device.type != "cpu" or w.layout != "tiles64" or not gemv.i8_fast():
         return None
     q, scale, err, norm = gemv.pack_i8(w.data)
-    K = w.cols
-    gamma = K * 2.0 ** -24 / (1 - K * 2.0 ** -24)  # float32 dot products of length K
-    w_max = float(norm.max())  # max_r |w_r|
-    e_max = float(err.max())  # max_r |w_r - scale_r q_r|
-    return TopkHead(q, scale, (e_max + (2 * gamma + 2.0 ** -23) * (w_max + e_max)) * (1 + 1e-6))
+    return TopkHead(gemv.interleave_i8(q), scale, float(norm.max()), float(err.max()))
+
+
+def first_pass(x: torch.Tensor, head: TopkHead, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(a [M, V], b [M]): approximate logits of the rows of x [M, K] float32 and a bound,
+    |a[m, r] - x[m] . w_r| <= b[m] for every r. x is quantized to int8 per row (x = sx qx + ex) and
+    a = ((float)(qx . q_r) sx) scale_r, the dot product exact in int32; so
+    x . w_r - a = ex . w_r + sx qx . (w_r - scale_r q_r) + (rounding of the two float32 products,
+    relative 3 2^-24 each way), bounded by |ex| w_max + |sx qx| (e_max + 2^-22 (w_max + e_max))."""
+    K4 = head.q4.shape[1] * 4
+    qx, sx = gemv.quantize_rows(x, K4)
+    a = gemv.head_scan_i8(qx, sx, head.q4, head.scale, n_rows).numpy()
+    xq = qx[:, :x.shape[1]].double() * sx.double()[:, None]
+    ex = (x.double() - xq).norm(dim=1).numpy()
+    nq = xq.norm(dim=1).numpy()
+    b = (ex * head.w_max + nq * (head.e_max + 2.0 ** -22 * (head.w_max + head.e_max))) * (1 + 1e-6)
+    return a, b
 
 
 def topk_logits(x: torch.Tensor, w: QWeight, head: TopkHead | None, topk: list[int],
                 banned: list[tuple[int, ...]]) -> torch.Tensor:
     """The contract of `kernels.ref.topk_logits`: rows with topk 0 exact everywhere (`qmatmul`);
     the others exact at their candidates and -inf elsewhere. A row can be among the top-k only if
-    its first-pass value a_r + b reaches the k-th largest a - b (b = |x| `head.err`); those
-    candidates (typically a handful of the 151,936) are recomputed exactly in float32 from the
-    file's weights."""
+    its first-pass value a_r + b reaches the k-th largest a - b (`first_pass`); those candidates
+    (typically a handful of the 151,936) are recomputed exactly in float32 from the file's
+    weights."""
     if head is None or all(k <= 0 for k in topk):
         return qmatmul(x, w).float()
     V = w.rows
@@ -97,8 +108,7 @@ def topk_logits(x: torch.Tensor, w: QWeight, head: TopkHead | None, topk: list[i
     if exact:
         out[exact] = qmatmul(x[exact], w).float()
     xa = x[approx].float()
-    first = gemv.bgemv_i8(xa, head.q, head.scale, V).numpy()  # [m, V]
-    bound = head.err * xa.double().norm(dim=1).numpy()  # [m]
+    first, bound = first_pass(xa, head, V)
     for j, i in enumerate(approx):
         r = first[j]
         if banned[i]:
