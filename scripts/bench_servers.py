@@ -152,14 +152,20 @@ def main() -> int:
         "tritium": ([args.tritium, "-m", model, "--port", str(args.port), *flags], f"http://127.0.0.1:{args.port}"),
         "llama": ([args.llama, "-m", model, "--port", str(args.port + 1), *flags], f"http://127.0.0.1:{args.port + 1}"),
     }
+    order = args.order.split(",")
+    if "llama" in order and not Path(args.llama).exists():
+        log(f"warning: {args.llama} does not exist: tritium alone, no ratios")
+        order.remove("llama")
     res = {}
-    for name in args.order.split(","):
+    for name in order:
         cmd, url = servers[name]
         res[name] = run_server(name, cmd, url, opts)
         for line in res[name]["lines"]:
             print(json.dumps(line), flush=True)
         print(json.dumps({"server": name, "peak_rss_mib": res[name]["peak_rss_mib"],
                           "load_s": round(res[name]["load_s"], 2)}), flush=True)
+    if len(res) < 2:
+        return 0
     t, r = res["tritium"], res["llama"]
     rows = []
     for a, b in zip(t["lines"], r["lines"]):
