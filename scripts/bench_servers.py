@@ -140,7 +140,9 @@ def main() -> int:
     ap.add_argument("--agreement-only", action="store_true")
     ap.add_argument("--server-args", default="-np 4 -c 8192", help="flags given to both servers")
     ap.add_argument("--wait", type=float, default=600.0)
-    ap.add_argument("--order", default="llama,tritium")
+    ap.add_argument("--order", default="llama,tritium", help="the servers to run now, in order")
+    ap.add_argument("--reuse", action="store_true",
+                    help="take a server not run now from its saved result of an earlier run (/tmp/bench_servers-PRESET-NAME.json)")
     args = ap.parse_args()
     opts = bench.resolve_options(bench.build_parser().parse_args(
         ["unused", "--preset", args.preset, "--wait", str(args.wait)]
@@ -160,10 +162,18 @@ def main() -> int:
     for name in order:
         cmd, url = servers[name]
         res[name] = run_server(name, cmd, url, opts)
+        res[name]["cmd"] = cmd
+        res[name]["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        Path(f"/tmp/bench_servers-{args.preset}-{name}.json").write_text(json.dumps(res[name]))
         for line in res[name]["lines"]:
             print(json.dumps(line), flush=True)
         print(json.dumps({"server": name, "peak_rss_mib": res[name]["peak_rss_mib"],
                           "load_s": round(res[name]["load_s"], 2)}), flush=True)
+    for name in ("tritium", "llama"):
+        saved = Path(f"/tmp/bench_servers-{args.preset}-{name}.json")
+        if name not in res and args.reuse and saved.exists():
+            res[name] = json.loads(saved.read_text())
+            log(f"{name}: the saved result of {res[name]['time']} ({' '.join(res[name]['cmd'])})")
     if len(res) < 2:
         return 0
     t, r = res["tritium"], res["llama"]
