@@ -29,7 +29,7 @@ from .qweight import QWeight
 NAMES = ("torch", "cpu", "triton")
 _MODULES = {"torch": "kernels.ref", "cpu": "kernels.cpu", "triton": "kernels.triton"}
 OPS = (
-    "prepare_weight", "packs_quantized", "dequantize", "qmatmul", "embedding", "rms_norm", "add_rms_norm",
+    "prepare_weight", "prepare_weights", "packs_quantized", "dequantize", "qmatmul", "embedding", "rms_norm", "add_rms_norm",
     "rope", "silu_mul", "write_kv", "paged_attention", "topk", "prepare_topk_head", "topk_logits",
 )
 __all__ = ["Backend", "QWeight", "NAMES", "OPS", *OPS]
@@ -78,6 +78,13 @@ def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: b
     tiles when `pack_quantized` and that kernel exists, else dequantized once when
     `unpack_quantized`; reference and Triton: the GGUF layout unchanged)."""
     return _on(w.data.device).prepare_weight(w, unpack_quantized, pack_quantized)
+
+
+def prepare_weights(ws: list[QWeight], unpack_quantized: bool = False, pack_quantized: bool = True) -> list[QWeight]:
+    """Once at load, weights that read the same input (q/k/v, gate/up), prepared together: the
+    returned weights' `qmatmul` outputs, concatenated along dim 1, are x @ [W_0; W_1; ...]^T (CPU:
+    one integer-dot group where qdot has the types; else rows concatenated where the types match)."""
+    return _on(ws[0].data.device).prepare_weights(ws, unpack_quantized, pack_quantized)
 
 
 def packs_quantized(device: torch.device | str) -> bool:

@@ -5,6 +5,7 @@
 | `TRITIUM_NO_CPU_KERNELS` | `kernels.cpu.native` | set (non-empty): never build or load the C kernels; the CPU backend uses its torch/BLAS paths |
 | `CC` | `kernels.cpu.native` | the C compiler (default: `gcc`, else `cc`, from PATH) |
 | `TRITIUM_CACHE` | `kernels.cpu.native` | where compiled kernels are kept (default `~/.cache/tritium`) |
+| `TRITIUM_CPU_ISA` | `kernels.cpu.qdot` | force the integer-dot kernels' build: avx512vnni, avxvnni, avx2, vnni-emu (VNNI code paths emulated on AVX2, tests) or scalar (default: the best this CPU runs) |
 | `TRITON_INTERPRET` | `kernels.triton` | Triton's interpreter is on (CPU tensors); read by triton itself at import too |
 
 Each is read when asked (not at import), so tests can set them with monkeypatch.
@@ -28,6 +29,11 @@ def c_compiler() -> str | None:
 def cache_dir() -> Path:
     env = os.environ.get("TRITIUM_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "tritium"
+
+
+def cpu_isa() -> str:
+    """TRITIUM_CPU_ISA, lower-cased ("" when unset)."""
+    return os.environ.get("TRITIUM_CPU_ISA", "").strip().lower()
 
 
 def triton_interpreting() -> bool:

@@ -20,10 +20,20 @@ Quantized types on the CPU path may instead be repacked by `kernels.cpu.qgemv.pa
 into "tiles64_c8" / "tiles64_c4": `data` holds integer codes in 64-row tiles, `scales` and
 `offsets` the per-group factors A and B ([ceil(rows / 64), cols / group, 64] float32), `group` the
 group size, with W[r, k] = A * code + B (see that module).
+
+Or, where the integer-dot kernels exist (`kernels.cpu.qdot`), into "x8": `data` holds the GGUF
+bits regrouped into panels of 8 rows (the same size), `kernel` the `qdot.QdotGroup` that reads them.
+One "x8" weight may hold several matrices that read the same input (q/k/v, gate/up; their types
+may differ, `qtype` is the first one's): `rows` is their sum and a matmul returns their outputs
+side by side.
+
+`mapped`: `data` views a file mapping that is never written (the GGUF loader's), so a backend that
+repacks the weight may drop those pages from memory afterwards (no second copy of the model).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -41,10 +51,12 @@ class QWeight:
     qtype: GGMLQuantizationType
     rows: int  # output features
     cols: int  # input features
-    layout: str = "rows"  # "rows" | "cols" | "tiles64" | "tiles64_c8" | "tiles64_c4" (module docstring)
+    layout: str = "rows"  # "rows" | "cols" | "tiles64" | "tiles64_c8" | "tiles64_c4" | "x8" (module docstring)
     scales: torch.Tensor | None = None  # tiles64_c*: A [tiles, cols / group, 64]
     offsets: torch.Tensor | None = None  # tiles64_c*: B
     group: int = 0  # tiles64_c*: weights per (A, B) pair along a row
+    mapped: bool = False  # data views a never-written file mapping (module docstring)
+    kernel: Any = None  # x8: the backend's handle on the repacked weight (kernels.cpu.qdot.QdotGroup)
 
     @property
     def is_float(self) -> bool:
@@ -66,6 +78,10 @@ class QWeight:
     def to(self, device: torch.device | str) -> "QWeight":
         def mv(t):
             return None if t is None else t.to(device)
+        if torch.device(device) == self.data.device:
+            return self
+        if self.kernel is not None:
+            raise ValueError(f"a {self.layout!r} weight stays on the device it was prepared for")
         return QWeight(self.data.to(device), self.qtype, self.rows, self.cols, self.layout,
                        mv(self.scales), mv(self.offsets), self.group)
 

@@ -36,6 +36,22 @@ def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: b
     return QWeight.from_float(dequantize(w, torch.float32))
 
 
+def cat_rows(ws: list[QWeight]) -> list[QWeight]:
+    """Weights reading the same input, concatenated along the output dimension when they share a
+    type and layout (one matmul reads them all); otherwise kept apart."""
+    if len(ws) < 2 or len({w.qtype for w in ws}) != 1 or len({w.cols for w in ws}) != 1 \
+            or any(w.layout != "rows" for w in ws):
+        return list(ws)
+    return [QWeight(torch.cat([w.data for w in ws], 0), ws[0].qtype, sum(w.rows for w in ws), ws[0].cols)]
+
+
+def prepare_weights(ws: list[QWeight], unpack_quantized: bool = False, pack_quantized: bool = True) -> list[QWeight]:
+    """Once at load, weights that read the same input (q/k/v, gate/up): `cat_rows`, then
+    `prepare_weight` each. Concatenating the `qmatmul` outputs of the result along dim 1 gives
+    x @ [W_0; W_1; ...]^T."""
+    return [prepare_weight(w, unpack_quantized, pack_quantized) for w in cat_rows(ws)]
+
+
 def packs_quantized() -> bool:
     """Whether `prepare_weight` repacks quantized weights for a kernel of this backend: no."""
     return False

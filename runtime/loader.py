@@ -11,7 +11,8 @@
   `attn_k_norm.weight` (qwen3), `blk.{i}.ffn_norm.weight`, `ffn_gate/ffn_up/ffn_down.weight`, and
   `rope_freqs.weight` ([n_rot/2] float32 divisors of the rope frequencies, llama3-style, when the
   model has one; also `config.rope_freq_factors`). Matrices are `QWeight` in their file type,
-  sharing memory with the file's copy-on-write mapping (writes stay private to the process);
+  sharing memory with the file's copy-on-write mapping, which is never written (`mapped`: a
+  backend that repacks a matrix may drop its pages from memory afterwards);
   1-D tensors are float32.
 - `file_type` (llama.cpp's ftype name, e.g. "all F32", "Q4_K - Medium"), `n_params`, `size`
   (bytes of tensor data), `gguf_metadata` (all KV metadata as plain Python values).
@@ -262,7 +263,7 @@ def _load_gguf(path: Path, _progress=print_progress) -> LoadedModel:
             cols = info.shape[0]
             rows = info.n_elements // cols
             data = t.reshape(rows, -1)
-            weights[info.name] = QWeight(data, info.qtype, rows, cols)
+            weights[info.name] = QWeight(data, info.qtype, rows, cols, mapped=True)
 
     config.rope_freq_factors = weights.get("rope_freqs.weight")
     ft = gf.metadata.get("general.file_type")

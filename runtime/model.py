@@ -53,22 +53,14 @@ class StepTensors:
 @dataclass
 class Layer:
     attn_norm: torch.Tensor
-    wqkv: list[QWeight]  # [q, k, v rows concatenated: [(H + 2 KVH) * D, C]] or [wq, wk, wv] when types differ
+    wqkv: list[QWeight]  # q, k, v as `kernels.prepare_weights` returns them (fused where it can)
     bqkv: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     wo: QWeight
     ffn_norm: torch.Tensor
-    w_gate_up: list[QWeight]  # [gate and up rows concatenated: [2 F, C]] or [w_gate, w_up]
+    w_gate_up: list[QWeight]  # gate, up as `kernels.prepare_weights` returns them
     w_down: QWeight
-
-
-def _cat_rows(ws: list[QWeight]) -> list[QWeight]:
-    """Concatenate weights along the output dimension when they share a type, so that one matmul
-    reads them all; otherwise keep them apart."""
-    if len({w.qtype for w in ws}) != 1 or len({w.cols for w in ws}) != 1:
-        return ws
-    return [QWeight(torch.cat([w.data for w in ws], 0), ws[0].qtype, sum(w.rows for w in ws), ws[0].cols)]
 
 
 def _matmul_rows(ops: kernels.Backend, x: torch.Tensor, ws: list[QWeight]) -> torch.Tensor:
@@ -181,6 +173,9 @@ class Model:
         def q(name) -> QWeight:
             return prep(w[name].to(dev))
 
+        def fused(names) -> list[QWeight]:  # weights reading one input, prepared together
+            return ops.prepare_weights([w[n].to(dev) for n in names], unpack, self.packed_quantized)
+
         if "output.weight" in w:
             self.tok_embd = w["token_embd.weight"].to(dev)  # only gathered from: keep rows contiguous
             self.output = q("output.weight")
@@ -190,15 +185,13 @@ class Model:
         self.layers: list[Layer] = []
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
-            wqkv = _cat_rows([w[p + f"attn_{n}.weight"].to(dev) for n in "qkv"])
             bias = [t(p + f"attn_{n}.bias") for n in "qkv"]
             bqkv = torch.cat(bias) if all(b is not None for b in bias) else None
-            gate_up = _cat_rows([w[p + "ffn_gate.weight"].to(dev), w[p + "ffn_up.weight"].to(dev)])
             self.layers.append(Layer(
-                attn_norm=t(p + "attn_norm.weight"), wqkv=[prep(x) for x in wqkv], bqkv=bqkv,
-                q_norm=t(p + "attn_q_norm.weight"), k_norm=t(p + "attn_k_norm.weight"),
+                attn_norm=t(p + "attn_norm.weight"), wqkv=fused([p + f"attn_{n}.weight" for n in "qkv"]),
+                bqkv=bqkv, q_norm=t(p + "attn_q_norm.weight"), k_norm=t(p + "attn_k_norm.weight"),
                 wo=q(p + "attn_output.weight"), ffn_norm=t(p + "ffn_norm.weight"),
-                w_gate_up=[prep(x) for x in gate_up], w_down=q(p + "ffn_down.weight")))
+                w_gate_up=fused([p + "ffn_gate.weight", p + "ffn_up.weight"]), w_down=q(p + "ffn_down.weight")))
         self.n_head, self.n_head_kv, self.head_dim = cfg.n_head, cfg.n_head_kv, cfg.head_dim
         self.n_ff = self.layers[0].w_down.cols
         self.eps = float(cfg.rms_eps)

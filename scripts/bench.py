@@ -67,6 +67,13 @@ FILLERS: tuple[str, ...] = ("the", "a", "of", "to", "and", "in", "is", "it")
 PRESETS: dict[str, dict] = {
     # Issue text: "64 generated tokens after a ~600-token prompt", reference at 1 and 4 streams.
     "lesson": {"prompt_tokens": (600, 600), "gen_tokens": (64, 64), "concurrency": [1, 4]},
+    # Issue 11 (quantized models on the CPU): 64 generated tokens after a ~430-token prompt, 1 and 4
+    # streams, 4 requests per level; "model" is what scripts/bench_servers.py starts both servers on
+    # (q15b: a generated 1.5B-shaped qwen2 Q4_K_M file, made by scripts/make_tiny_model.py there).
+    "qwen05b": {"prompt_tokens": (430, 430), "gen_tokens": (64, 64), "concurrency": [1, 4],
+                "requests_per_level": 4, "model": "/work/models/qwen2.5-coder-0.5b-q4_k_m.gguf"},
+    "q15b": {"prompt_tokens": (430, 430), "gen_tokens": (64, 64), "concurrency": [1, 4],
+             "requests_per_level": 4, "model": "/tmp/tritium-q15b-q4_k_m.gguf"},
 }
 QUICK = {"prompt_tokens": (100, 300), "gen_tokens": (16, 32), "concurrency": [1, 4],
          "requests_per_level": 4}
@@ -555,7 +562,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-tokens", type=parse_range, metavar="MIN-MAX",
                    help="n_predict range (default 64-512)")
     p.add_argument("--preset", choices=sorted(PRESETS),
-                   help="lesson: ~600-token prompt, 64 generated tokens, concurrency 1,4")
+                   help="lesson: ~600-token prompt, 64 generated tokens, concurrency 1,4; qwen05b / q15b: "
+                        "~430-token prompt, 64 tokens, 1,4 (scripts/bench_servers.py starts the servers)")
     p.add_argument("--quick", action="store_true", help="small run (smoke test)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label", help="name for BASE_URL in the output (default from /props)")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import os
 import resource
 import sys
@@ -40,15 +39,17 @@ sys.path.insert(0, str(REPO))
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q  # noqa: E402
 
-from runtime.loader import _np_view, read_gguf  # noqa: E402
+from runtime.gguf import read_gguf  # noqa: E402
+
+
+def _np_view(mm: np.ndarray, info) -> np.ndarray:
+    """The bytes of one tensor in a uint8 mapping of the file."""
+    return mm[info.offset:info.offset + info.n_bytes]
 
 
 def _load_qdot():
-    spec = importlib.util.spec_from_file_location("tritium_qdot_bench", REPO / "kernels" / "cpu" / "qdot.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    from kernels.cpu import qdot
+    return qdot
 
 
 CLOCK = time.perf_counter

@@ -72,7 +72,7 @@ def test_qgemv_tiles_hold_the_exact_gguf_values(qtype):
     N, K = 131, 512  # rows not a multiple of the 64-row tile
     w = random_qweight(qt, N, K)
     want = dequant_ref.dequantize(w)
-    p = cpu.prepare_weight(w)
+    p = cpu_qgemv.pack(w)  # the fallback for types the integer-dot kernels lack (kernels.cpu.qdot)
     assert p.layout in cpu_qgemv.LAYOUTS and (p.rows, p.cols) == (N, K)
     assert torch.equal(cpu_qgemv.unpack(p), want)
     assert torch.equal(cpu.dequantize(p), want)
@@ -176,7 +176,9 @@ def test_without_the_c_kernels_the_torch_paths_give_the_same_numbers(monkeypatch
     """`native.lib()` None (no compiler, a failed build, TRITIUM_NO_CPU_KERNELS): BLAS layouts,
     GGUF blocks, no top-k head, torch attention."""
     from gguf import GGMLQuantizationType
+    from kernels.cpu import qdot
     monkeypatch.setattr(native, "lib", lambda: None)
+    monkeypatch.setattr(qdot, "available", lambda: False)
     assert not cpu.packs_quantized() and not cpu_gemv.available()
     w = QWeight.from_float(torch.randn(300, 256))
     p = cpu.prepare_weight(w)

@@ -105,6 +105,28 @@ def test_weights_share_the_file_mapping(tmp_path):
     assert load_model(path).weights["blk.0.ffn_up.weight"].data[0, 0] != w.data[0, 0]
 
 
+def test_repacking_drops_the_mapped_pages_but_not_the_bytes(tmp_path):
+    """Matrices come `mapped` (views of the never-written file mapping). A CPU model that repacks
+    them for the integer-dot kernels drops those pages from memory (madvise) once copied; the
+    mapping still reads the file's bytes (they fault back in from the page cache), so a second
+    model from the same load gets the same weights."""
+    import kernels
+    from runtime.model import Model
+    path = write_tiny_model(tmp_path / "m.gguf", TinyModelSpec(wtype="q4_k", **SMALL))
+    lm = load_model(path)
+    w = lm.weights["blk.1.ffn_up.weight"]
+    assert w.mapped and all(x.mapped for x in lm.weights.values() if isinstance(x, QWeight))
+    before = w.data.clone()
+    m1 = Model(lm)
+    if m1.layers[1].w_gate_up[0].layout != "x8":
+        pytest.skip("no integer-dot kernels here (no C compiler)")
+    assert torch.equal(w.data, before)
+    m2 = Model(lm)
+    for a, b in zip(m1.layers[1].w_gate_up + [m1.output], m2.layers[1].w_gate_up + [m2.output]):
+        assert torch.equal(a.data, b.data)
+    assert torch.equal(kernels.dequantize(m1.layers[1].w_gate_up[0])[SMALL["n_ff"]:], dequantize(w))
+
+
 def test_tied_embeddings(tmp_path):
     spec = TinyModelSpec(tie_embeddings=True, wtype="f16", **SMALL)
     m = load_model(write_tiny_model(tmp_path / "t.gguf", spec))

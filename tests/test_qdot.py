@@ -12,33 +12,15 @@ VNNI code paths on AVX2 with an exact emulation of vpdpbusd).
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 from kernels import dequant_ref
+from kernels.cpu import qdot
 from kernels.dequant_ref import _bits, _f16, _nibbles, _scale_min_k4, _shifts
 from tests.kernel_oracles import random_qweight
-
-_PATH = Path(__file__).resolve().parents[1] / "kernels" / "cpu" / "qdot.py"
-
-
-def _load():
-    name = "tritium_qdot_under_test"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, _PATH)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-qdot = _load()
 
 ISAS = ["avx512vnni", "avxvnni", "vnni-emu", "avx2", "scalar"]
 TYPES32 = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
@@ -327,3 +309,59 @@ def test_release_source_keeps_the_mapping_readable(tmp_path):
     h2 = qdot.prepare(w.data, int(w.qtype), w.rows, w.cols)
     assert torch.equal(h1.data, h2.data)
     assert np.array_equal(np.asarray(view), w.data.numpy())
+
+
+# ------------------------------------------------------------------ the CPU backend's dispatch
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
+def test_cpu_backend_prepares_every_type_for_qdot(isa, qtype):
+    """kernels.Backend("cpu").prepare_weight gives every qdot type the "x8" panels (the GGUF size,
+    the exact values back through dequantize and embedding), and qmatmul runs the integer-dot
+    kernel of the forced ISA: on gaussian activations within 2% of the float64 product of the dequantized weight (the
+    activation quantization), and equal to qdot.matmul itself."""
+    import kernels
+    cpu = kernels.Backend("cpu")
+    gen = torch.Generator().manual_seed(77 + int(qtype))
+    bs = GGML_QUANT_SIZES[qtype][0]
+    w = random_qweight(qtype, 45, 2 * bs if bs == 256 else 8 * bs, gen)
+    want = dequant_ref.dequantize(w)
+    p = cpu.prepare_weight(w)
+    assert p.layout == "x8" and (p.rows, p.cols) == (w.rows, w.cols)
+    # rows padded to 48, < 128 bytes of padding per panel of 8 rows
+    assert p.nbytes == qdot.repacked_bytes(int(qtype), w.rows, w.cols) < w.nbytes // w.rows * 48 + 128 * 6
+    assert torch.equal(cpu.dequantize(p), want)
+    ids = torch.tensor([44, 0, 8, 7, 8])
+    assert torch.equal(cpu.embedding(ids, p), want[ids])
+    for M in (1, 4, 37):
+        x = torch.randn(M, w.cols, generator=gen)
+        y = cpu.qmatmul(x, p)
+        ref = x.double() @ want.double().T
+        assert float((y.double() - ref).norm() / ref.norm()) < 2e-2
+        assert torch.equal(y, qdot.matmul(x, p.kernel.weights[0]))
+
+
+def test_cpu_backend_groups_weights_that_read_one_input(isa):
+    """prepare_weights: q/k/v of mixed qdot types -> one "x8" group whose output is the three
+    products side by side (one call); a group with a type qdot lacks (here F16) falls back to
+    concatenated rows when all types match (here they do not), prepared one by one."""
+    import kernels
+    from kernels.qweight import QWeight
+    cpu = kernels.Backend("cpu")
+    gen = torch.Generator().manual_seed(5)
+    ws = [random_qweight(Q.Q5_0, 64, 256, gen), random_qweight(Q.Q5_0, 16, 256, gen), random_qweight(Q.Q8_0, 16, 256, gen)]
+    (g,) = cpu.prepare_weights(ws)
+    assert g.layout == "x8" and g.rows == 96 and g.kernel.splits == [64, 16, 16]
+    x = torch.randn(3, 256, generator=gen)
+    y = cpu.qmatmul(x, g)
+    for (a, b), w in zip([(0, 64), (64, 80), (80, 96)], ws):
+        assert torch.equal(y[:, a:b], cpu.qmatmul(x, cpu.prepare_weight(w)))
+    mixed = [ws[0], ws[1], QWeight.from_float(torch.randn(16, 256, generator=gen))]
+    parts = cpu.prepare_weights(mixed)
+    assert [p.rows for p in parts] == [64, 16, 16] and parts[2].is_float and parts[0].layout == "x8"
+    full = torch.cat([dequant_ref.dequantize(w) for w in mixed])
+    got = torch.cat([cpu.qmatmul(x, p) for p in parts], dim=1)
+    ref = x.double() @ full.double().T
+    assert float((got.double() - ref).norm() / ref.norm()) < 2e-2
+    # the reference backend: rows concatenated when the types match, nothing repacked
+    assert [(p.layout, p.rows) for p in kernels.Backend("torch").prepare_weights(ws[:2])] == [("rows", 80)]
+    assert [p.rows for p in kernels.Backend("torch").prepare_weights(ws)] == [64, 16, 16]

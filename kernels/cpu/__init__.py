@@ -3,16 +3,17 @@ fastest path this machine has and falling back to the torch reference (`kernels.
 
 | file | concern |
 | --- | --- |
-| `matmul.py` | weight layouts chosen at load (`prepare_weight`); `qmatmul`, `dequantize`, `embedding` over each (C GEMV tiles, BLAS) |
+| `matmul.py` | weight layouts chosen at load (`prepare_weight`, `prepare_weights`); `qmatmul`, `dequantize`, `embedding` over each (C GEMV tiles, BLAS) |
 | `attention.py` | `paged_attention`: C decode kernel reading the paged cache in place, batched torch decode, else the reference |
 | `topk.py` | `topk` over one long row (numpy); `topk_logits` through an int8 copy of the output head |
 | `gemv.py` + `gemv.c` | batched GEMV on 64-row float tiles (float32/float16/bfloat16) and int8 tiles with row scales |
-| `qgemv.py` + `qgemv.c` | every GGUF quantized type repacked exactly into affine-integer tiles, and their GEMV |
+| `qdot.py` + `qdot*.c` | integer-dot quantized matmul: GGUF blocks regrouped into 8-row panels (same size), activations quantized to 8 bits per block, one ISA build each (scalar, AVX2, AVX-VNNI, AVX-512 VNNI) |
+| `qgemv.py` + `qgemv.c` | the fallback for quantized types qdot lacks: repacked exactly into affine-integer tiles, float32 GEMV |
 | `attention.c` | the paged decode attention kernel |
 | `common.h` | the vector type and loads the C files share |
 | `pointwise.py` + `pointwise.c` | `rms_norm`, `add_rms_norm`, `rope` on float32 rows, else the reference |
 | `pool.c` | the C kernels' thread pool (never waits for a thread that has not started) |
-| `native.py` | compiling the C files on first use into `$TRITIUM_CACHE` and loading them (ctypes) |
+| `native.py` | compiling the C files on first use into `$TRITIUM_CACHE` and loading them (ctypes; qdot's ISA variants are `Library`s too) |
 
 SiLU and the KV write are the reference's (torch); RMSNorm and RoPE are one C call each
 (`pointwise.py` + `pointwise.c`: the torch ops' overhead outweighed their arithmetic at decode).
@@ -21,5 +22,5 @@ Nothing here imports triton.
 from ..ref import silu_mul, write_kv  # noqa: F401
 from .pointwise import add_rms_norm, rms_norm, rope  # noqa: F401
 from .attention import paged_attention  # noqa: F401
-from .matmul import dequantize, embedding, packs_quantized, prepare_weight, qmatmul  # noqa: F401
+from .matmul import dequantize, embedding, packs_quantized, prepare_weight, prepare_weights, qmatmul  # noqa: F401
 from .topk import prepare_topk_head, topk, topk_logits  # noqa: F401

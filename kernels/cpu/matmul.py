@@ -2,9 +2,14 @@
 `qmatmul` / `dequantize` / `embedding` ops over every layout (docs/DESIGN.md; layouts in
 `kernels.qweight`).
 
-- quantized weights: the exact affine-integer tiles of `qgemv.py` ("tiles64_c8" / "tiles64_c4")
-  when its vectorized C kernel exists; else dequantized once ("unpack_quantized") and treated as
-  float weights, or else kept in GGUF blocks ("rows", dequantized on every matmul);
+- quantized weights: the integer-dot panels of `qdot.py` ("x8": the GGUF bits regrouped, same
+  size, activations quantized to 8 bits per block, int32 dots) for every type it has (Q4_0 ... Q8_0,
+  Q2_K ... Q6_K); the weights that read one input (q/k/v, gate/up) prepared together by
+  `prepare_weights` into one "x8" group (one call, the input quantized once); a mapped source is
+  dropped from memory after the repack. Types qdot lacks: the exact affine-integer tiles of
+  `qgemv.py` ("tiles64_c8" / "tiles64_c4", float32 math) when its vectorized C kernel exists; else
+  dequantized once ("unpack_quantized") and treated as float weights, or else kept in GGUF blocks
+  ("rows", dequantized on every matmul);
 - float weights of at least 2^16 elements: 64-row tiles for the batched GEMV of `gemv.py`
   ("tiles64", with a vector build of the C kernels; float16/bfloat16 stay in their type);
 - the others: float32 [cols, rows] ("cols"), what BLAS reads fastest for small batches.
@@ -18,7 +23,7 @@ from gguf import GGMLQuantizationType
 
 from .. import ref
 from ..qweight import QWeight
-from . import gemv, qgemv
+from . import gemv, qdot, qgemv
 
 # Weights at least this large (elements) use the batched-GEMV kernel for decode batches.
 _BGEMV_MIN_ELEMS = 1 << 16
@@ -32,9 +37,39 @@ _BLAS_MT_MIN_M = 32
 
 
 def packs_quantized() -> bool:
-    """Whether `prepare_weight(pack_quantized=True)` repacks quantized weights into integer tiles
-    (the vectorized C kernel exists)."""
-    return qgemv.available()
+    """Whether `prepare_weight(pack_quantized=True)` repacks quantized weights for a C kernel
+    (integer-dot panels, or else the float-affine tiles where their vectorized kernel exists)."""
+    return qdot.available() or qgemv.available()
+
+
+def _qdot_supports(w: QWeight) -> bool:
+    return (w.layout == "rows" and not w.is_float and w.data.device.type == "cpu"
+            and int(w.qtype) in qdot.TYPES and w.cols % w.block_size == 0)
+
+
+def _qdot_pack(ws: list[QWeight]) -> QWeight:
+    """Weights reading the same input -> one "x8" weight: their panels side by side in one buffer,
+    one `qdot.QdotGroup` over them. Mapped sources are dropped from memory once repacked."""
+    sizes = [qdot.repacked_bytes(int(w.qtype), w.rows, w.cols) for w in ws]
+    buf = torch.empty(sum(sizes), dtype=torch.uint8)
+    members, off = [], 0
+    for w, n in zip(ws, sizes):
+        members.append(qdot.prepare(w.data, int(w.qtype), w.rows, w.cols, release_source=w.mapped,
+                                    out=buf[off:off + n]))
+        off += n
+    g = qdot.group(members)
+    return QWeight(buf, ws[0].qtype, g.rows, ws[0].cols, "x8", kernel=g)
+
+
+def prepare_weights(ws: list[QWeight], unpack_quantized: bool = False, pack_quantized: bool = True) -> list[QWeight]:
+    """Once at load, weights that read the same input (q/k/v, gate/up): one "x8" group when qdot
+    has all their types, else `ref.cat_rows` (one matrix where they share a type) and
+    `prepare_weight` each. Concatenating the `qmatmul` outputs of the result along dim 1 gives
+    x @ [W_0; W_1; ...]^T."""
+    if (pack_quantized and 1 <= len(ws) <= qdot.GROUP_MAX and all(map(_qdot_supports, ws))
+            and len({w.cols for w in ws}) == 1 and qdot.available()):
+        return [_qdot_pack(ws)]
+    return [prepare_weight(w, unpack_quantized, pack_quantized) for w in ref.cat_rows(ws)]
 
 
 def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: bool = True) -> QWeight:
@@ -42,6 +77,8 @@ def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: b
     they are."""
     if w.layout != "rows" or w.data.device.type != "cpu":
         return w
+    if pack_quantized and _qdot_supports(w) and qdot.available():
+        return _qdot_pack([w])
     if not w.is_float and pack_quantized and qgemv.supports(w) and qgemv.available():
         return qgemv.pack(w)
     if not w.is_float:
@@ -59,6 +96,8 @@ def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: b
 
 def dequantize(w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """[rows, cols] matrix of `w` in `dtype`."""
+    if w.layout == "x8":
+        return torch.cat([qdot.dequantize_rows(m) for m in w.kernel.weights]).to(dtype)
     if w.layout in qgemv.LAYOUTS:
         return qgemv.unpack(w).to(dtype)
     if w.layout == "tiles64":
@@ -70,6 +109,8 @@ def dequantize(w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """y[T, rows] = x[T, cols] @ W^T, output dtype = x.dtype."""
+    if w.layout == "x8":  # activations quantized per block inside the call, int32 dots
+        return qdot.matmul_group(x, w.kernel).to(x.dtype)
     if w.layout in qgemv.LAYOUTS:  # any T: the kernel beats BLAS on dequantized rows here
         nt = 1 if x.shape[0] <= gemv.MAX_M and w.rows * w.cols < _BGEMV_MT_MIN_ELEMS else None
         return qgemv.qgemv(x.float(), w, nt).to(x.dtype)
@@ -97,6 +138,10 @@ def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
 def embedding(ids: torch.Tensor, w: QWeight) -> torch.Tensor:
     """[T, cols] float32 rows `ids` of `w` (only the gathered rows are dequantized)."""
     ids = ids.to(device=w.data.device, dtype=torch.long)
+    if w.layout == "x8":
+        if len(w.kernel.weights) != 1:
+            raise ValueError("embedding rows from a group of weights")
+        return qdot.dequantize_rows(w.kernel.weights[0], ids)
     if w.layout in qgemv.LAYOUTS:
         return qgemv.rows(w, ids)
     if w.layout == "tiles64":

@@ -35,33 +35,29 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
 import platform
-import shutil
-import subprocess
-import tempfile
-import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from .. import env
+from . import native
+
 log = logging.getLogger(__name__)
 
-_DIR = Path(__file__).resolve().parent
-_SOURCES = ("qdot.h", "qdot_repack.c", "qdot_panel.c", "qdot_quant.c", "qdot_gemm.c")
+_SOURCES = ("qdot_repack.c", "qdot_panel.c", "qdot_quant.c", "qdot_gemm.c")
 
 _AVX2 = ("-mavx2", "-mfma", "-mf16c", "-mbmi2")
 ISA_FLAGS: dict[str, tuple[str, ...]] = {
     "avx512vnni": _AVX2 + ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
     "avxvnni": _AVX2 + ("-mavxvnni",),
     "avx2": _AVX2,
-    "vnni-emu": _AVX2 + ("-DQDOT_EMULATE_VNNI",),
+    "vnni-emu": _AVX2,
     "scalar": (),
 }
+_ISA_DEFINES = {"vnni-emu": (("QDOT_EMULATE_VNNI", "1"),)}
 # /proc/cpuinfo flags each ISA needs
 _ISA_CPU_FLAGS = {
     "avx512vnni": {"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
@@ -108,86 +104,12 @@ def supported_isas() -> list[str]:
 
 def current_isa() -> str:
     """TRITIUM_CPU_ISA if set, else the best ISA of this CPU (vnni-emu is never chosen by default)."""
-    env = os.environ.get("TRITIUM_CPU_ISA", "").strip().lower()
-    if env:
-        if env not in ISA_FLAGS:
-            raise ValueError(f"TRITIUM_CPU_ISA={env!r}: expected one of {sorted(ISA_FLAGS)}")
-        return env
+    forced = env.cpu_isa()
+    if forced:
+        if forced not in ISA_FLAGS:
+            raise ValueError(f"TRITIUM_CPU_ISA={forced!r}: expected one of {sorted(ISA_FLAGS)}")
+        return forced
     return next(i for i in _supported() if i != "vnni-emu")
-
-
-def _cache_dir() -> Path:
-    env = os.environ.get("TRITIUM_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "tritium"
-
-
-_lock = threading.Lock()
-_libs: dict[str, ctypes.CDLL | None] = {}
-_warned: set[str] = set()
-
-
-def build(isa: str) -> Path | None:
-    """Compile (or find in the cache) the shared library of `isa` without loading it: any ISA can be
-    built on any x86-64 machine (tests build the VNNI variants this CPU cannot run)."""
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        if "nocc" not in _warned:
-            _warned.add("nocc")
-            log.warning("qdot: no C compiler (gcc/cc) found; the integer-dot kernels are unavailable")
-        return None
-    flags = ["-O3", "-std=gnu11", "-ffp-contract=off", *ISA_FLAGS[isa], "-fopenmp", "-shared", "-fPIC"]
-    flags += os.environ.get("TRITIUM_QDOT_CFLAGS", "").split()  # development experiments only
-    if isa != "scalar" and platform.machine().lower() in ("x86_64", "amd64"):
-        flags.insert(1, "-mtune=native")
-    h = hashlib.sha256()
-    for name in _SOURCES:
-        h.update(name.encode() + b"\0" + (_DIR / name).read_bytes())
-    h.update(" ".join([cc, *flags, isa, platform.machine()]).encode())
-    out = _cache_dir() / f"qdot-{isa}-{h.hexdigest()[:16]}.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-            so = Path(tmp) / "qdot.so"
-            srcs = [str(_DIR / n) for n in _SOURCES if n.endswith(".c")]
-            r = subprocess.run([cc, *flags, *srcs, "-o", str(so), "-lm"], capture_output=True, text=True)
-            if r.returncode != 0:
-                if isa not in _warned:
-                    _warned.add(isa)
-                    log.warning("qdot: building the %s kernels failed:\n%s", isa, (r.stderr or r.stdout)[-4000:])
-                return None
-            os.replace(so, out)  # atomic: concurrent builders see a whole file or none
-    return out
-
-
-def _compile(isa: str) -> ctypes.CDLL | None:
-    out = build(isa)
-    if out is None:
-        return None
-    lib = ctypes.CDLL(str(out))
-    i, l, p = ctypes.c_int, ctypes.c_long, ctypes.c_void_p
-    lib.qd_repack.argtypes = [i, p, l, i, i, p, i]
-    lib.qd_repack.restype = i
-    lib.qd_repacked_bytes.argtypes = [i, i, i]
-    lib.qd_repacked_bytes.restype = ctypes.c_size_t
-    lib.qd_matmul.argtypes = [i, p, i, i, p, p, p, p, i, p, l, i]
-    lib.qd_matmul.restype = i
-    lib.qd_quantize_q8_0.argtypes = [p, l, i, i, p, p, p, i]
-    lib.qd_quantize_q8_0.restype = None
-    lib.qd_quantize_q8_K.argtypes = [p, l, i, i, p, p, p, i]
-    lib.qd_quantize_q8_K.restype = None
-    lib.qd_dequant_rows.argtypes = [i, p, i, i, p, i, p, i]
-    lib.qd_dequant_rows.restype = None
-    lib.qd_isa_level.argtypes = []
-    lib.qd_isa_level.restype = i
-    lib.qd_group_run.argtypes = [p, p, l, i, p, l, i]
-    lib.qd_group_run.restype = i
-    lib.qd_release.argtypes = [p, ctypes.c_size_t]
-    lib.qd_release.restype = i
-    lib.qd_group_size.argtypes = []
-    lib.qd_group_size.restype = i
-    if lib.qd_group_size() != ctypes.sizeof(_GroupStruct):
-        raise OSError("qdot: qd_group layout mismatch between C and Python")
-    return lib
 
 
 GROUP_MAX = 8
@@ -198,18 +120,51 @@ class _GroupStruct(ctypes.Structure):
                 ("Ns", ctypes.c_int * GROUP_MAX), ("Ws", ctypes.c_void_p * GROUP_MAX)]
 
 
+_i, _l, _p = ctypes.c_int, ctypes.c_long, ctypes.c_void_p
+_SIGNATURES = {
+    "qd_repack": ([_i, _p, _l, _i, _i, _p, _i], _i),
+    "qd_repacked_bytes": ([_i, _i, _i], ctypes.c_size_t),
+    "qd_matmul": ([_i, _p, _i, _i, _p, _p, _p, _p, _i, _p, _l, _i], _i),
+    "qd_quantize_q8_0": ([_p, _l, _i, _i, _p, _p, _p, _i], None),
+    "qd_quantize_q8_K": ([_p, _l, _i, _i, _p, _p, _p, _i], None),
+    "qd_dequant_rows": ([_i, _p, _i, _i, _p, _i, _p, _i], None),
+    "qd_isa_level": ([], _i),
+    "qd_group_run": ([_p, _p, _l, _i, _p, _l, _i], _i),
+    "qd_release": ([_p, ctypes.c_size_t], _i),
+    "qd_group_size": ([], _i),
+}
+
+
+@functools.cache
+def library(isa: str) -> native.Library:
+    """The `native.Library` of one ISA variant (its own build in $TRITIUM_CACHE; the repacked
+    layout is the same for every ISA)."""
+    opt = ["-O3", "-std=gnu11", "-ffp-contract=off", *ISA_FLAGS[isa]]
+    if isa != "scalar" and platform.machine().lower() in ("x86_64", "amd64"):
+        opt.insert(1, "-mtune=native")
+    return native.Library(f"qdot-{isa}", _SOURCES, _SIGNATURES, defines=_ISA_DEFINES.get(isa, ()),
+                          opt_flags=tuple(opt))
+
+
+def build(isa: str):
+    """Compile (or find in the cache) the shared library of `isa` without loading it: any ISA can be
+    built on any x86-64 machine (tests build the VNNI variants this CPU cannot run). None without a
+    compiler or when the build fails (logged)."""
+    try:
+        return native.build(library(isa))
+    except native.BuildError as e:
+        log.warning("qdot: building the %s kernels failed: %s", isa, e)
+        return None
+
+
 def lib(isa: str | None = None) -> ctypes.CDLL | None:
-    """The compiled kernels for `isa` (default `current_isa()`), or None without a compiler."""
-    isa = isa or current_isa()
-    if isa not in _libs:
-        with _lock:
-            if isa not in _libs:
-                try:
-                    _libs[isa] = _compile(isa)
-                except OSError as e:
-                    log.warning("qdot: loading the %s kernels failed: %s", isa, e)
-                    _libs[isa] = None
-    return _libs[isa]
+    """The compiled kernels for `isa` (default `current_isa()`), or None (no compiler, a failed
+    build, TRITIUM_NO_CPU_KERNELS, or a C/Python layout mismatch)."""
+    handle = native.load(library(isa or current_isa()))
+    if handle is not None and handle.qd_group_size() != ctypes.sizeof(_GroupStruct):
+        log.warning("qdot: qd_group layout mismatch between C and Python; kernels unavailable")
+        return None
+    return handle
 
 
 def available() -> bool:
@@ -284,14 +239,16 @@ def _as_u8(raw) -> tuple[int, torch.Tensor | np.ndarray]:
 
 
 def prepare(raw, qtype: int, rows: int, cols: int, n_threads: int | None = None,
-            release_source: bool = False) -> QdotWeight:
+            release_source: bool = False, out: torch.Tensor | None = None) -> QdotWeight:
     """GGUF bytes of one tensor ([rows, cols / block * type_size], any buffer: the numpy view of the
     mapped file is read once, not kept) -> the repacked weight.
 
     release_source: afterwards drop the source pages from this process (madvise MADV_DONTNEED on
     their page-aligned interior), so that loading a model never holds the mapped file and the
     repacked weights at once (peak RSS ~ one copy). Only for a read-only or never-written
-    copy-on-write file mapping: the pages are re-read from the page cache if touched again."""
+    copy-on-write file mapping: the pages are re-read from the page cache if touched again.
+    out: where to write the panels (uint8 [repacked_bytes], contiguous; e.g. a slice of one buffer
+    holding a whole group)."""
     qtype = int(qtype)
     if qtype not in TYPES:
         raise NotImplementedError(f"qdot: GGML type {qtype} is not supported")
@@ -303,7 +260,11 @@ def prepare(raw, qtype: int, rows: int, cols: int, n_threads: int | None = None,
     row_bytes = cols // bs * ts
     if nbytes < rows * row_bytes:
         raise ValueError(f"qdot: {nbytes} bytes for {rows} x {cols} of type {qtype} ({rows * row_bytes} needed)")
-    out = torch.empty(repacked_bytes(qtype, rows, cols), dtype=torch.uint8)
+    n_out = repacked_bytes(qtype, rows, cols)
+    if out is None:
+        out = torch.empty(n_out, dtype=torch.uint8)
+    elif out.dtype != torch.uint8 or out.numel() != n_out or not out.is_contiguous():
+        raise ValueError(f"qdot: out must be {n_out} contiguous uint8 bytes")
     if _lib().qd_repack(qtype, ptr, row_bytes, rows, cols, out.data_ptr(), _threads(n_threads)) != 0:
         raise RuntimeError("qdot: repack failed")
     if release_source:

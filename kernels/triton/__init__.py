@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from ..qweight import QWeight
-from ..ref import packs_quantized, prepare_topk_head, topk  # noqa: F401  (device-agnostic torch)
+from ..ref import cat_rows, packs_quantized, prepare_topk_head, topk  # noqa: F401  (device-agnostic torch)
 from .dequant import dequantize, embedding  # noqa: F401
 from .norm import add_rms_norm, rms_norm  # noqa: F401
 from .paged_decode import paged_decode
@@ -42,6 +42,11 @@ from .write_kv import write_kv  # noqa: F401
 def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: bool = True) -> QWeight:
     """The Triton kernels read the GGUF block format as it is: nothing to prepare."""
     return w
+
+
+def prepare_weights(ws: list[QWeight], unpack_quantized: bool = False, pack_quantized: bool = True) -> list[QWeight]:
+    """Weights reading the same input: concatenated where they share a type (`ref.cat_rows`)."""
+    return cat_rows(ws)
 
 
 def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:

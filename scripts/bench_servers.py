@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""tritium against llama-server on one GGUF file, same run: throughput, time to first token, peak
+RSS, load time, and greedy agreement.
+
+    python scripts/bench_servers.py --preset qwen05b [--llama /work/lsb/llama-server]
+    python scripts/bench_servers.py --preset q15b          # generates the 1.5B-shaped model first
+    python scripts/bench_servers.py --preset qwen05b --agreement-only
+
+Each server is started alone (`-np 4 -c 8192`, the preset's model, ports --port and --port + 1),
+waited for (/health 200: the load time), measured with `scripts/bench.py`'s workload of the
+preset, then (`--agreement`, default on) asked for the greedy continuation of 8 fixed prompts
+(48 tokens, `/completion` with temperature 0), and stopped. Its peak RSS is the kernel's
+high-water mark of the process (VmHWM) read just before it is stopped. One JSON line per server
+and level, then the ratio lines (tritium / llama-server) and the agreement count, go to stdout;
+a markdown table to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+import bench  # noqa: E402
+
+LLAMA = "/work/lsb/llama-server"
+Q15B_PATH = "/tmp/tritium-q15b-q4_k_m.gguf"
+VOCAB = REPO.parent / "shared" / "vocab" / "ggml-vocab-qwen2.gguf"
+# the 1.5B-shaped qwen2 model (Qwen2.5-1.5B's shape, Q4_K_M mix of random valid blocks)
+Q15B_ARGS = ["--type", "q4_k", "--arch", "qwen2", "--layers", "28", "--embd", "1536", "--heads", "12",
+             "--kv-heads", "2", "--ff", "8960", "--ctx", "32768", "--rope-base", "1000000",
+             "--rms-eps", "1e-6", "--random-blocks", "--name", "q15b-shaped-random", "--seed", "15"]
+
+AGREEMENT_PROMPTS = [
+    "def fibonacci(n):",
+    "The capital of France is",
+    "import numpy as np\n\ndef softmax(x):",
+    "// A C function that reverses a string in place\nvoid reverse(char *s) {",
+    "Once upon a time, in a small village,",
+    "SELECT name, COUNT(*) FROM orders",
+    "class Stack:\n    def __init__(self):",
+    "Here is a list of prime numbers: 2, 3, 5,",
+]
+AGREEMENT_TOKENS = 48
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def model_path(preset: str) -> str:
+    if preset == "q15b":
+        if not Path(Q15B_PATH).exists():
+            log(f"generating {Q15B_PATH} ...")
+            subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), "--vocab", str(VOCAB),
+                            "--out", Q15B_PATH, *Q15B_ARGS], check=True)
+        return Q15B_PATH
+    return bench.PRESETS[preset]["model"]
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def start(cmd: list[str], log_path: str) -> subprocess.Popen:
+    log("$ " + " ".join(cmd))
+    f = open(log_path, "w")
+    return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def wait_health(url: str, p: subprocess.Popen, timeout: float) -> float:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        if p.poll() is not None:
+            raise RuntimeError(f"server exited with {p.returncode} before /health answered")
+        try:
+            if httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200:
+                return time.perf_counter() - t0
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"{url}: not healthy after {timeout} s")
+
+
+def greedy(url: str) -> list[list[int]]:
+    out = []
+    with httpx.Client(timeout=600, trust_env=False) as c:
+        for prompt in AGREEMENT_PROMPTS:
+            body = {"prompt": prompt, "n_predict": AGREEMENT_TOKENS, "temperature": 0, "return_tokens": True,
+                    "cache_prompt": False}
+            out.append(c.post(url + "/completion", json=body).json().get("tokens"))
+    return out
+
+
+def run_server(name: str, cmd: list[str], url: str, opts: argparse.Namespace) -> dict:
+    p = start(cmd, f"/tmp/bench_servers-{name}.log")
+    try:
+        load_s = wait_health(url, p, opts.wait)
+        lines = [] if opts.agreement_only else asyncio.run(bench.bench_server(url, opts, name))
+        tokens = greedy(url) if opts.agreement or opts.agreement_only else None
+        rss = peak_rss_mib(p.pid)
+    finally:
+        stop(p)
+    return {"lines": lines, "tokens": tokens, "peak_rss_mib": rss, "load_s": load_s}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", choices=["qwen05b", "q15b"], required=True)
+    ap.add_argument("--llama", default=LLAMA, help="llama-server binary")
+    ap.add_argument("--tritium", default=str(Path(sys.executable).parent / "tritium-server"))
+    ap.add_argument("--port", type=int, default=8100, help="tritium's port; llama-server gets port + 1")
+    ap.add_argument("--requests-per-level", type=int, help="default: the preset's")
+    ap.add_argument("--no-agreement", dest="agreement", action="store_false")
+    ap.add_argument("--agreement-only", action="store_true")
+    ap.add_argument("--server-args", default="-np 4 -c 8192", help="flags given to both servers")
+    ap.add_argument("--wait", type=float, default=600.0)
+    ap.add_argument("--order", default="llama,tritium", help="the servers to run now, in order")
+    ap.add_argument("--reuse", action="store_true",
+                    help="take a server not run now from its saved result of an earlier run (/tmp/bench_servers-PRESET-NAME.json)")
+    args = ap.parse_args()
+    opts = bench.resolve_options(bench.build_parser().parse_args(
+        ["unused", "--preset", args.preset, "--wait", str(args.wait)]
+        + (["--requests-per-level", str(args.requests_per_level)] if args.requests_per_level else [])))
+    opts.agreement, opts.agreement_only, opts.wait = args.agreement, args.agreement_only, args.wait
+    model = model_path(args.preset)
+    flags = args.server_args.split()
+    servers = {
+        "tritium": ([args.tritium, "-m", model, "--port", str(args.port), *flags], f"http://127.0.0.1:{args.port}"),
+        "llama": ([args.llama, "-m", model, "--port", str(args.port + 1), *flags], f"http://127.0.0.1:{args.port + 1}"),
+    }
+    order = args.order.split(",")
+    if "llama" in order and not Path(args.llama).exists():
+        log(f"warning: {args.llama} does not exist: tritium alone, no ratios")
+        order.remove("llama")
+    res = {}
+    for name in order:
+        cmd, url = servers[name]
+        res[name] = run_server(name, cmd, url, opts)
+        res[name]["cmd"] = cmd
+        res[name]["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        Path(f"/tmp/bench_servers-{args.preset}-{name}.json").write_text(json.dumps(res[name]))
+        for line in res[name]["lines"]:
+            print(json.dumps(line), flush=True)
+        print(json.dumps({"server": name, "peak_rss_mib": res[name]["peak_rss_mib"],
+                          "load_s": round(res[name]["load_s"], 2)}), flush=True)
+    for name in ("tritium", "llama"):
+        saved = Path(f"/tmp/bench_servers-{args.preset}-{name}.json")
+        if name not in res and args.reuse and saved.exists():
+            res[name] = json.loads(saved.read_text())
+            log(f"{name}: the saved result of {res[name]['time']} ({' '.join(res[name]['cmd'])})")
+    if len(res) < 2:
+        return 0
+    t, r = res["tritium"], res["llama"]
+    rows = []
+    for a, b in zip(t["lines"], r["lines"]):
+        ratio = bench.ratio_line(a, b)
+        print(json.dumps(ratio), flush=True)
+        c = a["concurrency"]
+        rows += [(f"decode tok/s per stream, c={c}", b["decode_tokens_per_s_median"], a["decode_tokens_per_s_median"]),
+                 (f"aggregate tok/s, c={c}", b["gen_tokens_per_s"], a["gen_tokens_per_s"]),
+                 (f"TTFT median ms, c={c}", b["ttft_ms_median"], a["ttft_ms_median"])]
+    rows += [("peak RSS MiB", r["peak_rss_mib"], t["peak_rss_mib"]), ("load s (to /health 200)", r["load_s"], t["load_s"])]
+    if t["tokens"] is not None and r["tokens"] is not None:
+        same = sum(x == y for x, y in zip(t["tokens"], r["tokens"]))
+        first_diff = [next((i for i, (u, v) in enumerate(zip(x or [], y or [])) if u != v), None)
+                      for x, y in zip(t["tokens"], r["tokens"])]
+        print(json.dumps({"greedy_identical": same, "prompts": len(AGREEMENT_PROMPTS), "tokens": AGREEMENT_TOKENS,
+                          "first_difference_at": first_diff}), flush=True)
+        rows.append((f"greedy: prompts identical over {AGREEMENT_TOKENS} tokens", "", f"{same}/{len(AGREEMENT_PROMPTS)}"))
+    log(f"\n| {args.preset} | llama-server | tritium | ratio |\n| --- | --- | --- | --- |")
+    for label, b, a in rows:
+        ratio = f"{a / b:.2f}x" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else ""
+        log(f"| {label} | {b if not isinstance(b, float) else round(b, 2)} | "
+            f"{a if not isinstance(a, float) else round(a, 2)} | {ratio} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
