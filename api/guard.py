@@ -128,9 +128,8 @@ class RequestGuard:
             try:
                 msg = await asyncio.wait_for(receive(), timeout=timeout if timeout > 0 else None)
             except TimeoutError:
-                await self._send_error(
-                    send, ApiError(f"request body not received within {timeout:g} s (--timeout)",
-                                          "invalid_request_error", 408))
+                await self._send_error(send, ApiError(f"request body not received within {timeout:g} s (--timeout)",
+                                                      "invalid_request_error", 408))
                 return None
             if msg["type"] == "http.disconnect":
                 return None

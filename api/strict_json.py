@@ -54,23 +54,40 @@ def _int(s: str) -> int | float:
     return _float(s)  # nlohmann stores integers beyond 64 bits as doubles
 
 
+def _string_start(text: str, pos: int) -> int:
+    """Index of the unescaped quote that opens the string around `pos` (nlohmann's token start)."""
+    q = text.rfind('"', 0, pos)
+    while q > 0:
+        k = q
+        while k > 0 and text[k - 1] == "\\":
+            k -= 1
+        if (q - k) % 2 == 0:
+            return q
+        q = text.rfind('"', 0, q)
+    return max(q, 0)
+
+
+def _surrogate_error(text: str, last: int, escape_at: int, msg: str) -> _Reject:
+    """nlohmann's error after reading text[last] inside the string holding the escape at escape_at."""
+    last = min(last, len(text) - 1)
+    return _Reject(parse_error(text, last, f"invalid string: {msg}", text[_string_start(text, escape_at):last + 1]))
+
+
 def _check_surrogates(text: str) -> None:
-    if "\\u" not in text and "\\U" not in text:
+    if "\\u" not in text:
         return
     matches = list(_SURROGATE.finditer(text))
     i = 0
     while i < len(matches):
         m = matches[i]
-        cp = int(m.group(2), 16)
-        start = m.start(2) - 2
-        if cp >= 0xDC00:
-            raise _Reject(parse_error(text, m.end(), "invalid string: surrogate U+DC00..U+DFFF must follow "
-                                                     "U+D800..U+DBFF", text[max(start - 20, 0):m.end()]))
+        escape_at = m.start(2) - 2
+        if int(m.group(2), 16) >= 0xDC00:
+            raise _surrogate_error(text, m.end() - 1, escape_at, "surrogate U+DC00..U+DFFF must follow U+D800..U+DBFF")
         nxt = matches[i + 1] if i + 1 < len(matches) else None
         if nxt is None or nxt.start(2) - 2 != m.end() or int(nxt.group(2), 16) < 0xDC00:
-            end = min(m.end() + 6, len(text))
-            raise _Reject(parse_error(text, end, "invalid string: surrogate U+D800..U+DBFF must be followed by "
-                                                 "U+DC00..U+DFFF", text[max(start - 20, 0):end]))
+            e = m.end()  # nlohmann reads on: '\\', then 'u', then four hex digits, and stops at the first miss
+            last = e if text[e:e + 1] != "\\" else e + 1 if text[e + 1:e + 2] != "u" else e + 5
+            raise _surrogate_error(text, last, escape_at, "surrogate U+D800..U+DBFF must be followed by U+DC00..U+DFFF")
         i += 2
 
 
@@ -89,8 +106,9 @@ def loads(raw: bytes) -> Any:
             raise r.error from None
         m = _LITERAL.search(text)
         pos = m.start(1) if m else 0
-        last = (m.group(1)[:2] if m.group(1)[0] == "-" else m.group(1)[0]) if m else "N"
-        raise parse_error(text, pos + len(last), "invalid literal", last) from None
+        if m and m.group(1)[0] == "-":  # '-' starts a number: nlohmann wants a digit next
+            raise parse_error(text, pos + 1, "invalid number; expected digit after '-'", "-I") from None
+        raise parse_error(text, pos, "invalid literal", m.group(1)[0] if m else "N") from None
     except json.JSONDecodeError as e:
         raise ApiError(f"[json.exception.parse_error.101] parse error at line {e.lineno}, column {e.colno}: "
                        f"syntax error while parsing value - {e.msg}", "server_error", 500) from None

@@ -3,6 +3,8 @@ stays usable; NaN / Infinity / 1e400 / lone surrogates are rejected as llama-ser
 them; Python internals never reach messages; n_probs is capped."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from api.params import N_PROBS_MAX
@@ -38,7 +40,7 @@ def test_deeply_nested_schema_is_a_400(client):
 
 @pytest.mark.parametrize("literal, text", [
     ("NaN", "invalid literal; last read: 'N'"), ("Infinity", "invalid literal; last read: 'I'"),
-    ("-Infinity", "invalid literal; last read: '-I'"),
+    ("-Infinity", "invalid number; expected digit after '-'; last read: '-I'"),
 ])
 def test_nan_and_infinity_are_parse_errors(client, literal, text):
     r = client.post("/completion", content=f'{{"prompt":"hi","n_predict":1,"temperature":{literal}}}')
@@ -115,3 +117,25 @@ def test_grammar_over_the_size_limit_is_a_400_naming_it(client):
     msg = envelope(r, 400, "invalid_request_error")
     assert f"the limit is {MAX_GRAMMAR_ELEMENTS}" in msg
     assert client.get("/health").status_code == 200
+
+
+def test_handle_whose_submitting_task_ended_is_released(api_engine):
+    """A request cancelled before the code that would cancel its handle ran (e.g. a gather's child
+    task cancelled before its first step) must not keep generating: the engine drops a handle
+    whose submitting asyncio task has ended."""
+    import asyncio
+
+    from runtime.tasks import CompletionTask, SamplingParams
+
+    task = CompletionTask([1, 2, 3], SamplingParams(ignore_eos=True), n_predict=200)
+
+    async def submit_and_leave():
+        return api_engine.submit(task)
+
+    n0 = api_engine.metrics()["n_decode_total"]
+    asyncio.run(submit_and_leave())
+    t0 = time.monotonic()
+    while any(s["is_processing"] for s in api_engine.slots_info()) or time.monotonic() - t0 < 0.3:
+        time.sleep(0.01)
+        assert time.monotonic() - t0 < 10
+    assert api_engine.metrics()["n_decode_total"] - n0 < 100

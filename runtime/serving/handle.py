@@ -57,9 +57,11 @@ class TaskHandle:
         self.cancelled = False
         self._outbox = outbox
         self._wake = wake
+        self._owner: asyncio.Task | None = None  # the asyncio task that submitted it
         try:
             self._loop = asyncio.get_running_loop()
             self._q: Any = asyncio.Queue()
+            self._owner = asyncio.current_task()
         except RuntimeError:
             self._loop = None
             self._q = queue.Queue()
@@ -99,3 +101,8 @@ class TaskHandle:
         """The client went away: the slot is freed at the next step."""
         self.cancelled = True
         self._wake.set()
+
+    def abandoned(self) -> bool:
+        """Cancelled, or the asyncio task that submitted it has ended (a request cancelled before
+        the code that would cancel its handle ever ran): nobody will read its events."""
+        return self.cancelled or (self._owner is not None and self._owner.done())

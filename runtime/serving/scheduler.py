@@ -51,7 +51,7 @@ class Scheduler:
     def admit(self) -> None:
         still = []
         for h in self.waiting:
-            if h.cancelled:
+            if h.abandoned():
                 continue
             picked = pick_slot(self.slots, h.task, self.cfg.slot_prompt_similarity)
             if picked is None:
@@ -117,7 +117,7 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         """The rows of this step, their KV blocks reserved."""
         for s in self.slots:
-            if s.busy and s.req.handle.cancelled:
+            if s.busy and s.req.handle.abandoned():
                 release(s)
         plan = plan_step(self.slots, self.cfg.n_batch, self.cfg.n_prefill_chunk)
         ok = [self._reserve_row(s, b.n_past + len(b.tokens)) for b, s in zip(plan.batch, plan.slots)]
