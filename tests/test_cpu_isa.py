@@ -95,19 +95,6 @@ def test_bgemv_is_the_fma_chain_on_every_build(isa, M, N, K, dtype):
     assert y.shape == (M, N) and np.array_equal(y.numpy(), want)
 
 
-@needs_cc
-@pytest.mark.parametrize("M,N,K", [(1, 200, 96), (4, 77, 130), (6, 300, 64)])
-def test_bgemv_i8_is_the_fma_chain_times_the_row_scale(isa, M, N, K):
-    g = torch.Generator().manual_seed(7 * M + N)
-    x = torch.randn(M, K, generator=g)
-    w = torch.randn(N, K, generator=g) * torch.rand(N, 1, generator=g) * 3
-    q, scale, _, _ = cpu_gemv.pack_i8(cpu_gemv.pack(w))
-    y = cpu_gemv.bgemv_i8(x, q, scale, N)
-    codes = cpu_gemv.unpack(q, N).float().numpy()
-    want = fma_chain_gemv(x.numpy(), codes) * scale[:N].numpy()[None, :]
-    assert np.array_equal(y.numpy(), want)
-
-
 def _decode(case, softcap):
     from kernels.cpu import attention as cpu_attention
     return cpu_attention.paged_decode(case.q, case.k_cache, case.v_cache, case.block_tables,

@@ -32,12 +32,11 @@ def test_bgemv_matches_float64(M, N, K, dtype):
     assert float((y.double() - ref64).norm() / ref64.norm()) < 1e-6
 
 
-@pytest.mark.skipif(not cpu_gemv.available(), reason="no C compiler on this machine")
-@pytest.mark.parametrize("M,N,K", [(1, 1000, 256), (3, 777, 130), (8, 4097, 64), (16, 50, 7)])
-def test_bgemv_i8_within_its_error_bound(M, N, K):
-    """The int8 first pass of the top-k output head: every value within |x| |e_r| (+ float32
-    rounding) of the float64 product, e_r being the row's quantization error that pack_i8 reports."""
-    x = torch.randn(M, K)
+@pytest.mark.parametrize("N,K", [(1000, 256), (777, 130), (50, 7)])
+def test_pack_i8_reports_its_error(N, K):
+    """The int8 copy of the top-k output head: row r is scale_r * q_r, and pack_i8 reports
+    |w_r - scale_r q_r| and |w_r| exactly (the bound of kernels/cpu/topk.py's first pass rests on
+    them; the pass itself: tests/test_cpu_isa.py)."""
     w = torch.randn(N, K) * torch.rand(N, 1) * 3  # rows of different scales
     w[3] = 0.0  # an all-zero row keeps a finite scale
     tiles = cpu_gemv.pack(w)
@@ -47,12 +46,7 @@ def test_bgemv_i8_within_its_error_bound(M, N, K):
     assert torch.allclose((w.double() - deq).norm(dim=1), err[:N], rtol=1e-6, atol=1e-9)
     assert torch.allclose(w.double().norm(dim=1), norm[:N], rtol=1e-12) and bool((norm[N:] == 0).all())
     assert float(err[3]) == 0.0 and bool((deq[3] == 0).all())
-    y = cpu_gemv.bgemv_i8(x, q, scale, N)
-    assert y.shape == (M, N) and y.dtype == torch.float32
-    exact = x.double() @ w.double().T
-    slack = x.double().norm(dim=1, keepdim=True) * (err[:N][None, :] + 1e-5 * w.double().norm(dim=1)[None, :])
-    assert bool(((y.double() - exact).abs() <= slack).all())
-    assert float((y.double() - exact).norm() / exact.norm()) < 0.02  # and it is a useful approximation
+    assert bool((err[:N] <= 0.02 * norm[:N] + 1e-12).all())  # and it is a close copy (~0.8% for these rows)
 
 
 QUANT_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]

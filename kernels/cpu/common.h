@@ -70,7 +70,7 @@ static inline vf fma_v(vf a, vf b, vf c) {
 #endif
 }
 
-/* VW float16 / bfloat16 / int8 values widened to float32 exactly. */
+/* VW float16 / bfloat16 values widened to float32 exactly. */
 static inline vf ldv_f16(const unsigned short *p) {
 #if VW == 16
     return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
@@ -91,17 +91,6 @@ static inline vf ldv_bf16(const unsigned short *p) {
     unsigned short h[VW]; vi w; memcpy(h, p, sizeof h);
     for (int i = 0; i < VW; ++i) w[i] = (int)((unsigned)h[i] << 16);
     return (vf)w;
-#endif
-}
-static inline vf ldv_i8(const signed char *p) {
-#if VW == 16
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-#elif VW == 8
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-#else
-    vf v;
-    for (int i = 0; i < VW; ++i) v[i] = (float)p[i];
-    return v;
 #endif
 }
 #endif  /* TRITIUM_CPU_COMMON_H */

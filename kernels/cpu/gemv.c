@@ -28,11 +28,10 @@ struct bgemv_args { const float *x; const void *Wt; const float *rs; float *y; i
    acc) over k = 0 .. K-1 in order, then times the row scale: the same bits on every build and for
    every M. Each tile is read from memory once per call whatever M is: it is walked in column chunks
    of CV vectors, each chunk (K lines, L1/L2-resident) once per 4 rows of x.
-   rs: NULL, or one scale per tile row ([nt * 64]) multiplied into the sums.
+   rs: NULL, or one scale per tile row ([nt * 64]) multiplied into the sums (no caller passes one
+   since the int8 head moved to head_scan_i8; kept for int8 / scaled instantiations).
    Threads: runs of tiles handed out by kernels/cpu/pool.c.
-   One body, instantiated for float32, float16 and bfloat16 tiles (weights kept in their file type)
-   and for int8 tiles with row scales (a quarter of the bytes to read: the approximate first pass
-   over an output head, see kernels/cpu/gemv.py). */
+   One body, instantiated for float32, float16 and bfloat16 tiles (weights kept in their file type). */
 #define BGEMV_TILES64(NAME, WT, LOAD)                                                          \
 static void NAME##_run(void *args, int chunk) {                                                \
     const struct bgemv_args *A = args;                                                         \
@@ -105,7 +104,6 @@ void NAME(const float *x, const WT *Wt, const float *rs, float *y, int M, int Mp
 }
 
 BGEMV_TILES64(bgemv_tiles64, float, ldv)
-BGEMV_TILES64(bgemv_tiles64_i8, signed char, ldv_i8)
 BGEMV_TILES64(bgemv_tiles64_f16, unsigned short, ldv_f16)
 BGEMV_TILES64(bgemv_tiles64_bf16, unsigned short, ldv_bf16)
 

@@ -67,7 +67,7 @@ def bgemv(x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | No
     """x: [M, K] float32 (any M: one pass over the weights) times the packed [n_rows, K] weight (float32, float16 or
     bfloat16 tiles, widened exactly) -> y: [M, n_rows] float32. `n_threads`: OpenMP threads
     (default torch's count)."""
-    return _run(_KERNELS[tiles.dtype], x, tiles, n_rows, n_threads, None)
+    return _run(_KERNELS[tiles.dtype], x, tiles, n_rows, n_threads)
 
 
 def i8_fast() -> bool:
@@ -101,13 +101,6 @@ def pack_i8(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
         err[t0 * TILE:t1 * TILE] = e.pow(2).sum(dim=1).sqrt().reshape(-1)
         norm[t0 * TILE:t1 * TILE] = wd.pow(2).sum(dim=1).sqrt().reshape(-1)
     return q, scale, err, norm
-
-
-def bgemv_i8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, n_rows: int) -> torch.Tensor:
-    """`bgemv` on int8 tiles with row scales (`pack_i8`): y[m, r] = scale_r * sum_k x[m, k] q[r, k]
-    in float32."""
-    assert q.dtype == torch.int8 and scale.dtype == torch.float32
-    return _run("bgemv_tiles64_i8", x, q, n_rows, None, scale)
 
 
 def interleave_i8(q: torch.Tensor) -> torch.Tensor:
@@ -145,15 +138,13 @@ def head_scan_i8(qx: torch.Tensor, sx: torch.Tensor, q4: torch.Tensor, scale: to
     return y
 
 
-def _run(fn: str, x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | None,
-         scale: torch.Tensor | None) -> torch.Tensor:
+def _run(fn: str, x: torch.Tensor, tiles: torch.Tensor, n_rows: int, n_threads: int | None) -> torch.Tensor:
     lib = native.lib()
     assert lib is not None, "the batched GEMV needs the compiled CPU kernels (check available())"
     M, K = x.shape
     assert tiles.shape[1] == K and x.dtype == torch.float32
     xp = x.contiguous()
     y = torch.empty((M, n_rows), dtype=torch.float32)
-    assert scale is None or scale.numel() >= tiles.shape[0] * TILE
-    getattr(lib, fn)(xp.data_ptr(), tiles.data_ptr(), None if scale is None else scale.data_ptr(),
+    getattr(lib, fn)(xp.data_ptr(), tiles.data_ptr(), None,
                      y.data_ptr(), M, M, n_rows, K, n_rows, n_threads or torch.get_num_threads())
     return y

@@ -136,7 +136,7 @@ _BGEMV = ([_p, _p, _p, _p, _i, _i, _i, _i, _l, _i], None)
 _QGEMV = ([_p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _l, _i], None)
 KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "pool.c", "pointwise.c"), {
     # gemv.c (kernels/cpu/gemv.py)
-    "bgemv_tiles64": _BGEMV, "bgemv_tiles64_i8": _BGEMV, "bgemv_tiles64_f16": _BGEMV, "bgemv_tiles64_bf16": _BGEMV,
+    "bgemv_tiles64": _BGEMV, "bgemv_tiles64_f16": _BGEMV, "bgemv_tiles64_bf16": _BGEMV,
     "i8_widening_is_vectorized": ([], _i), "cpu_kernels_isa": ([], ctypes.c_char_p),
     "head_scan_i8": ([_p, _p, _p, _p, _p, _i, _i, _i, _l, _i], None),
     # qgemv.c (kernels/cpu/qgemv.py)

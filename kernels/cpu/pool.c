@@ -10,14 +10,19 @@
    Still, a helper preempted in the middle of its chunk makes the caller wait for it; when the
    caller waited longer than half its own work plus 100 us, the next BACKOFF_JOBS calls run on
    the caller alone (an oversubscribed machine: measured there, the lesson model's decode step is
-   faster on one thread), then helpers are tried again.
+   faster on one thread), then helpers are tried again. And while the host's 1-minute load average
+   is above twice its cores (checked once a second) every call runs on the caller alone: there
+   the helpers' time slices arrive too late to help (measured on the 2-core development host at a
+   load of ~20: the lesson model's decode step 43 ms on one thread, 92-107 ms on two).
    One job at a time: a call made while another runs (another thread) runs all its chunks inline. */
 #include "pool.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_HELPERS 255
 #define BACKOFF_JOBS 64
@@ -42,6 +47,20 @@ static long now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static long load_checked_ns = -2000000000L;  /* touched under run_mu only */
+static int overloaded;
+
+/* Whether the host runs more than twice as many threads as it has cores (1-minute load average). */
+static int host_overloaded(long now) {
+    if (now - load_checked_ns > 1000000000L) {
+        double l;
+        const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        overloaded = getloadavg(&l, 1) == 1 && cores > 0 && l > 2.0 * (double)cores;
+        load_checked_ns = now;
+    }
+    return overloaded;
 }
 
 static void work(void) {
@@ -76,8 +95,8 @@ void pool_run(chunk_fn fn, void *arg, int nchunks, int nthreads) {
         for (int c = 0; c < nchunks; ++c) fn(arg, c);
         return;
     }
-    if (backoff > 0) {
-        --backoff;
+    if (backoff > 0 || host_overloaded(now_ns())) {
+        if (backoff > 0) --backoff;
         for (int c = 0; c < nchunks; ++c) fn(arg, c);
         pthread_mutex_unlock(&run_mu);
         return;

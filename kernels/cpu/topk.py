@@ -104,16 +104,21 @@ def topk_logits(x: torch.Tensor, w: QWeight, head: TopkHead | None, topk: list[i
     V = w.rows
     exact = [i for i, k in enumerate(topk) if k <= 0]
     approx = [i for i, k in enumerate(topk) if k > 0]
-    out = torch.full((x.shape[0], V), float("-inf"), dtype=torch.float32)
+    # numpy for the [rows, V] fill: a torch fill that large is an OpenMP region, and on a loaded
+    # host its barrier can cost more than the whole first pass
+    out = np.full((x.shape[0], V), -np.inf, dtype=np.float32)
     if exact:
-        out[exact] = qmatmul(x[exact], w).float()
+        out[exact] = qmatmul(x[exact], w).float().numpy()
     xa = x[approx].float()
+    xn = xa.numpy()
     first, bound = first_pass(xa, head, V)
     for j, i in enumerate(approx):
         r = first[j]
         if banned[i]:
             r[list(banned[i])] = -np.inf
         kth = kth_largest(r, min(topk[i], V))
-        cand = torch.from_numpy(np.flatnonzero(r >= kth - 2 * bound[j]))
-        out[i, cand] = xa[j] @ gemv.rows(w.data, cand).float().T  # the file's weights
-    return out
+        cand = np.flatnonzero(r >= kth - 2 * bound[j])
+        # the file's weights, float32 dot products in numpy (a torch matmul is a BLAS call that
+        # may fork threads, as costly as the fill above on a loaded host)
+        out[i, cand] = gemv.rows(w.data, torch.from_numpy(cand)).float().numpy() @ xn[j]
+    return torch.from_numpy(out)
