@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 
 from api.engine_api import TaskHandleAPI, TokenizerAPI
 from api.errors import ApiError
-from runtime.tasks import CompletionResult, TaskError, TokenOut
+from runtime.tasks import CompletionResult, PromptProgress, TaskError, TokenOut
 
 
 def raise_task_error(err: TaskError) -> NoReturn:
@@ -23,6 +23,8 @@ async def collect(handle: TaskHandleAPI) -> tuple[list[TokenOut], Any]:
         async for ev in handle.events():
             if isinstance(ev, TokenOut):
                 tokens.append(ev)
+                continue
+            if isinstance(ev, PromptProgress):  # only streams ask for them
                 continue
             done = True
             if isinstance(ev, TaskError):
@@ -57,6 +59,18 @@ def probs_json(tok: TokenizerAPI, toks: list[TokenOut], post_sampling: bool) -> 
                       for p in (t.probs or [])],
         })
     return out
+
+
+def progress_json(ev: PromptProgress) -> dict[str, Any]:
+    return {"total": ev.total, "cache": ev.cache, "processed": ev.processed, "time_ms": ev.time_ms}
+
+
+def with_progress(chunk: dict[str, Any], ev: PromptProgress, timings: bool) -> dict[str, Any]:
+    """A streamed chunk carrying `prompt_progress` (and `timings` with `timings_per_token`)."""
+    if timings:
+        chunk["timings"] = ev.timings.as_dict()
+    chunk["prompt_progress"] = progress_json(ev)
+    return chunk
 
 
 def usage_json(res: CompletionResult) -> dict[str, Any]:

@@ -21,7 +21,9 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.context import ApiContext, ServerConfig
+from api.cors import cors_headers
 from api.engine_api import EngineAPI
+from api.header_case import CanonicalHeaderCase
 from api.errors import ApiError, invalid_api_key, loading_model, not_found
 from api.log import Logger
 from api.routes import ROUTERS
@@ -35,21 +37,13 @@ def create_app(cfg: ServerConfig, engine: EngineAPI | None, log: Logger | None =
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = ApiContext(cfg, engine, log or Logger())
     app.middleware("http")(pre_routing)
+    app.add_middleware(CanonicalHeaderCase)  # outermost: names as llama-server spells them
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_error)
     for router in ROUTERS:
         app.include_router(router)
     return app
-
-
-def cors_headers(cfg: ServerConfig, request: Request) -> dict[str, str]:
-    origin = request.headers.get("origin")
-    if origin is None:
-        return {}
-    if "*" in cfg.cors_origins or origin in cfg.cors_origins:
-        return {"Access-Control-Allow-Origin": origin, "Access-Control-Allow-Credentials": "true"}
-    return {}
 
 
 def key_ok(cfg: ServerConfig, request: Request) -> bool:
@@ -62,13 +56,10 @@ async def pre_routing(request: Request, call_next: Callable[[Request], Awaitable
     """CORS, loading state, API key, in server-http.cpp's pre-routing order."""
     ctx: ApiContext = request.app.state.server
     cfg = ctx.cfg
-    cors = cors_headers(cfg, request)
-    if request.method == "OPTIONS":
-        headers = dict(cors)
-        if cors:
-            headers.update({"Access-Control-Allow-Methods": "GET, POST",
-                            "Access-Control-Allow-Headers": "*"})
-        return Response(b"", status_code=200, media_type="text/html", headers=headers)
+    preflight = request.method == "OPTIONS"
+    cors = cors_headers(cfg, request.headers.get("origin"), preflight)
+    if preflight:  # answered before readiness and the API key: browsers send no credentials here
+        return Response(b"", status_code=200, media_type="text/html", headers={"Server": "llama.cpp", **cors})
     if not ctx.ready:
         resp = loading_model().response()
     elif cfg.api_keys and request.url.path not in PUBLIC_PATHS and not key_ok(cfg, request):

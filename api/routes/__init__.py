@@ -2,7 +2,7 @@
 `ApiContext` (`ctx: Ctx`). `ROUTERS` lists them in registration order (api/server.py)."""
 from __future__ import annotations
 
-from api.routes import embeddings, metrics, native, openai, props, slots, tokens
+from api.routes import cors_proxy, embeddings, metrics, native, openai, props, slots, tokens
 
 ROUTERS = (props.router, tokens.router, native.router, openai.router, embeddings.router, slots.router,
-           metrics.router)
+           metrics.router, cors_proxy.router)

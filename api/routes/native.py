@@ -17,9 +17,9 @@ from api.context import ApiContext, Ctx
 from api.errors import ApiError, json_response
 from api.inputs import check_context, read_json, require_generation, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task, sampling_settings
-from api.results import collect, probs_json
+from api.results import collect, probs_json, with_progress
 from api.sse import stream_events
-from runtime.tasks import CompletionResult, CompletionTask, TokenOut
+from runtime.tasks import CompletionResult, CompletionTask, PromptProgress, TokenOut
 
 router = APIRouter()
 
@@ -86,12 +86,20 @@ async def native_stream(ctx: ApiContext, req: NativeRequest) -> Response:
         d: dict[str, Any] = {"index": req.index, "content": ev.text, "tokens": [ev.id],
                              "stop": False, "id_slot": -1,
                              "tokens_predicted": n_predicted, "tokens_evaluated": len(req.task.prompt_tokens)}
+        if ev.timings is not None:
+            d["timings"] = ev.timings.as_dict()
         if req.n_probs > 0:
             d["completion_probabilities"] = probs_json(ctx.tokenizer, [ev], req.post_sampling)
         return [d]
 
+    def on_progress(ev: PromptProgress) -> list[dict[str, Any]]:
+        # llama-server's progress partial: an empty token (id 0), the running counts
+        d = {"index": req.index, "content": "", "tokens": [0], "stop": False, "id_slot": -1,
+             "tokens_predicted": n_predicted, "tokens_evaluated": len(req.task.prompt_tokens)}
+        return [with_progress(d, ev, req.task.timings_per_token)]
+
     return await stream_events(ctx.cfg.sse_ping_interval, handle, on_token,
-                               lambda res: [completion_final_json(ctx, req, res, [], True)], False)
+                               lambda res: [completion_final_json(ctx, req, res, [], True)], False, on_progress)
 
 
 @router.post("/completion")

@@ -15,9 +15,9 @@ from api.context import BUILD_INFO, Ctx, random_id
 from api.errors import ApiError, json_response
 from api.inputs import check_context, read_json, require_generation, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task
-from api.results import collect, finish_reason, probs_json, usage_json
+from api.results import collect, finish_reason, probs_json, usage_json, with_progress
 from api.sse import stream_events
-from runtime.tasks import CompletionResult, TokenOut
+from runtime.tasks import CompletionResult, PromptProgress, TokenOut
 
 router = APIRouter()
 
@@ -53,7 +53,14 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
         def on_token(ev: TokenOut) -> list[dict[str, Any]]:
             if not ev.text:
                 return []
-            return [base({"text": ev.text, "index": 0, "logprobs": None, "finish_reason": None})]
+            d = base({"text": ev.text, "index": 0, "logprobs": None, "finish_reason": None})
+            if ev.timings is not None:
+                d["timings"] = ev.timings.as_dict()
+            return [d]
+
+        def on_progress(ev: PromptProgress) -> list[dict[str, Any]]:
+            d = base({"text": "", "index": 0, "logprobs": None, "finish_reason": None})
+            return [with_progress(d, ev, task.timings_per_token)]
 
         def on_final(res: CompletionResult) -> list[dict[str, Any]]:
             # llama-server b1-0c1e570 puts usage in this last chunk whether or not
@@ -64,7 +71,7 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
             d["timings"] = res.timings.as_dict()
             return [d]
 
-        return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True)
+        return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True, on_progress)
     toks_out, res = await collect(handle)
     logprobs = None
     if params.n_probs > 0:
@@ -111,7 +118,13 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
                 if params.n_probs > 0 and prep.logprobs:
                     c["logprobs"] = {"content": probs_json(ctx.tokenizer, [ev], False)}
                 out.append(chunk([c]))
+            if ev.timings is not None and out:
+                out[-1]["timings"] = ev.timings.as_dict()
             return out
+
+        def on_progress(ev: PromptProgress) -> list[dict[str, Any]]:
+            c = chunk([{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}])
+            return [with_progress(c, ev, task.timings_per_token)]
 
         def on_final(res: CompletionResult) -> list[dict[str, Any]]:
             out = []
@@ -129,7 +142,7 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
             out[-1]["timings"] = res.timings.as_dict()
             return out
 
-        return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True)
+        return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True, on_progress)
     toks_out, res = await collect(handle)
     msg = parser.final_message(res.content)
     choice: dict[str, Any] = {"finish_reason": finish_reason(res, bool(msg.get("tool_calls"))),

@@ -31,7 +31,26 @@ from runtime.serving.runner import StepOutput, pool_embeddings
 from runtime.serving.sampling import GrammarError, Vocabulary, maybe_trigger_grammar, sample_rows
 from runtime.serving.slots import Request, Slot, SlotState, pick_slot, release, reserve
 from runtime.serving.stopping import StopType, TextState, check_stop, effective_n_predict
-from runtime.tasks import CompletionResult, EmbeddingTask, TaskError, Timings, TokenOut
+from runtime.tasks import CompletionResult, EmbeddingTask, PromptProgress, TaskError, Timings, TokenOut
+
+
+def running_timings(r: Request, now: float) -> Timings:
+    """A running task's timings so far (llama-server's slot stats): the prompt clock stops at its
+    last batch, the generation clock starts when the prompt is done."""
+    prompt_end = r.t_prompt_done or r.t_prompt_last
+    return Timings(cache_n=r.n_cached, prompt_n=r.n_past - r.n_cached,
+                   prompt_ms=(prompt_end - r.t_start) * 1e3 if prompt_end else 0.0,
+                   predicted_n=r.n_decoded,
+                   predicted_ms=(now - r.t_prompt_done) * 1e3 if r.t_prompt_done and r.n_decoded else 0.0)
+
+
+def send_progress(r: Request) -> None:
+    """A `prompt_progress` event, for a streamed task that asked for them."""
+    task = r.task
+    if task.stream and task.return_progress:
+        now = time.perf_counter()
+        r.handle.emit(PromptProgress(len(r.prompt), r.n_cached, r.n_past, int((now - r.t_start) * 1e3),
+                                     running_timings(r, now)))
 
 
 class Scheduler:
@@ -99,6 +118,7 @@ class Scheduler:
             return
         r.n_predict = effective_n_predict(task.n_predict, self.cfg.n_predict)
         r.text = TextState(task.stop, self.vocab.tokenizer)
+        send_progress(r)  # the 0% update: nothing read yet but the cached prefix
 
     # ---- one step ----------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
@@ -133,6 +153,9 @@ class Scheduler:
                 r.pending = None
             else:
                 r.n_past += len(b.tokens)
+                if not r.embedding:
+                    r.t_prompt_last = time.perf_counter()
+                    send_progress(r)
                 if r.n_past == len(r.prompt):
                     if r.embedding:
                         self._finish_embedding(s, hid)
@@ -161,6 +184,8 @@ class Scheduler:
         if r.lazy_grammar is not None:
             maybe_trigger_grammar(r)
         ev = TokenOut(tok, delta)
+        if task.timings_per_token:
+            ev.timings = running_timings(r, time.perf_counter())
         if task.params.n_probs > 0:
             ev.probs = [self.vocab.token_prob(t, lp) for t, lp in sampled.top]
             ev.logprob = sampled.logprob
