@@ -37,7 +37,7 @@ async def collect(handle: TaskHandleAPI) -> tuple[list[TokenOut], Any]:
 
 
 def probs_json(tok: TokenizerAPI, toks: list[TokenOut], post_sampling: bool) -> list[dict[str, Any]]:
-    """`completion_probabilities` / `logprobs.content` entries."""
+    """`completion_probabilities` / `logprobs.content` entries (the candidates' texts are their pieces)."""
     key, top_key = ("prob", "top_probs") if post_sampling else ("logprob", "top_logprobs")
 
     def val(lp: float | None) -> float:
@@ -49,11 +49,13 @@ def probs_json(tok: TokenizerAPI, toks: list[TokenOut], post_sampling: bool) -> 
 
     out = []
     for t in toks:
-        piece = tok.piece(t.id)
+        # as llama-server: the text this token sent (held-back bytes of earlier tokens included, ""
+        # while it is itself held back), so that the tokens joined are the content
+        sent = t.text.encode("utf-8", "surrogateescape")
         out.append({
             "id": t.id,
-            "token": piece.decode("utf-8", "ignore"),
-            "bytes": list(piece),
+            "token": t.text,
+            "bytes": list(sent),
             key: val(t.logprob),
             top_key: [{"id": p.id, "token": p.token, "bytes": list(p.bytes), key: val(p.logprob)}
                       for p in (t.probs or [])],
