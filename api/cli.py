@@ -163,6 +163,7 @@ _NO_EFFECT = [
     (("--no-host",), False), (("-sp", "--special"), False), (("--poll",), True), (("--poll-batch",), True),
     (("--cpu-strict",), True), (("--cpu-strict-batch",), True), (("-Cb", "--cpu-mask-batch"), True),
     (("-Crb", "--cpu-range-batch"), True), (("--prio-batch",), True), (("-ub", "--ubatch-size"), True),
+    (("-bs", "--backend-sampling"), False),  # samples on the device: the same distributions
 ]
 # accepted with a warning: the output is the same, only the speed differs (no speculative decoding)
 _SPECULATIVE = [
@@ -390,6 +391,8 @@ def _pin_and_prioritise(args: argparse.Namespace, log: Logger) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # as llama-server: "--backend_sampling" is "--backend-sampling"
+    argv = [a.replace("_", "-") if a.startswith("--") else a for a in (sys.argv[1:] if argv is None else argv)]
     args = build_parser().parse_args(argv)
     try:
         scfg = server_config(args)

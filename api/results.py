@@ -3,6 +3,7 @@ non-streamed task, token probabilities, usage, finish reasons.
 """
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any, NoReturn
 
@@ -34,6 +35,40 @@ async def collect(handle: TaskHandleAPI) -> tuple[list[TokenOut], Any]:
         if not done:
             handle.cancel()
     raise ApiError("task ended without a result", "server_error", 500)
+
+
+class ClientGone(ApiError):
+    """The client closed the connection before its non-streamed result was ready (the answer
+    goes nowhere)."""
+
+    def __init__(self) -> None:
+        super().__init__("client disconnected", "server_error", 499)
+
+
+async def _disconnected(request: Any) -> None:
+    """Returns when the client goes away (the body has been read: the next message is the end)."""
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+async def collect_all(request: Any, handles: list[TaskHandleAPI]) -> list[tuple[list[TokenOut], Any]]:
+    """`collect` of every handle; a client that disconnects meanwhile cancels the tasks (their slots
+    are freed at the next step) and raises ClientGone."""
+    work = asyncio.ensure_future(asyncio.gather(*(collect(h) for h in handles)))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not work.done():
+            work.cancel()
+            for h in handles:
+                h.cancel()
+        gone.cancel()
+    if not work.done() or work.cancelled():
+        raise ClientGone()
+    return list(work.result())
 
 
 def probs_json(tok: TokenizerAPI, toks: list[TokenOut], post_sampling: bool) -> list[dict[str, Any]]:

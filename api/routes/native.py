@@ -5,7 +5,7 @@ response is the final object, or an SSE stream of one chunk per token and then t
 """
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,11 +13,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from api import infill as infill_api
+from api.choices import n_choices, with_children
 from api.context import ApiContext, Ctx
 from api.errors import ApiError, json_response
 from api.inputs import check_context, read_json, require_generation, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task, sampling_settings
-from api.results import collect, probs_json, with_progress
+from api.results import collect_all, probs_json, with_progress
 from api.sse import stream_events
 from runtime.tasks import CompletionResult, CompletionTask, PromptProgress, TokenOut
 
@@ -110,17 +111,19 @@ async def completion(ctx: Ctx, request: Request) -> Response:
     if "prompt" not in body or body["prompt"] is None:
         raise ApiError('"prompt" must be provided')
     prompts = split_prompts(body["prompt"])
+    n = n_choices(body, ctx.engine.n_slots)
     reqs = []
-    for i, p in enumerate(prompts):
+    for p in prompts:  # each prompt, then its n - 1 children; indexes run over all of them
         toks = tokenize_prompt(ctx.tokenizer, p)
         check_context(len(toks), ctx.engine.n_ctx_slot)
-        reqs.append(native_request(ctx, body, toks, i))
+        first = native_request(ctx, body, toks)
+        for task in with_children(first.task, n):
+            reqs.append(dataclasses.replace(first, task=task, index=len(reqs)))
     if reqs[0].task.stream:
         if len(reqs) > 1:
             raise ApiError("streaming is supported for a single prompt only")
         return await native_stream(ctx, reqs[0])
-    handles = [ctx.engine.submit(r.task) for r in reqs]
-    outs = await asyncio.gather(*(collect(h) for h in handles))
+    outs = await collect_all(request, [ctx.engine.submit(r.task) for r in reqs])
     results = [completion_final_json(ctx, r, res, toks or res.probs, False) for r, (toks, res) in zip(reqs, outs)]
     return json_response(results[0] if len(results) == 1 else results)
 
@@ -144,5 +147,5 @@ async def infill(ctx: Ctx, request: Request) -> Response:
     req = native_request(ctx, body, toks, 0)
     if req.task.stream:
         return await native_stream(ctx, req)
-    toks_out, res = await collect(ctx.engine.submit(req.task))
+    [(toks_out, res)] = await collect_all(request, [ctx.engine.submit(req.task)])
     return json_response(completion_final_json(ctx, req, res, toks_out or res.probs, False))

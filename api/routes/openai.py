@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -18,7 +17,7 @@ from api.errors import ApiError, json_response
 from api.inputs import check_context, read_json, require_generation, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task, sampling_settings
 from api.routes.native import NativeRequest, completion_final_json
-from api.results import collect, finish_reason, probs_json, usage_json, with_progress
+from api.results import collect_all, finish_reason, probs_json, usage_json, with_progress
 from api.sse import stream_events
 from runtime.tasks import CompletionResult, CompletionTask, PromptProgress, TokenOut
 
@@ -53,7 +52,7 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
     if task.stream and n > 1:
         raise ApiError("streaming is supported for a single choice only")
     if not task.stream:
-        outs = await collect_all(ctx, with_children(task, n))
+        outs = await collect_all(request, [ctx.engine.submit(t) for t in with_children(task, n)])
         choices = []
         for i, (toks_out, res) in enumerate(outs):
             logprobs = None
@@ -113,7 +112,7 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
     if task.stream and n > 1:
         raise ApiError("streaming is supported for a single choice only")
     if not task.stream:
-        return await chat_whole(ctx, prep, task, params.n_probs, n, cmpl_id)
+        return await chat_whole(ctx, request, prep, task, params.n_probs, n, cmpl_id)
     handle = ctx.engine.submit(task)
     parser = chat_api.ChatOutput(prep)
 
@@ -161,16 +160,6 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
     return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True, on_progress)
 
 
-async def collect_all(ctx: ApiContext, tasks: list[CompletionTask]) -> list[tuple[list[TokenOut], Any]]:
-    """Submit the tasks together and wait for every result (a client that goes away cancels them)."""
-    handles = [ctx.engine.submit(t) for t in tasks]
-    try:
-        return list(await asyncio.gather(*(collect(h) for h in handles)))
-    finally:
-        for h in handles:
-            h.cancel()  # a no-op for a finished task
-
-
 def verbose_json(ctx: ApiContext, task: CompletionTask, prompt: str, res: CompletionResult,
                  toks: list[TokenOut]) -> dict[str, Any]:
     """`__verbose` (`"verbose": true`): the native final object of the task."""
@@ -181,10 +170,10 @@ def verbose_json(ctx: ApiContext, task: CompletionTask, prompt: str, res: Comple
     return completion_final_json(ctx, req, res, toks or res.probs, False)
 
 
-async def chat_whole(ctx: ApiContext, prep: chat_api.ChatPrep, task: CompletionTask, n_probs: int, n: int,
-                     cmpl_id: str) -> Response:
+async def chat_whole(ctx: ApiContext, request: Request, prep: chat_api.ChatPrep, task: CompletionTask,
+                     n_probs: int, n: int, cmpl_id: str) -> Response:
     """A non-streamed chat completion with `n` choices."""
-    outs = await collect_all(ctx, with_children(task, n))
+    outs = await collect_all(request, [ctx.engine.submit(t) for t in with_children(task, n)])
     choices = []
     for i, (toks_out, res) in enumerate(outs):
         msg = chat_api.ChatOutput(prep).final_message(res.content)

@@ -127,21 +127,24 @@ class Scheduler:
             if s.busy and s.req.handle.cancelled:
                 release(s)
         plan = plan_step(self.slots, self.cfg.n_batch, self.cfg.n_prefill_chunk)
-        ok = [self._reserve_row(s, b.n_past + len(b.tokens)) for b, s in zip(plan.batch, plan.slots)]
-        return plan if all(ok) else plan.keep(ok)
+        for b, s in zip(plan.batch, plan.slots):
+            try:
+                self._reserve(s, b.n_past + len(b.tokens))
+            except OutOfBlocks:
+                self._context_exceeded()
+                return plan.keep([False] * len(plan.slots))
+        return plan
 
-    def _reserve_row(self, s: Slot, n_total: int) -> bool:
-        try:
-            self._reserve(s, n_total)
-            return True
-        except OutOfBlocks:
-            if s.state is SlotState.GENERATING:
-                s.req.truncated = True
-                s.req.stop_type = StopType.LIMIT
-                self.finish(s)
-            else:
-                self.fail(s, 500, "failed to find free space in the KV cache", "server_error")
-            return False
+    def _context_exceeded(self) -> None:
+        """The KV pool is full even after purging idle slots (a unified cache shared by slots that
+        together outgrow it): as llama-server when llama_decode finds no room, every running task
+        ends with a 500 and its slot's cache is cleared."""
+        self.log("E", "srv  update_slots: Context size has been exceeded.")
+        for s in self.slots:
+            if s.busy:
+                self.fail(s, 500, "Context size has been exceeded.", "server_error")
+                self.kv.clear(s.seq)
+                s.tokens = []
 
     def postprocess(self, plan: StepPlan, out: StepOutput) -> None:
         self.metrics.on_forward(len(plan.slots))
