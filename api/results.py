@@ -63,6 +63,7 @@ async def collect_all(request: Any, handles: list[TaskHandleAPI]) -> list[tuple[
     finally:
         if not work.done():
             work.cancel()
+            work.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no warning
             for h in handles:
                 h.cancel()
         gone.cancel()
