@@ -12,6 +12,7 @@ import sys
 import threading
 
 from api import cli_net
+from api.routes.gcp import gcp_settings
 from api.server import ServerConfig, create_app
 from api.log import Logger
 from api.params import f32
@@ -412,6 +413,12 @@ def main(argv: list[str] | None = None) -> int:
 
     socks = []
     port = scfg.port
+    gcp = gcp_settings()
+    if gcp.enabled:  # Vertex AI gives the port in the environment
+        if port != gcp.port:
+            log.srv("W", "llama_server", f"Google Cloud Platform compat: overriding server port {port} with "
+                                         f"AIP_HTTP_PORT {gcp.port}")
+        port = gcp.port
     for host in scfg.hosts:  # every --host address, on the same port (the first one's when --port 0)
         try:
             sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)

@@ -27,6 +27,7 @@ from api.header_case import CanonicalHeaderCase
 from api.errors import ApiError, invalid_api_key, loading_model, not_found
 from api.log import Logger
 from api.routes import ROUTERS
+from api.routes.gcp import register_gcp
 
 __all__ = ["ApiContext", "ServerConfig", "create_app"]
 
@@ -43,6 +44,7 @@ def create_app(cfg: ServerConfig, engine: EngineAPI | None, log: Logger | None =
     app.add_exception_handler(Exception, on_error)
     for router in ROUTERS:
         app.include_router(router)
+    register_gcp(app)  # AIP_MODE=PREDICTION: Vertex AI's /predict (api/routes/gcp.py)
     return app
 
 

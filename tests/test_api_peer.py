@@ -172,3 +172,22 @@ def test_client_disconnect_cancels_non_streamed_tasks():
     done = FakeHandle([TokenOut(1, "x"), res])
     assert asyncio.run(collect_all(FakeRequest(None), [done])) == [([TokenOut(1, "x")], res)]
     assert isinstance(ClientGone(), ApiError) and not math.isnan(ClientGone().code)
+
+
+def test_gcp_predict(api_engine, api_client, monkeypatch):
+    from api.routes.gcp import gcp_alias
+
+    assert (gcp_alias("/v1/chat/completions"), gcp_alias("/completion"), gcp_alias("/apply-template")) == \
+        ("chatCompletions", "completion", "applyTemplate")
+    with api_client(api_engine) as c:
+        assert c.post("/predict", json={"instances": []}).status_code == 404  # only with AIP_MODE=PREDICTION
+    monkeypatch.setenv("AIP_MODE", "PREDICTION")
+    with api_client(api_engine) as c:
+        d = c.post("/predict", json={"instances": [
+            {"@requestFormat": "chatCompletions", "max_tokens": 2, "messages": MSGS, "stream": True},
+            {"@requestFormat": "/completion", "prompt": "hi", "n_predict": 1},
+            {"@requestFormat": "nope"}, 3]}).json()["predictions"]
+        assert d[0]["choices"][0]["message"]["role"] == "assistant" and d[1]["tokens_predicted"] == 1
+        assert d[2]["error"]["message"] == "no handler registered for @requestFormat: nope"
+        assert d[3]["error"]["message"] == "each instance must be a JSON object"
+        assert c.post("/predict", json={"x": 1}).status_code == 400
