@@ -63,6 +63,16 @@ def _tool_choice(raw: Any) -> str:
     raise ApiError("Invalid tool_choice")
 
 
+def _continuation(raw: Any) -> str | None:
+    """`continue_final_message` (common_chat_continuation_parse): true, "content" or
+    "reasoning_content" continue the final message; anything else does not."""
+    if raw is True:
+        return "auto"
+    if raw in ("content", "reasoning_content"):
+        return raw
+    return None
+
+
 def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     cfg = server.cfg
     tmpl = server.engine.chat_template
@@ -77,8 +87,19 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
             raise ApiError("Missing 'role' in message")
         if "content" not in m and not m.get("tool_calls"):
             raise ApiError("Missing 'content' in message")
-    if f.integer("n", 1) != 1:
-        raise ApiError("Only one completion choice is allowed")
+        if m.get("content") is not None and not isinstance(m["content"], (str, list)):
+            raise ApiError("Expected 'content' to be a string or an array")
+    continuation = _continuation(body.get("continue_final_message"))
+    add_generation_prompt = f.boolean("add_generation_prompt", True)
+    last_is_assistant = bool(messages) and messages[-1].get("role") == "assistant"
+    if continuation is None and last_is_assistant:  # llama-server's prefill_assistant
+        if len(messages) >= 2 and messages[-2].get("role") == "assistant":
+            raise ApiError("Cannot have 2 or more assistant messages at the end of the list.")
+        continuation, add_generation_prompt = "auto", False
+    if continuation is not None and add_generation_prompt:
+        raise ApiError("Cannot set both add_generation_prompt and continue_final_message to true.")
+    if continuation is not None and last_is_assistant and messages[-1].get("tool_calls"):
+        raise ApiError("Cannot continue an assistant message that contains tool calls.")
     tools = f.array("tools", []) or []
     tool_choice = _tool_choice(body.get("tool_choice"))
     if tools and not cfg.jinja:
@@ -112,10 +133,11 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     # render
     msgs = list(messages)
     prefill = ""
-    if msgs and msgs[-1].get("role") == "assistant" and not msgs[-1].get("tool_calls"):
+    if continuation is not None and msgs and msgs[-1].get("role") == "assistant" and not msgs[-1].get("tool_calls"):
         content = msgs[-1].get("content")
         prefill = content if isinstance(content, str) else ""
         msgs = msgs[:-1]
+        add_generation_prompt = True  # the turn before it is opened, then its content follows
     kwargs: dict[str, Any] = {}
     ctk = body.get("chat_template_kwargs")
     if ctk is not None:
@@ -127,7 +149,7 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     if f.has("reasoning_effort"):
         kwargs.setdefault("reasoning_effort", f.string("reasoning_effort", ""))
     try:
-        prompt = tmpl.render(msgs, add_generation_prompt=True, tools=tools or None, **kwargs)
+        prompt = tmpl.render(msgs, add_generation_prompt=add_generation_prompt, tools=tools or None, **kwargs)
         gen_prompt = tmpl.generation_prompt(msgs, tools=tools or None, **kwargs) if msgs else ""
     except ApiError:
         raise

@@ -11,6 +11,8 @@ import socket
 import sys
 import threading
 
+from api import cli_net
+from api.routes.gcp import gcp_settings
 from api.server import ServerConfig, create_app
 from api.log import Logger
 from api.params import f32
@@ -50,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="path to LoRA adapter with user defined scaling (format: FNAME:SCALE,...)")
     g.add_argument("--lora-init-without-apply", action="store_true",
                    help="load LoRA adapters without applying them (apply later via POST /lora-adapters)")
-    g.add_argument("-a", "--alias", default=None, help="model name in API responses (default: the model path)")
+    g.add_argument("-a", "--alias", default=None,
+                   help="model name aliases, comma-separated; the first in sorted order names the model in responses")
     g.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N",
                    help="size of the prompt context, 0 = loaded from the model")
     g.add_argument("-np", "--parallel", type=int, default=-1, metavar="N",
@@ -104,12 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-jf", "--json-schema-file", default=None, metavar="FNAME", help="file holding that JSON schema")
 
     g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="IP address to listen on")
     g.add_argument("--port", type=int, default=8080, help="port to listen on")
     g.add_argument("--api-key", default=None, metavar="KEY", help="API key(s), comma-separated")
     g.add_argument("--api-key-file", default=None, metavar="FNAME", help="file with one API key per line")
-    g.add_argument("--cors-origins", default="*", metavar="ORIGINS",
-                   help="comma-separated origins allowed by CORS ('*' = all)")
     g.add_argument("--timeout", "-to", type=int, default=600, metavar="N", help="HTTP keep-alive timeout in seconds")
     g.add_argument("--max-body-size", type=int, default=32 << 20, metavar="BYTES",
                    help="largest request body accepted; a larger one is a 413 (tritium; 0 = no limit)")
@@ -158,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--reasoning", "-rea", default=None, choices=("on", "off", "auto"),
                    help="set enable_thinking for every request")
     _add_llama_server_flags(p)
+    cli_net.add_net_flags(p)
     return p
 
 
@@ -191,6 +192,7 @@ _NO_EFFECT = [
     (("--no-host",), False), (("-sp", "--special"), False), (("--poll",), True), (("--poll-batch",), True),
     (("--cpu-strict",), True), (("--cpu-strict-batch",), True), (("-Cb", "--cpu-mask-batch"), True),
     (("-Crb", "--cpu-range-batch"), True), (("--prio-batch",), True), (("-ub", "--ubatch-size"), True),
+    (("-bs", "--backend-sampling"), False),  # samples on the device: the same distributions
 ]
 # accepted with a warning: the output is the same, only the speed differs (no speculative decoding)
 _SPECULATIVE = [
@@ -383,8 +385,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         samplers=[s for s in args.samplers.split(";") if s] if args.samplers else list(d.samplers),
         grammar=grammar)
     return ServerConfig(
-        model_path=args.model or "", alias=args.alias, host=args.host, port=args.port, api_keys=_api_keys(args),
-        cors_origins=[o.strip() for o in args.cors_origins.split(",") if o.strip()] or ["*"],
+        model_path=args.model or "", port=args.port, api_keys=_api_keys(args), **cli_net.net_settings(args),
         max_body_size=args.max_body_size, read_timeout=float(args.timeout), shutdown_timeout=args.shutdown_timeout,
         metrics=args.metrics, slots=args.slots, props=args.props, slot_save_path=args.slot_save_path,
         sse_ping_interval=args.sse_ping_interval, embeddings=args.embeddings, pooling=args.pooling,
@@ -499,6 +500,8 @@ def _fetch_hf_model(args: argparse.Namespace, scfg: ServerConfig, log: Logger) -
 
 
 def main(argv: list[str] | None = None) -> int:
+    # as llama-server: "--backend_sampling" is "--backend-sampling"
+    argv = [a.replace("_", "-") if a.startswith("--") else a for a in (sys.argv[1:] if argv is None else argv)]
     args = build_parser().parse_args(argv)
     try:
         scfg = server_config(args)
@@ -517,22 +520,38 @@ def main(argv: list[str] | None = None) -> int:
     log.srv("I", "llama_server", "initializing ...")
     log.log("I", "cmn", "common_params_print_info",
             f"common_params_print_info: verbosity = {log.verbosity} (adjust with the `-lv N` CLI arg)")
+    for w in cli_net.warnings(args, cli_net.net_settings(args)):
+        log.srv("W", "llama_server", w)
     if not scfg.api_keys:
         log.srv("W", "llama_server", "security: no API key is set and CORS allows all origins (see https://github.com/ggml-org/llama.cpp/pull/25655)"
-                if "*" in scfg.cors_origins else "security: no API key is set")
+                if scfg.cors_origins == "*" else "security: no API key is set")
 
-    try:
-        sock = socket.socket(socket.AF_INET6 if ":" in scfg.host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # inherited by accepted connections: without it a keep-alive client waits ~40 ms for every
-        # response after the first (Nagle against delayed ACKs)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((scfg.host, scfg.port))
-        sock.listen(512)
-    except OSError as e:
-        log.srv("E", "llama_server", f"couldn't bind HTTP server socket, hostname: {scfg.host}, port: {scfg.port}: {e}")
-        return 1
-    port = sock.getsockname()[1]
+    socks = []
+    port = scfg.port
+    gcp = gcp_settings()
+    if gcp.enabled:  # Vertex AI gives the port in the environment
+        if port != gcp.port:
+            log.srv("W", "llama_server", f"Google Cloud Platform compat: overriding server port {port} with "
+                                         f"AIP_HTTP_PORT {gcp.port}")
+        port = gcp.port
+    for host in scfg.hosts:  # every --host address, on the same port (the first one's when --port 0)
+        try:
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if ":" in host and len(scfg.hosts) > 1:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # "::" binds IPv6 only
+            # inherited by accepted connections: without it a keep-alive client waits ~40 ms for every
+            # response after the first (Nagle against delayed ACKs)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.bind((host, port))
+            sock.listen(512)
+        except OSError as e:
+            log.srv("E", "llama_server", f"couldn't bind HTTP server socket, hostname: {host}, port: {port}: {e}")
+            for s in socks:
+                s.close()
+            return 1
+        port = sock.getsockname()[1]
+        socks.append(sock)
 
     import uvicorn
 
@@ -540,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     server = app.state.server
     from api.shutdown import DrainingServer, header_timeout_protocol
 
-    uv = DrainingServer(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=args.timeout,
+    uv = DrainingServer(uvicorn.Config(app, log_level="warning", access_log=False, server_header=False, timeout_keep_alive=args.timeout,
                                        lifespan="off", http=header_timeout_protocol(args.header_timeout),
                                        timeout_graceful_shutdown=5),
                         app.state.drain, args.shutdown_timeout, lambda m: log.srv("I", "llama_server", m))
@@ -567,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
             engine.start()
             server.set_ready()
             log.srv("I", "llama_server", "model loaded")
-            log.srv("I", "llama_server", f"listening on http://{scfg.host}:{port}")
+            for host in scfg.hosts:
+                log.srv("I", "llama_server", f"listening on http://{f'[{host}]' if ':' in host else host}:{port}")
             if port == 8080:
                 log.srv("W", "llama_server", "notice: server default port will be changed to :9931 in a future "
                                              "release (ref: https://github.com/ggml-org/llama.cpp/pull/26508)")
@@ -578,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
 
     threading.Thread(target=load, name="tritium-load", daemon=True).start()
     try:
-        uv.run(sockets=[sock])
+        uv.run(sockets=socks)
     finally:
         if server.engine is not None:
             server.engine.stop()

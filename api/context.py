@@ -23,11 +23,18 @@ BUILD_INFO = "b1-tritium"
 class ServerConfig:
     """Server-side settings (the engine has its own EngineConfig)."""
     model_path: str = ""
-    alias: str | None = None
+    alias: str | None = None  # the first of `aliases`
+    aliases: list[str] = field(default_factory=list)  # -a/--alias, sorted (llama-server's std::set)
+    tags: list[str] = field(default_factory=list)  # --tags, sorted
     host: str = "127.0.0.1"
+    hosts: list[str] = field(default_factory=lambda: ["127.0.0.1"])  # every --host address
     port: int = 8080
     api_keys: list[str] = field(default_factory=list)
-    cors_origins: list[str] = field(default_factory=lambda: ["*"])
+    cors_origins: str = "*"  # api/cors.py: "*", "localhost" or a value sent as it is
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
+    ui_mcp_proxy: bool = False  # GET/POST /cors-proxy (api/routes/cors_proxy.py)
     metrics: bool = False
     slots: bool = True
     props: bool = False

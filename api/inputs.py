@@ -38,8 +38,16 @@ async def off_loop(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def tokenize_prompt(tok: TokenizerAPI, prompt: Any) -> list[int]:
-    """A /completion prompt: a string, a list of ids, or a list mixing ids and strings
-    (`tokenize_mixed`: add_special for the first string piece, special tokens parsed)."""
+    """A /completion prompt: a string, a list of ids, a list mixing ids and strings
+    (`tokenize_mixed`: add_special for the first string piece, special tokens parsed), or an object
+    `{"prompt_string": ...}` (with `multimodal_data`: refused, no multimodal model here)."""
+    if isinstance(prompt, dict):
+        if "prompt_string" not in prompt:
+            raise ApiError('"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt '
+                           'string, or a list of mixed strings & tokens.')
+        if "multimodal_data" in prompt:
+            raise ApiError("Multimodal data provided, but model does not support multimodal requests.")
+        return tokenize_prompt(tok, prompt["prompt_string"])
     if isinstance(prompt, str):
         return list(tok.encode(prompt, add_special=True, parse_special=True))
     if isinstance(prompt, list):
@@ -58,9 +66,12 @@ def tokenize_prompt(tok: TokenizerAPI, prompt: Any) -> list[int]:
 
 
 def split_prompts(prompt: Any) -> list[Any]:
-    """A `prompt` field that holds several prompts (a list of strings or token lists) -> each one."""
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        if any(isinstance(p, list) for p in prompt) or len(prompt) > 1:
+    """A `prompt` field -> its prompts: a list without numbers (strings, token lists, prompt
+    objects) holds one prompt per element (llama-server's tokenize_input_prompts)."""
+    if isinstance(prompt, list):
+        if not prompt:
+            raise ApiError('"prompt" must not be empty')
+        if not any(isinstance(p, (int, float)) and not isinstance(p, bool) for p in prompt):
             return list(prompt)
     return [prompt]
 

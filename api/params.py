@@ -128,6 +128,11 @@ def _parse_logit_bias(raw: Any, tokenizer: Any, n_vocab: int) -> list[tuple[int,
     return out
 
 
+def eog_bias_ids(tokenizer: Any) -> list[int]:
+    """The end-of-generation tokens `ignore_eos` bans, in id order (common.cpp's logit_bias_eog)."""
+    return sorted(getattr(tokenizer, "eot_ids", ()) or ())
+
+
 def _parse_samplers(raw: Any) -> list[str] | None:
     if raw is None:
         return None
@@ -179,6 +184,9 @@ def parse_sampling(body: dict[str, Any], defaults: SamplingParams, tokenizer: An
         p.samplers = samplers
     if body.get("logit_bias") is not None:
         p.logit_bias = _parse_logit_bias(body["logit_bias"], tokenizer, tokenizer.n_vocab)
+    if body.get("ignore_eos") is not None and p.ignore_eos:
+        # llama-server adds a -inf bias per end-of-generation token (echoed in generation_settings)
+        p.logit_bias.extend((t, -math.inf) for t in eog_bias_ids(tokenizer))
     grammar = f.string("grammar", "")
     schema = body.get("json_schema")
     if schema is not None and grammar:
@@ -236,6 +244,8 @@ def parse_task(body: dict[str, Any], prompt_tokens: list[int], params: SamplingP
         return_tokens=f.boolean("return_tokens", False),
         t_max_predict_ms=f.integer("t_max_predict_ms", -1),
         lora=parse_lora(body.get("lora")),
+        return_progress=f.boolean("return_progress", False),
+        timings_per_token=f.boolean("timings_per_token", False),
     )
 
 

@@ -3,12 +3,13 @@ non-streamed task, token probabilities, usage, finish reasons.
 """
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any, NoReturn
 
 from api.engine_api import TaskHandleAPI, TokenizerAPI
 from api.errors import ApiError
-from runtime.tasks import CompletionResult, TaskError, TokenOut
+from runtime.tasks import CompletionResult, PromptProgress, TaskError, TokenOut
 
 
 def raise_task_error(err: TaskError) -> NoReturn:
@@ -24,6 +25,8 @@ async def collect(handle: TaskHandleAPI) -> tuple[list[TokenOut], Any]:
             if isinstance(ev, TokenOut):
                 tokens.append(ev)
                 continue
+            if isinstance(ev, PromptProgress):  # only streams ask for them
+                continue
             done = True
             if isinstance(ev, TaskError):
                 raise_task_error(ev)
@@ -34,8 +37,43 @@ async def collect(handle: TaskHandleAPI) -> tuple[list[TokenOut], Any]:
     raise ApiError("task ended without a result", "server_error", 500)
 
 
+class ClientGone(ApiError):
+    """The client closed the connection before its non-streamed result was ready (the answer
+    goes nowhere)."""
+
+    def __init__(self) -> None:
+        super().__init__("client disconnected", "server_error", 499)
+
+
+async def _disconnected(request: Any) -> None:
+    """Returns when the client goes away (the body has been read: the next message is the end)."""
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+async def collect_all(request: Any, handles: list[TaskHandleAPI]) -> list[tuple[list[TokenOut], Any]]:
+    """`collect` of every handle; a client that disconnects meanwhile cancels the tasks (their slots
+    are freed at the next step) and raises ClientGone."""
+    work = asyncio.ensure_future(asyncio.gather(*(collect(h) for h in handles)))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not work.done():
+            work.cancel()
+            work.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no warning
+            for h in handles:
+                h.cancel()
+        gone.cancel()
+    if not work.done() or work.cancelled():
+        raise ClientGone()
+    return list(work.result())
+
+
 def probs_json(tok: TokenizerAPI, toks: list[TokenOut], post_sampling: bool) -> list[dict[str, Any]]:
-    """`completion_probabilities` / `logprobs.content` entries."""
+    """`completion_probabilities` / `logprobs.content` entries (the candidates' texts are their pieces)."""
     key, top_key = ("prob", "top_probs") if post_sampling else ("logprob", "top_logprobs")
 
     def val(lp: float | None) -> float:
@@ -47,16 +85,30 @@ def probs_json(tok: TokenizerAPI, toks: list[TokenOut], post_sampling: bool) -> 
 
     out = []
     for t in toks:
-        piece = tok.piece(t.id)
+        # as llama-server: the text this token sent (held-back bytes of earlier tokens included, ""
+        # while it is itself held back), so that the tokens joined are the content
+        sent = t.text.encode("utf-8", "surrogateescape")
         out.append({
             "id": t.id,
-            "token": piece.decode("utf-8", "ignore"),
-            "bytes": list(piece),
+            "token": t.text,
+            "bytes": list(sent),
             key: val(t.logprob),
             top_key: [{"id": p.id, "token": p.token, "bytes": list(p.bytes), key: val(p.logprob)}
                       for p in (t.probs or [])],
         })
     return out
+
+
+def progress_json(ev: PromptProgress) -> dict[str, Any]:
+    return {"total": ev.total, "cache": ev.cache, "processed": ev.processed, "time_ms": ev.time_ms}
+
+
+def with_progress(chunk: dict[str, Any], ev: PromptProgress, timings: bool) -> dict[str, Any]:
+    """A streamed chunk carrying `prompt_progress` (and `timings` with `timings_per_token`)."""
+    if timings:
+        chunk["timings"] = ev.timings.as_dict()
+    chunk["prompt_progress"] = progress_json(ev)
+    return chunk
 
 
 def usage_json(res: CompletionResult) -> dict[str, Any]:

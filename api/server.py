@@ -21,11 +21,14 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.context import ApiContext, ServerConfig
+from api.cors import cors_headers
 from api.engine_api import EngineAPI
+from api.header_case import CanonicalHeaderCase
 from api.errors import ApiError, invalid_api_key, loading_model, not_found
 from api.guard import Drain, RequestGuard
 from api.log import Logger
 from api.routes import ROUTERS
+from api.routes.gcp import register_gcp
 from api.routes.ui import FRONTEND_PATHS
 
 __all__ = ["ApiContext", "ServerConfig", "create_app"]
@@ -38,22 +41,15 @@ def create_app(cfg: ServerConfig, engine: EngineAPI | None, log: Logger | None =
     app.state.server = ApiContext(cfg, engine, log or Logger())
     app.middleware("http")(pre_routing)
     app.state.drain = Drain()
-    app.add_middleware(RequestGuard)  # outermost: body limits, disconnects, drain (api/guard.py)
+    app.add_middleware(RequestGuard)  # body limits, disconnects, drain (api/guard.py)
+    app.add_middleware(CanonicalHeaderCase)  # outermost: names as llama-server spells them
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(Exception, on_error)
     for router in ROUTERS:
         app.include_router(router)
+    register_gcp(app)  # AIP_MODE=PREDICTION: Vertex AI's /predict (api/routes/gcp.py)
     return app
-
-
-def cors_headers(cfg: ServerConfig, request: Request) -> dict[str, str]:
-    origin = request.headers.get("origin")
-    if origin is None:
-        return {}
-    if "*" in cfg.cors_origins or origin in cfg.cors_origins:
-        return {"Access-Control-Allow-Origin": origin, "Access-Control-Allow-Credentials": "true"}
-    return {}
 
 
 def key_ok(cfg: ServerConfig, request: Request) -> bool:
@@ -66,13 +62,10 @@ async def pre_routing(request: Request, call_next: Callable[[Request], Awaitable
     """CORS, loading state, API key, in server-http.cpp's pre-routing order."""
     ctx: ApiContext = request.app.state.server
     cfg = ctx.cfg
-    cors = cors_headers(cfg, request)
-    if request.method == "OPTIONS":
-        headers = dict(cors)
-        if cors:
-            headers.update({"Access-Control-Allow-Methods": "GET, POST",
-                            "Access-Control-Allow-Headers": "*"})
-        return Response(b"", status_code=200, media_type="text/html", headers=headers)
+    preflight = request.method == "OPTIONS"
+    cors = cors_headers(cfg, request.headers.get("origin"), preflight)
+    if preflight:  # answered before readiness and the API key: browsers send no credentials here
+        return Response(b"", status_code=200, media_type="text/html", headers={"Server": "llama.cpp", **cors})
     page = cfg.ui and request.url.path in FRONTEND_PATHS  # the web page: public, served while loading
     if not ctx.ready and not page:
         resp = loading_model().response()

@@ -18,7 +18,7 @@ from fastapi.responses import Response, StreamingResponse
 from api.engine_api import TaskHandleAPI
 from api.errors import ApiError, dumps, error_object
 from api.results import raise_task_error
-from runtime.tasks import CompletionResult, TaskError, TokenOut
+from runtime.tasks import CompletionResult, PromptProgress, TaskError, TokenOut
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 PING = b":\n\n"
@@ -55,7 +55,7 @@ class EventPump:
         except StopAsyncIteration:
             self.finished = True
             raise ApiError("task ended without a result", "server_error", 500)
-        if not isinstance(ev, TokenOut):
+        if not isinstance(ev, (TokenOut, PromptProgress)):
             self.finished = True
         return True, ev
 
@@ -68,12 +68,14 @@ class EventPump:
 
 OnToken = Callable[[TokenOut], list[dict[str, Any]]]
 OnFinal = Callable[[CompletionResult], list[dict[str, Any]]]
+OnProgress = Callable[[PromptProgress], list[dict[str, Any]]]
 
 
 async def stream_events(ping_interval: float, handle: TaskHandleAPI, on_token: OnToken, on_final: OnFinal,
-                        done_marker: bool) -> Response:
-    """SSE response for a generating task. `on_token(ev)` and `on_final(result)` return lists of
-    JSON chunks; `done_marker`: end with `data: [DONE]` (the OpenAI routes)."""
+                        done_marker: bool, on_progress: OnProgress | None = None) -> Response:
+    """SSE response for a generating task. `on_token(ev)`, `on_final(result)` and `on_progress(ev)`
+    (`return_progress`) return lists of JSON chunks; `done_marker`: end with `data: [DONE]` (the
+    OpenAI routes)."""
     pump = EventPump(handle)
     ping = ping_interval if ping_interval > 0 else None
     try:
@@ -95,6 +97,9 @@ async def stream_events(ping_interval: float, handle: TaskHandleAPI, on_token: O
                 else:
                     if isinstance(ev, TokenOut):
                         for chunk in on_token(ev):
+                            yield sse(chunk)
+                    elif isinstance(ev, PromptProgress):
+                        for chunk in on_progress(ev) if on_progress is not None else []:
                             yield sse(chunk)
                     elif isinstance(ev, TaskError):
                         yield sse_error(ev.message, ev.type, ev.code, ev.extra)

@@ -58,6 +58,8 @@ class CompletionTask:
     stream: bool = False
     return_tokens: bool = False
     t_max_predict_ms: int = -1
+    return_progress: bool = False  # stream PromptProgress events while the prompt is read
+    timings_per_token: bool = False  # each streamed TokenOut carries the running Timings
     grammar_prefix: str = ""  # text of a prefilled assistant turn the grammar has already seen
     lora: dict[int, float] | None = None  # per-request adapter scales (unlisted: 0); None = the server's
 
@@ -85,6 +87,7 @@ class TokenOut:
     text: str
     probs: list[TokenProb] | None = None  # top n_probs candidates, when requested
     logprob: float | None = None
+    timings: "Timings | None" = None  # with CompletionTask.timings_per_token
 
 
 @dataclass
@@ -96,7 +99,7 @@ class Timings:
     predicted_ms: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        steps = max(self.predicted_n - 1, 0)  # the first token comes from the prompt's logits
+        steps = max(self.predicted_n - 1, 0)  # the first token comes from the prompt's logits: no decode step
         return {
             "cache_n": self.cache_n,
             "prompt_n": self.prompt_n,
@@ -105,9 +108,20 @@ class Timings:
             "prompt_per_second": 1e3 * self.prompt_n / self.prompt_ms if self.prompt_ms > 0 else 0.0,
             "predicted_n": self.predicted_n,
             "predicted_ms": self.predicted_ms,
-            "predicted_per_token_ms": self.predicted_ms / steps if steps else self.predicted_ms,
-            "predicted_per_second": 1e3 * steps / self.predicted_ms if self.predicted_ms > 0 and steps else 0.0,
+            "predicted_per_token_ms": self.predicted_ms / steps if steps else 0.0,
+            "predicted_per_second": 1e3 / self.predicted_ms * steps if self.predicted_ms > 0 else 0.0,
         }
+
+
+@dataclass
+class PromptProgress:
+    """How far a streamed task with `return_progress` is in reading its prompt (llama-server's
+    `prompt_progress`): sent once when the task starts (processed == cache) and after every batch."""
+    total: int  # prompt tokens
+    cache: int  # reused from the cache
+    processed: int  # in the KV cache now, the cached ones included
+    time_ms: int  # since the task started
+    timings: Timings
 
 
 @dataclass

@@ -142,7 +142,7 @@ def test_error_envelopes(client, api_engine):
 
 
 def test_api_key_and_cors(api_engine, api_client):
-    with api_client(api_engine, api_keys=["k1"], cors_origins=["https://ok.example"]) as c:
+    with api_client(api_engine, api_keys=["k1"], cors_origins="https://ok.example") as c:
         r = c.get("/v1/models")
         assert (r.status_code, r.text) == (401, '{"error":{"message":"Invalid API Key",'
                                                 '"type":"authentication_error","code":401}}')
@@ -150,11 +150,85 @@ def test_api_key_and_cors(api_engine, api_client):
         assert c.get("/v1/models", headers={"Authorization": "Bearer k1"}).status_code == 200
         assert c.get("/v1/models", headers={"X-Api-Key": "k1"}).status_code == 200
         assert c.get("/health").status_code == 200  # public
+        # a preflight needs no key; an explicit --cors-origins is sent as it is, whatever the Origin
         r = c.options("/v1/chat/completions", headers={"Origin": "https://ok.example"})
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://ok.example"
-        assert r.headers["access-control-allow-methods"] == "GET, POST"
+        assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+        assert r.headers["access-control-allow-headers"] == "*"
+        assert r.headers["access-control-allow-credentials"] == "true"
         r = c.get("/health", headers={"Origin": "https://evil.example"})
-        assert "access-control-allow-origin" not in r.headers
+        assert r.headers["access-control-allow-origin"] == "https://ok.example"
+        assert "access-control-allow-methods" not in r.headers  # preflight only
+
+
+def test_cors_defaults_echo_the_origin(client):
+    """`*` with credentials (the defaults): the Origin is echoed, on preflights and on responses."""
+    r = client.options("/completions", headers={"Origin": "web.mydomain.fr", "Access-Control-Request-Method": "POST"})
+    assert r.status_code == 200 and r.text == ""
+    assert r.headers["access-control-allow-origin"] == "web.mydomain.fr"
+    assert r.headers["access-control-allow-credentials"] == "true"
+    assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+    assert client.get("/health", headers={"Origin": "http://a.example"}).headers["access-control-allow-origin"] \
+        == "http://a.example"
+
+
+@pytest.mark.parametrize("origin,allowed", [
+    ("http://localhost", True), ("http://localhost:8080", True), ("http://127.0.0.1:3000", True),
+    ("http://[::1]", True), ("http://[::1]:3000", True), ("http://evil.com", False),
+    ("http://notlocalhost", False), ("http://localhost.evil.com", False), ("localhost", False),
+])
+def test_cors_localhost_reflects_only_loopback_origins(api_engine, api_client, origin, allowed):
+    with api_client(api_engine, cors_origins="localhost") as c:
+        r = c.options("/completions", headers={"Origin": origin})
+        assert r.status_code == 200
+        assert r.headers.get("access-control-allow-origin") == (origin if allowed else None)
+
+
+def test_cors_methods_headers_credentials_flags(api_engine, api_client):
+    with api_client(api_engine, cors_methods="GET", cors_headers="X-A", cors_credentials=False) as c:
+        r = c.options("/completions", headers={"Origin": "http://x.example"})
+        # without credentials "*" is sent as it is instead of the echoed Origin
+        assert r.headers["access-control-allow-origin"] == "*"
+        assert (r.headers["access-control-allow-methods"], r.headers["access-control-allow-headers"],
+                r.headers["access-control-allow-credentials"]) == ("GET", "X-A", "false")
+
+
+def test_cors_proxy(api_engine, api_client):
+    """`/cors-proxy` is 403 unless --ui-mcp-proxy; it forwards only the x-llama-server-proxy-header-* headers."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: dict[str, str] = {}
+
+    class Capture(BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.update({k.lower(): v for k, v in self.headers.items()})
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *a):
+            pass
+
+    with api_client(api_engine) as c:
+        r = c.get("/cors-proxy?url=http://127.0.0.1:1/")
+        assert r.status_code == 403 and r.json() == {"error": {"message": "this feature is disabled",
+                                                               "type": "feature_disabled"}}
+    target = ThreadingHTTPServer(("127.0.0.1", 0), Capture)
+    threading.Thread(target=target.serve_forever, daemon=True).start()
+    try:
+        with api_client(api_engine, ui_mcp_proxy=True) as c:
+            r = c.get(f"/cors-proxy?url=http://127.0.0.1:{target.server_port}/x", headers={
+                "Authorization": "Bearer mine", "Cookie": "s=1", "X-Api-Key": "k",
+                "x-llama-server-proxy-header-authorization": "Bearer explicit"})
+            assert (r.status_code, r.text) == (200, "ok")
+            assert seen["authorization"] == "Bearer explicit"
+            assert "cookie" not in seen and "x-api-key" not in seen
+            assert c.get("/cors-proxy?url=ftp://127.0.0.1/").status_code == 500
+    finally:
+        target.shutdown()
+        target.server_close()
 
 
 def test_embeddings_server(api_engine, api_client):

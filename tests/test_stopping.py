@@ -73,11 +73,11 @@ def test_check_stop_indent_and_time_limit():
     assert _check(u, t_max_ms=60_000, t_prompt_done=old) == (None, False)
 
 
-def test_effective_n_predict_caps_by_the_server_limit():
+def test_effective_n_predict_server_value_is_only_a_default():
     assert effective_n_predict(-1, -1) == -1
     assert effective_n_predict(7, -1) == 7
     assert effective_n_predict(-1, 16) == 16
-    assert effective_n_predict(32, 16) == 16
+    assert effective_n_predict(32, 16) == 32  # b1-0c1e570 does not cap a request by -n
     assert effective_n_predict(8, 16) == 8
     assert effective_n_predict(0, 16) == 0
     assert [t.value for t in StopType] == ["none", "eos", "limit", "word"]  # llama-server's stop_type strings

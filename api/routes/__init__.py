@@ -2,7 +2,7 @@
 `ApiContext` (`ctx: Ctx`). `ROUTERS` lists them in registration order (api/server.py)."""
 from __future__ import annotations
 
-from api.routes import embeddings, lora, metrics, native, openai, props, slots, tokens, ui
+from api.routes import cors_proxy, embeddings, lora, metrics, native, openai, props, slots, tokens, ui
 
 ROUTERS = (props.router, tokens.router, native.router, openai.router, embeddings.router, slots.router,
-           metrics.router, lora.router, ui.router)
+           metrics.router, lora.router, cors_proxy.router, ui.router)

@@ -19,4 +19,6 @@ async def metrics(ctx: Ctx) -> Response:
     if not ctx.cfg.metrics:
         raise not_supported("This server does not support metrics endpoint. Start it with `--metrics`")
     values = await asyncio.to_thread(ctx.engine.metrics)  # waits for a step boundary of the engine
-    return Response(metrics_api.render(values).encode(), media_type="text/plain; version=0.0.4")
+    # llama-server sends when its metrics started counting (tritium: Unix seconds)
+    headers = {"Process-Start-Time-Unix": str(int(values.get("t_start", 0)))}
+    return Response(metrics_api.render(values).encode(), media_type="text/plain; version=0.0.4", headers=headers)

@@ -5,7 +5,7 @@ response is the final object, or an SSE stream of one chunk per token and then t
 """
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,13 +13,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from api import infill as infill_api
+from api.choices import n_choices, with_children
 from api.context import ApiContext, Ctx
 from api.errors import ApiError, json_response
 from api.inputs import check_context, off_loop, read_json, require_generation, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task, sampling_settings
-from api.results import collect, probs_json
+from api.results import collect_all, probs_json, with_progress
 from api.sse import stream_events
-from runtime.tasks import CompletionResult, CompletionTask, TokenOut
+from runtime.tasks import CompletionResult, CompletionTask, PromptProgress, TokenOut
 
 router = APIRouter()
 
@@ -87,12 +88,20 @@ async def native_stream(ctx: ApiContext, req: NativeRequest) -> Response:
         d: dict[str, Any] = {"index": req.index, "content": ev.text, "tokens": [ev.id],
                              "stop": False, "id_slot": -1,
                              "tokens_predicted": n_predicted, "tokens_evaluated": len(req.task.prompt_tokens)}
+        if ev.timings is not None:
+            d["timings"] = ev.timings.as_dict()
         if req.n_probs > 0:
             d["completion_probabilities"] = probs_json(ctx.tokenizer, [ev], req.post_sampling)
         return [d]
 
+    def on_progress(ev: PromptProgress) -> list[dict[str, Any]]:
+        # llama-server's progress partial: an empty token (id 0), the running counts
+        d = {"index": req.index, "content": "", "tokens": [0], "stop": False, "id_slot": -1,
+             "tokens_predicted": n_predicted, "tokens_evaluated": len(req.task.prompt_tokens)}
+        return [with_progress(d, ev, req.task.timings_per_token)]
+
     return await stream_events(ctx.cfg.sse_ping_interval, handle, on_token,
-                               lambda res: [completion_final_json(ctx, req, res, [], True)], False)
+                               lambda res: [completion_final_json(ctx, req, res, [], True)], False, on_progress)
 
 
 @router.post("/completion")
@@ -103,17 +112,19 @@ async def completion(ctx: Ctx, request: Request) -> Response:
     if "prompt" not in body or body["prompt"] is None:
         raise ApiError('"prompt" must be provided')
     prompts = split_prompts(body["prompt"])
+    n = n_choices(body, ctx.engine.n_slots)
     reqs = []
-    for i, p in enumerate(prompts):
+    for p in prompts:  # each prompt, then its n - 1 children; indexes run over all of them
         toks = await off_loop(tokenize_prompt, ctx.tokenizer, p)
         check_context(len(toks), ctx.engine.n_ctx_slot)
-        reqs.append(native_request(ctx, body, toks, i))
+        first = native_request(ctx, body, toks)
+        for task in with_children(first.task, n):
+            reqs.append(dataclasses.replace(first, task=task, index=len(reqs)))
     if reqs[0].task.stream:
         if len(reqs) > 1:
             raise ApiError("streaming is supported for a single prompt only")
         return await native_stream(ctx, reqs[0])
-    handles = [ctx.engine.submit(r.task) for r in reqs]
-    outs = await asyncio.gather(*(collect(h) for h in handles))
+    outs = await collect_all(request, [ctx.engine.submit(r.task) for r in reqs])
     results = [completion_final_json(ctx, r, res, toks or res.probs, False) for r, (toks, res) in zip(reqs, outs)]
     return json_response(results[0] if len(results) == 1 else results)
 
@@ -137,5 +148,5 @@ async def infill(ctx: Ctx, request: Request) -> Response:
     req = native_request(ctx, body, toks, 0)
     if req.task.stream:
         return await native_stream(ctx, req)
-    toks_out, res = await collect(ctx.engine.submit(req.task))
+    [(toks_out, res)] = await collect_all(request, [ctx.engine.submit(req.task)])
     return json_response(completion_final_json(ctx, req, res, toks_out or res.probs, False))

@@ -11,13 +11,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from api import chat as chat_api
-from api.context import BUILD_INFO, Ctx, random_id
+from api.choices import n_choices, with_children
+from api.context import BUILD_INFO, ApiContext, Ctx, random_id
 from api.errors import ApiError, json_response
 from api.inputs import check_context, off_loop, read_json, require_generation, split_prompts, tokenize_prompt
-from api.params import Fields, parse_sampling, parse_task
-from api.results import collect, finish_reason, probs_json, usage_json
+from api.params import Fields, parse_sampling, parse_task, sampling_settings
+from api.routes.native import NativeRequest, completion_final_json
+from api.results import collect_all, finish_reason, probs_json, usage_json, with_progress
 from api.sse import stream_events
-from runtime.tasks import CompletionResult, TokenOut
+from runtime.tasks import CompletionResult, CompletionTask, PromptProgress, TokenOut
 
 router = APIRouter()
 
@@ -29,8 +31,7 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
     body = await read_json(request)
     if body.get("prompt") is None:
         raise ApiError("'prompt' is required")
-    if Fields(body).integer("n", 1) != 1:
-        raise ApiError("Only one completion choice is allowed")
+    n = n_choices(body, ctx.engine.n_slots)
     prompts = split_prompts(body["prompt"])
     if len(prompts) != 1:
         raise ApiError("Only one prompt is supported")
@@ -48,32 +49,49 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
         return {"choices": [choice], "created": int(time.time()), "model": model,
                 "system_fingerprint": BUILD_INFO, "object": "text_completion", "id": cmpl_id}
 
+    if task.stream and n > 1:
+        raise ApiError("streaming is supported for a single choice only")
+    if not task.stream:
+        outs = await collect_all(request, [ctx.engine.submit(t) for t in with_children(task, n)])
+        choices = []
+        for i, (toks_out, res) in enumerate(outs):
+            logprobs = None
+            if params.n_probs > 0:
+                logprobs = {"content": probs_json(ctx.tokenizer, toks_out or res.probs, False)}
+            choices.append({"text": res.content, "index": i, "logprobs": logprobs, "finish_reason": finish_reason(res)})
+        toks_out, res = outs[0]
+        d = base(choices[0])
+        d["choices"] = choices
+        d["usage"] = usage_json(res)
+        if Fields(body).boolean("verbose", False):
+            d["__verbose"] = verbose_json(ctx, task, ctx.tokenizer.decode(toks), res, toks_out)
+        d["timings"] = res.timings.as_dict()
+        keys = ("choices", "created", "model", "system_fingerprint", "object", "usage", "id", "__verbose", "timings")
+        return json_response({k: d[k] for k in keys if k in d})
     handle = ctx.engine.submit(task)
-    if task.stream:
-        def on_token(ev: TokenOut) -> list[dict[str, Any]]:
-            if not ev.text:
-                return []
-            return [base({"text": ev.text, "index": 0, "logprobs": None, "finish_reason": None})]
 
-        def on_final(res: CompletionResult) -> list[dict[str, Any]]:
-            # llama-server b1-0c1e570 puts usage in this last chunk whether or not
-            # stream_options.include_usage asks for it, before the id
-            d = base({"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason(res)})
-            cid = d.pop("id")
-            d["usage"], d["id"] = usage_json(res), cid
-            d["timings"] = res.timings.as_dict()
-            return [d]
+    def on_token(ev: TokenOut) -> list[dict[str, Any]]:
+        if not ev.text:
+            return []
+        d = base({"text": ev.text, "index": 0, "logprobs": None, "finish_reason": None})
+        if ev.timings is not None:
+            d["timings"] = ev.timings.as_dict()
+        return [d]
 
-        return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True)
-    toks_out, res = await collect(handle)
-    logprobs = None
-    if params.n_probs > 0:
-        logprobs = {"content": probs_json(ctx.tokenizer, toks_out or res.probs, False)}
-    d = base({"text": res.content, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason(res)})
-    d["usage"] = usage_json(res)
-    d["timings"] = res.timings.as_dict()
-    d = {k: d[k] for k in ("choices", "created", "model", "system_fingerprint", "object", "usage", "id", "timings")}
-    return json_response(d)
+    def on_progress(ev: PromptProgress) -> list[dict[str, Any]]:
+        d = base({"text": "", "index": 0, "logprobs": None, "finish_reason": None})
+        return [with_progress(d, ev, task.timings_per_token)]
+
+    def on_final(res: CompletionResult) -> list[dict[str, Any]]:
+        # llama-server b1-0c1e570 puts usage in this last chunk whether or not
+        # stream_options.include_usage asks for it, before the id
+        d = base({"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason(res)})
+        cid = d.pop("id")
+        d["usage"], d["id"] = usage_json(res), cid
+        d["timings"] = res.timings.as_dict()
+        return [d]
+
+    return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True, on_progress)
 
 
 @router.post("/chat/completions")
@@ -83,6 +101,7 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
     require_generation(cfg)
     body = await read_json(request)
     prep = chat_api.prepare(ctx, body)
+    n = n_choices(body, ctx.engine.n_slots)
     prompt_tokens = list(await off_loop(ctx.tokenizer.encode, prep.prompt, add_special=True, parse_special=True))
     check_context(len(prompt_tokens), ctx.engine.n_ctx_slot)
     params = parse_sampling(prep.body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
@@ -90,54 +109,83 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
     task = parse_task(prep.body, prompt_tokens, params, cfg.n_predict, openai=True)
     cmpl_id = "chatcmpl-" + random_id()
     model = cfg.model_name
+    if task.stream and n > 1:
+        raise ApiError("streaming is supported for a single choice only")
+    if not task.stream:
+        return await chat_whole(ctx, request, prep, task, params.n_probs, n, cmpl_id)
     handle = ctx.engine.submit(task)
     parser = chat_api.ChatOutput(prep)
-    if task.stream:
-        def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-            return {"choices": choices, "created": int(time.time()), "id": cmpl_id, "model": model,
-                    "system_fingerprint": BUILD_INFO, "object": "chat.completion.chunk"}
 
-        started = False
+    def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"choices": choices, "created": int(time.time()), "id": cmpl_id, "model": model,
+                "system_fingerprint": BUILD_INFO, "object": "chat.completion.chunk"}
 
-        def on_token(ev: TokenOut) -> list[dict[str, Any]]:
-            nonlocal started
-            out = []
-            if not started:
-                started = True
-                out.append(chunk([{"finish_reason": None, "index": 0,
-                                   "delta": {"role": "assistant", "content": None}}]))
-            for delta in parser.add(ev.text):
-                c = {"finish_reason": None, "index": 0, "delta": delta}
-                if params.n_probs > 0 and prep.logprobs:
-                    c["logprobs"] = {"content": probs_json(ctx.tokenizer, [ev], False)}
-                out.append(chunk([c]))
-            return out
+    started = False
 
-        def on_final(res: CompletionResult) -> list[dict[str, Any]]:
-            out = []
-            if not started:
-                out.append(chunk([{"finish_reason": None, "index": 0,
-                                   "delta": {"role": "assistant", "content": None}}]))
-            for delta in parser.finish():
-                out.append(chunk([{"finish_reason": None, "index": 0, "delta": delta}]))
-            fin = chunk([{"finish_reason": finish_reason(res, parser.has_tool_calls), "index": 0, "delta": {}}])
-            out.append(fin)
-            if prep.include_usage:
-                u = chunk([])
-                u["usage"] = usage_json(res)
-                out.append(u)
-            out[-1]["timings"] = res.timings.as_dict()
-            return out
+    def on_token(ev: TokenOut) -> list[dict[str, Any]]:
+        nonlocal started
+        out = []
+        if not started:
+            started = True
+            out.append(chunk([{"finish_reason": None, "index": 0,
+                               "delta": {"role": "assistant", "content": None}}]))
+        for delta in parser.add(ev.text):
+            out.append(chunk([{"finish_reason": None, "index": 0, "delta": delta}]))
+        if params.n_probs > 0 and prep.logprobs and out:  # on the token's last chunk, as llama-server
+            out[-1]["choices"][0]["logprobs"] = {"content": probs_json(ctx.tokenizer, [ev], False)}
+        if ev.timings is not None and out:
+            out[-1]["timings"] = ev.timings.as_dict()
+        return out
 
-        return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True)
-    toks_out, res = await collect(handle)
-    msg = parser.final_message(res.content)
-    choice: dict[str, Any] = {"finish_reason": finish_reason(res, bool(msg.get("tool_calls"))),
-                              "index": 0, "message": msg}
-    if params.n_probs > 0 and prep.logprobs:
-        choice["logprobs"] = {"content": probs_json(ctx.tokenizer, toks_out or res.probs, False)}
-    return json_response({
-        "choices": [choice], "created": int(time.time()), "model": model, "system_fingerprint": BUILD_INFO,
-        "object": "chat.completion", "usage": usage_json(res), "id": cmpl_id,
-        "timings": res.timings.as_dict(),
-    })
+    def on_progress(ev: PromptProgress) -> list[dict[str, Any]]:
+        c = chunk([{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}])
+        return [with_progress(c, ev, task.timings_per_token)]
+
+    def on_final(res: CompletionResult) -> list[dict[str, Any]]:
+        out = []
+        if not started:
+            out.append(chunk([{"finish_reason": None, "index": 0,
+                               "delta": {"role": "assistant", "content": None}}]))
+        for delta in parser.finish():
+            out.append(chunk([{"finish_reason": None, "index": 0, "delta": delta}]))
+        fin = chunk([{"finish_reason": finish_reason(res, parser.has_tool_calls), "index": 0, "delta": {}}])
+        out.append(fin)
+        if prep.include_usage:
+            u = chunk([])
+            u["usage"] = usage_json(res)
+            out.append(u)
+        out[-1]["timings"] = res.timings.as_dict()
+        return out
+
+    return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True, on_progress)
+
+
+def verbose_json(ctx: ApiContext, task: CompletionTask, prompt: str, res: CompletionResult,
+                 toks: list[TokenOut]) -> dict[str, Any]:
+    """`__verbose` (`"verbose": true`): the native final object of the task."""
+    p = task.params
+    settings = sampling_settings(p, task.n_predict, task.stream, "Content-only", "none", only_metrics=False,
+                                 stop=task.stop, n_keep=task.n_keep, timings_per_token=task.timings_per_token)
+    req = NativeRequest(task, settings, prompt, p.n_probs, False)
+    return completion_final_json(ctx, req, res, toks or res.probs, False)
+
+
+async def chat_whole(ctx: ApiContext, request: Request, prep: chat_api.ChatPrep, task: CompletionTask,
+                     n_probs: int, n: int, cmpl_id: str) -> Response:
+    """A non-streamed chat completion with `n` choices."""
+    outs = await collect_all(request, [ctx.engine.submit(t) for t in with_children(task, n)])
+    choices = []
+    for i, (toks_out, res) in enumerate(outs):
+        msg = chat_api.ChatOutput(prep).final_message(res.content)
+        choice: dict[str, Any] = {"finish_reason": finish_reason(res, bool(msg.get("tool_calls"))),
+                                  "index": i, "message": msg}
+        if n_probs > 0 and prep.logprobs:
+            choice["logprobs"] = {"content": probs_json(ctx.tokenizer, toks_out or res.probs, False)}
+        choices.append(choice)
+    toks_out, res = outs[0]
+    d = {"choices": choices, "created": int(time.time()), "model": ctx.cfg.model_name,
+         "system_fingerprint": BUILD_INFO, "object": "chat.completion", "usage": usage_json(res), "id": cmpl_id}
+    if Fields(prep.body).boolean("verbose", False):
+        d["__verbose"] = verbose_json(ctx, task, prep.prompt, res, toks_out)
+    d["timings"] = res.timings.as_dict()
+    return json_response(d)

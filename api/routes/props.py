@@ -48,7 +48,7 @@ async def models(ctx: Ctx) -> Response:
         }],
         "object": "list",
         "data": [{
-            "id": name, "aliases": [name], "tags": [], "object": "model", "created": int(time.time()),
+            "id": name, "aliases": list(ctx.cfg.aliases), "tags": list(ctx.cfg.tags), "object": "model", "created": int(time.time()),
             "owned_by": "llamacpp", "meta": meta,
         }],
     })

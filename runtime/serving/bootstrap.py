@@ -230,7 +230,10 @@ def _chat_template(cfg: EngineConfig, tk):
         with open(cfg.chat_template_file, encoding="utf-8") as f:
             src = f.read()
     elif cfg.chat_template:
-        src = default_chatml_template() if cfg.chat_template == "chatml" else cfg.chat_template
+        from runtime.chat.named_templates import named_template
+
+        src = default_chatml_template() if cfg.chat_template == "chatml" else \
+            named_template(cfg.chat_template) or cfg.chat_template
     if src is None:
         src = tk.chat_template
     if src is None:

@@ -7,11 +7,13 @@ which runs `snapshot` between steps).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 
 @dataclass
 class Metrics:
+    t_start: int = field(default_factory=lambda: int(time.time()))  # Unix seconds, when the engine was made
     n_prompt_tokens_processed_total: int = 0
     n_prompt_tokens_cached_total: int = 0
     t_prompt_processing_total: float = 0.0  # seconds
@@ -54,6 +56,7 @@ class Metrics:
     def snapshot(self, requests_processing: int, requests_deferred: int) -> dict[str, float]:
         """The values `/metrics` prints; starts a new gauge window."""
         d = {
+            "t_start": self.t_start,
             "prompt_tokens_total": self.n_prompt_tokens_processed_total,
             "prompt_tokens_cached_total": self.n_prompt_tokens_cached_total,
             "prompt_seconds_total": self.t_prompt_processing_total,

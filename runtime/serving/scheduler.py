@@ -31,7 +31,26 @@ from runtime.serving.runner import StepOutput, pool_embeddings
 from runtime.serving.sampling import GrammarError, Vocabulary, maybe_trigger_grammar, sample_rows
 from runtime.serving.slots import Request, Slot, SlotState, pick_slot, release, reserve
 from runtime.serving.stopping import StopType, TextState, check_stop, effective_n_predict
-from runtime.tasks import CompletionResult, EmbeddingTask, TaskError, Timings, TokenOut
+from runtime.tasks import CompletionResult, EmbeddingTask, PromptProgress, TaskError, Timings, TokenOut
+
+
+def running_timings(r: Request, now: float) -> Timings:
+    """A running task's timings so far (llama-server's slot stats): the prompt clock stops at its
+    last batch, the generation clock starts when the prompt is done."""
+    prompt_end = r.t_prompt_done or r.t_prompt_last
+    return Timings(cache_n=r.n_cached, prompt_n=r.n_past - r.n_cached,
+                   prompt_ms=(prompt_end - r.t_start) * 1e3 if prompt_end else 0.0,
+                   predicted_n=r.n_decoded,
+                   predicted_ms=(now - r.t_prompt_done) * 1e3 if r.t_prompt_done and r.n_decoded else 0.0)
+
+
+def send_progress(r: Request) -> None:
+    """A `prompt_progress` event, for a streamed task that asked for them."""
+    task = r.task
+    if task.stream and task.return_progress:
+        now = time.perf_counter()
+        r.handle.emit(PromptProgress(len(r.prompt), r.n_cached, r.n_past, int((now - r.t_start) * 1e3),
+                                     running_timings(r, now)))
 
 
 class Scheduler:
@@ -112,6 +131,7 @@ class Scheduler:
             return
         r.n_predict = effective_n_predict(task.n_predict, self.cfg.n_predict)
         r.text = TextState(task.stop, self.vocab.tokenizer)
+        send_progress(r)  # the 0% update: nothing read yet but the cached prefix
 
     # ---- one step ----------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
@@ -120,21 +140,24 @@ class Scheduler:
             if s.busy and s.req.handle.abandoned():
                 release(s)
         plan = plan_step(self.slots, self.cfg.n_batch, self.cfg.n_prefill_chunk)
-        ok = [self._reserve_row(s, b.n_past + len(b.tokens)) for b, s in zip(plan.batch, plan.slots)]
-        return plan if all(ok) else plan.keep(ok)
+        for b, s in zip(plan.batch, plan.slots):
+            try:
+                self._reserve(s, b.n_past + len(b.tokens))
+            except OutOfBlocks:
+                self._context_exceeded()
+                return plan.keep([False] * len(plan.slots))
+        return plan
 
-    def _reserve_row(self, s: Slot, n_total: int) -> bool:
-        try:
-            self._reserve(s, n_total)
-            return True
-        except OutOfBlocks:
-            if s.state is SlotState.GENERATING:
-                s.req.truncated = True
-                s.req.stop_type = StopType.LIMIT
-                self.finish(s)
-            else:
-                self.fail(s, 500, "failed to find free space in the KV cache", "server_error")
-            return False
+    def _context_exceeded(self) -> None:
+        """The KV pool is full even after purging idle slots (a unified cache shared by slots that
+        together outgrow it): as llama-server when llama_decode finds no room, every running task
+        ends with a 500 and its slot's cache is cleared."""
+        self.log("E", "srv  update_slots: Context size has been exceeded.")
+        for s in self.slots:
+            if s.busy:
+                self.fail(s, 500, "Context size has been exceeded.", "server_error")
+                self.kv.clear(s.seq)
+                s.tokens = []
 
     def postprocess(self, plan: StepPlan, out: StepOutput) -> None:
         self.metrics.on_forward(len(plan.slots))
@@ -146,6 +169,9 @@ class Scheduler:
                 r.pending = None
             else:
                 r.n_past += len(b.tokens)
+                if not r.embedding:
+                    r.t_prompt_last = time.perf_counter()
+                    send_progress(r)
                 if r.n_past == len(r.prompt):
                     if r.embedding:
                         self._finish_embedding(s, hid)
@@ -174,6 +200,8 @@ class Scheduler:
         if r.lazy_grammar is not None:
             maybe_trigger_grammar(r)
         ev = TokenOut(tok, delta)
+        if task.timings_per_token:
+            ev.timings = running_timings(r, time.perf_counter())
         if task.params.n_probs > 0:
             ev.probs = [self.vocab.token_prob(t, lp) for t, lp in sampled.top]
             ev.logprob = sampled.logprob

@@ -48,6 +48,7 @@ class Request:
     generated: list[int] = field(default_factory=list)
     probs: list[TokenOut] = field(default_factory=list)
     t_prompt_done: float = 0.0
+    t_prompt_last: float = 0.0  # when the last prompt batch was read
     truncated: bool = False
     stop_type: StopType = StopType.NONE
     lazy_grammar: Any = None  # matcher waiting for a trigger word in the output

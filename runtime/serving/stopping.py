@@ -22,10 +22,9 @@ class StopType(enum.Enum):
 
 
 def effective_n_predict(requested: int, server_limit: int) -> int:
-    """The request's n_predict (-1 = unlimited), capped by the server's -n when that is set."""
-    if server_limit > 0 and (requested < 0 or requested > server_limit):
-        return server_limit
-    return requested
+    """The request's n_predict; the server's -n only when the request leaves it at -1 (llama-server
+    b1-0c1e570: `n_predict_max = task n_predict != -1 ? task n_predict : params_base.n_predict`, no cap)."""
+    return requested if requested != -1 else server_limit
 
 
 def check_stop(text: "TextState", stop_word: str | None, is_eog: bool, *, n_cached: int, n_ctx: int,

@@ -1,0 +1,80 @@
+"""The listening and browser-facing flags of `tritium-server`: addresses, CORS, the model's names
+and tags, and the agent features that narrow CORS (common/arg.cpp of llama-server b1-0c1e570).
+
+- `--host A,B`: every address is bound (same port); `LLAMA_ARG_HOST` is the default, the flag
+  replaces it.
+- `--cors-origins` (default `*`), `--cors-methods`, `--cors-headers`, `--cors-credentials`
+  (api/cors.py). `--tools`, `--mcp-servers-config` or `--mcp-servers-json` without an explicit
+  `--cors-origins` make it `localhost`, as llama-server does for security.
+- `-a/--alias a,b` and `--tags x,y`: sorted sets; the first alias names the model in responses.
+- `--ui-mcp-proxy` (or `--agent`): `GET/POST /cors-proxy?url=...` (api/routes/cors_proxy.py).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+
+def _csv_set(value: str | None) -> list[str]:
+    """llama-server's comma-separated sets (std::set: sorted, unique, stripped, no empties)."""
+    return sorted({v.strip() for v in (value or "").split(",") if v.strip()})
+
+
+def add_net_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("listening and CORS")
+    g.add_argument("--host", default=os.environ.get("LLAMA_ARG_HOST", "127.0.0.1"),
+                   help="IP addresses to listen on, comma-separated")
+    g.add_argument("--tags", default=None, metavar="STRING", help="model tags, comma-separated (informational)")
+    g.add_argument("--cors-origins", default=None, metavar="ORIGINS",
+                   help="allowed origins for CORS (default: *); 'localhost' reflects the Origin only if it is "
+                        "localhost")
+    g.add_argument("--cors-methods", default="GET, POST, DELETE, OPTIONS", metavar="METHODS",
+                   help="allowed methods for CORS")
+    g.add_argument("--cors-headers", default="*", metavar="HEADERS", help="allowed headers for CORS")
+    g.add_argument("--cors-credentials", dest="cors_credentials", action="store_true", default=True,
+                   help="allow credentials for CORS (with --cors-origins '*' the Origin is echoed back)")
+    g.add_argument("--no-cors-credentials", dest="cors_credentials", action="store_false")
+    g.add_argument("--ui-mcp-proxy", "--webui-mcp-proxy", dest="ui_mcp_proxy", action="store_true", default=False,
+                   help="experimental: enable the /cors-proxy endpoint (do not expose to untrusted networks)")
+    g.add_argument("--no-ui-mcp-proxy", "--no-webui-mcp-proxy", dest="ui_mcp_proxy", action="store_false")
+    g.add_argument("--tools", default=None, metavar="TOOL1,TOOL2,...",
+                   help="llama-server's built-in agent tools: tritium serves none, but like llama-server it then "
+                        "limits --cors-origins to localhost by default")
+    g.add_argument("--tools-runtime", default=None, metavar="OPTION", help=argparse.SUPPRESS)
+    g.add_argument("--mcp-servers-config", default=None, metavar="PATH", help=argparse.SUPPRESS)
+    g.add_argument("--mcp-servers-json", default=None, metavar="JSON", help=argparse.SUPPRESS)
+    g.add_argument("-ag", "--agent", dest="agent", action="store_true", default=False,
+                   help="the CORS proxy and the built-in tools (see --tools)")
+    g.add_argument("-no-ag", "--no-agent", dest="agent", action="store_false")
+
+
+def hosts(args: argparse.Namespace) -> list[str]:
+    return [h.strip() for h in args.host.split(",") if h.strip()] or ["127.0.0.1"]
+
+
+def net_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """ServerConfig fields of these flags."""
+    tools = bool(args.tools) or args.agent
+    origins = args.cors_origins
+    if origins is None:
+        origins = "localhost" if (tools or args.mcp_servers_config or args.mcp_servers_json) else "*"
+    aliases = _csv_set(args.alias)
+    return {
+        "host": hosts(args)[0], "hosts": hosts(args),
+        "alias": aliases[0] if aliases else None, "aliases": aliases, "tags": _csv_set(args.tags),
+        "cors_origins": origins, "cors_methods": args.cors_methods, "cors_headers": args.cors_headers,
+        "cors_credentials": args.cors_credentials, "ui_mcp_proxy": args.ui_mcp_proxy or args.agent,
+    }
+
+
+def warnings(args: argparse.Namespace, settings: dict[str, Any]) -> list[str]:
+    out = []
+    if args.cors_origins is None and settings["cors_origins"] == "localhost":
+        out.append("server tools or MCP servers are enabled, using localhost as default CORS origin "
+                   "(change via --cors-origins)")
+    if args.tools or args.agent or args.mcp_servers_config or args.mcp_servers_json:
+        out.append("built-in tools and MCP servers are not supported by tritium: none are served")
+    if settings["ui_mcp_proxy"]:
+        out.append("security: MCP proxy (experimental) enabled - do not expose to untrusted environments")
+    return out

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# llama.cpp's own server tests (tools/server/tests of b1-0c1e570, from the llama-cpp-python 0.3.36 sdist on the
+# package index, MIT code fetched at run time, never kept in this repository) against a llama-server-compatible
+# binary, with a tiny random model (make_model.py: the lesson's shape, the qwen2 vocabulary shipped in the same
+# sdist, fixed seed) in place of the suite's downloaded stories260K. Same as ../shared/peer-suite/run.sh, but
+# self-contained (CI has no ../shared) and it exits 1 when a baseline test fails.
+#
+#   scripts/peer_suite/run.sh BIN [pytest args...]      e.g. scripts/peer_suite/run.sh .venv/bin/tritium-server -x unit/test_metrics.py
+#   scripts/peer_suite/run.sh BIN --compare [BASELINE]  runs the files a baseline names (default baseline.txt: the 102
+#                                                       tests llama-server b1-0c1e570 passes) and fails if any fails
+# Works under $WORK (default $TMPDIR/peer-suite); PORT (default 8080) is the port the suite's servers use.
+set -eu
+BIN=$(realpath "$1"); shift
+HERE=$(cd "$(dirname "$0")" && pwd)
+BASE=$HERE/baseline.txt
+if [ "${1:-}" = "--compare" ] && [ -n "${2:-}" ]; then BASE=$(realpath "$2"); fi
+WORK=${WORK:-${TMPDIR:-/tmp}/peer-suite}; mkdir -p "$WORK"; cd "$WORK"
+SDIST=llama_cpp_python-0.3.36
+SRC=$SDIST/vendor/llama.cpp/tools/server/tests
+if [ ! -d $SRC ]; then python3 -m pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d . && tar xzf $SDIST.tar.gz; fi
+if [ ! -x venv/bin/python ]; then python3 -m venv venv && venv/bin/pip -q install -r $SRC/requirements.txt gguf numpy; fi
+MODEL=$WORK/tiny-qwen2-f32.gguf
+[ -f $MODEL ] || venv/bin/python "$HERE/make_model.py" $SDIST/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf $MODEL > /dev/null
+rm -rf suite && cp -r $SRC suite && cd suite
+venv=../venv/bin/python
+$venv - <<'PY'
+p = "utils.py"; s = open(p).read()
+s = s.replace('server.model_hf_repo = "ggml-org/test-model-stories260K"', 'server.model_hf_repo = None\n        server.model_file = os.environ["SUITE_MODEL"]')
+s = s.replace("    def load_all() -> None:", "    def load_all() -> None:\n        return")
+open(p, "w").write(s)
+PY
+export SUITE_MODEL=$MODEL LLAMA_SERVER_BIN_PATH=$BIN
+if [ "${1:-}" = "--compare" ]; then
+  FILES=$(sed 's/^PASSED //; s/::.*//' "$BASE" | sort -u)
+  $venv -m pytest -q -p no:cacheprovider -rA $FILES > ../last-run.txt 2>&1 || true
+  exec $venv - "$BASE" ../last-run.txt <<'PY'
+import os, sys
+ids = lambda f: {l.split(" ", 1)[1].strip() for l in open(f, errors="replace") if l.startswith("PASSED ")}
+base, got = ids(sys.argv[1]), ids(sys.argv[2])
+for t in sorted(base - got): print("FAILS", t)
+print(f"{len(base & got)}/{len(base)} of the tests llama-server passes also pass here (full log: {os.path.abspath(sys.argv[2])})")
+sys.exit(1 if base - got else 0)
+PY
+else
+  exec $venv -m pytest -q -p no:cacheprovider "$@"
+fi
