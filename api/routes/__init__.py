@@ -6,3 +6,8 @@ from api.routes import embeddings, metrics, native, openai, props, slots, tokens
 
 ROUTERS = (props.router, tokens.router, native.router, openai.router, embeddings.router, slots.router,
            metrics.router)
+
+# the Responses API, the Anthropic Messages API and the token-counting routes (issue 16)
+from api.routes import anthropic, responses  # noqa: E402
+
+ROUTERS += (responses.router, anthropic.router)
