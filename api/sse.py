@@ -18,7 +18,7 @@ from fastapi.responses import Response, StreamingResponse
 from api.engine_api import TaskHandleAPI
 from api.errors import ApiError, dumps, error_object
 from api.results import raise_task_error
-from runtime.tasks import CompletionResult, TaskError, TokenOut
+from runtime.tasks import CompletionResult, PromptProgress, TaskError, TokenOut
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 PING = b":\n\n"
@@ -65,7 +65,7 @@ class EventPump:
         except StopAsyncIteration:
             self.finished = True
             raise ApiError("task ended without a result", "server_error", 500)
-        if not isinstance(ev, TokenOut):
+        if not isinstance(ev, (TokenOut, PromptProgress)):
             self.finished = True
         return True, ev
 
@@ -78,13 +78,16 @@ class EventPump:
 
 OnToken = Callable[[TokenOut], list[Any]]
 OnFinal = Callable[[CompletionResult], list[Any]]
+OnProgress = Callable[[PromptProgress], list[Any]]
 
 
 async def stream_events(ping_interval: float, handle: TaskHandleAPI, on_token: OnToken, on_final: OnFinal,
-                        done_marker: bool, error_fmt: Callable[..., bytes] = sse_error) -> Response:
+                        done_marker: bool, error_fmt: Callable[..., bytes] = sse_error,
+                        on_progress: OnProgress | None = None) -> Response:
     """SSE response for a generating task. `on_token(ev)` and `on_final(result)` return lists of
     JSON chunks (or of events already encoded as bytes); `done_marker`: end with `data: [DONE]`
-    (the OpenAI routes); `error_fmt`: how an error after the first chunk is written."""
+    (the OpenAI routes); `error_fmt`: how an error after the first chunk is written; `on_progress`:
+    the chunks of a PromptProgress event (tasks with `return_progress`)."""
     pump = EventPump(handle)
     ping = ping_interval if ping_interval > 0 else None
     try:
@@ -106,6 +109,9 @@ async def stream_events(ping_interval: float, handle: TaskHandleAPI, on_token: O
                 else:
                     if isinstance(ev, TokenOut):
                         for chunk in on_token(ev):
+                            yield chunk if isinstance(chunk, bytes) else sse(chunk)
+                    elif isinstance(ev, PromptProgress):
+                        for chunk in on_progress(ev) if on_progress is not None else []:
                             yield chunk if isinstance(chunk, bytes) else sse(chunk)
                     elif isinstance(ev, TaskError):
                         yield error_fmt(ev.message, ev.type, ev.code, ev.extra)

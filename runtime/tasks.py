@@ -59,6 +59,8 @@ class CompletionTask:
     return_tokens: bool = False
     t_max_predict_ms: int = -1
     grammar_prefix: str = ""  # text of a prefilled assistant turn the grammar has already seen
+    timings_per_token: bool = False  # every streamed TokenOut carries `timings` (the first one always does)
+    return_progress: bool = False  # a stream also gets PromptProgress events while the prompt is fed
 
 
 @dataclass
@@ -84,6 +86,20 @@ class TokenOut:
     text: str
     probs: list[TokenProb] | None = None  # top n_probs candidates, when requested
     logprob: float | None = None
+    timings: Timings | None = None  # so far; on the first token, and on every one with timings_per_token
+
+
+@dataclass
+class PromptProgress:
+    """A streamed task's prompt processing so far (llama-server's `prompt_progress`), sent once when
+    the task starts and after every prompt chunk when the task asked for `return_progress`."""
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
 
 
 @dataclass

@@ -49,8 +49,7 @@ async def messages(ctx: Ctx, request: Request) -> Response:
         return [sse_event(name, data) for name, data in events]
 
     def on_token(ev: TokenOut) -> list[bytes]:
-        timings = getattr(ev, "timings", None)
-        events = st.message_start(n_prompt, timings.cache_n if timings is not None else 0)
+        events = st.message_start(n_prompt, ev.timings.cache_n if ev.timings is not None else 0)
         return encode(events + st.deltas(parser.add(ev.text)))
 
     def on_final(res: CompletionResult) -> list[bytes]:

@@ -18,9 +18,10 @@ from api.context import ApiContext, Ctx, random_id
 from api.convert_responses import ResponsesStream, response_json, responses_to_chat, usage
 from api.errors import json_response
 from api.inputs import read_json, require_generation
+from api.params import Fields
 from api.results import collect
 from api.sse import sse_event, stream_events
-from runtime.tasks import CompletionResult, TokenOut
+from runtime.tasks import CompletionResult, PromptProgress, Timings, TokenOut
 
 router = APIRouter()
 
@@ -35,6 +36,9 @@ async def responses(ctx: Ctx, request: Request) -> Response:
     require_generation(ctx.cfg)
     body = responses_to_chat(await read_json(request))
     prep, task, _ = chat_task(ctx, body)
+    f = Fields(prep.body)
+    task.timings_per_token = f.boolean("timings_per_token", False)
+    task.return_progress = f.boolean("return_progress", False)
     model = ctx.cfg.model_name
     handle = ctx.engine.submit(task)
     parser = ChatOutput(prep)
@@ -44,25 +48,32 @@ async def responses(ctx: Ctx, request: Request) -> Response:
         return json_response(response_json(msg, "resp_" + random_id(), model, _usage(res)))
 
     rs = ResponsesStream(model)
-    timings_per_token = bool(body.get("timings_per_token") is True)
 
-    def encode(events: list[tuple[str, dict[str, Any]]], timings: dict[str, Any] | None) -> list[bytes]:
-        if events and timings is not None:
-            events[-1][1]["timings"] = timings
+    def encode(events: list[tuple[str, dict[str, Any]]], timings: Timings | None,
+               progress: PromptProgress | None = None) -> list[bytes]:
+        if events:  # llama-server's telemetry goes on the last event of a batch
+            if timings is not None:
+                events[-1][1]["timings"] = timings.as_dict()
+            if progress is not None:
+                events[-1][1]["prompt_progress"] = progress.as_dict()
         return [sse_event(name, data) for name, data in events]
+
+    def on_progress(p: PromptProgress) -> list[bytes]:
+        timings = Timings(cache_n=p.cache, prompt_n=p.processed - p.cache, prompt_ms=float(p.time_ms))
+        return encode(rs.begin(progress=True), timings if task.timings_per_token else None, p)
 
     def on_token(ev: TokenOut) -> list[bytes]:
         events = rs.begin() + rs.deltas(parser.add(ev.text))
-        timings = getattr(ev, "timings", None)
-        return encode(events, timings.as_dict() if timings_per_token and timings is not None else None)
+        return encode(events, ev.timings if task.timings_per_token else None)
 
     def on_final(res: CompletionResult) -> list[bytes]:
         events = rs.begin()  # no token was streamed (the first one ended the task)
         _, final = parser.stream.finish()  # deltas found only now are not streamed (as llama-server)
         events += rs.final(final.to_openai(), _usage(res))
-        return encode(events, res.timings.as_dict())
+        return encode(events, res.timings)
 
-    return await stream_events(ctx.cfg.sse_ping_interval, handle, on_token, on_final, False)
+    return await stream_events(ctx.cfg.sse_ping_interval, handle, on_token, on_final, False,
+                               on_progress=on_progress)
 
 
 def count_tokens(ctx: ApiContext, body: dict[str, Any]) -> int:

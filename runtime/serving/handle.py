@@ -12,7 +12,7 @@ import queue
 import threading
 from typing import Any
 
-from runtime.tasks import TokenOut
+from runtime.tasks import PromptProgress, TokenOut
 
 
 class Outbox:
@@ -73,7 +73,7 @@ class TaskHandle:
 
     @staticmethod
     def _is_final(ev) -> bool:
-        return not isinstance(ev, TokenOut)
+        return not isinstance(ev, (TokenOut, PromptProgress))
 
     async def events(self):
         while True:

@@ -31,7 +31,7 @@ from runtime.serving.runner import StepOutput, pool_embeddings
 from runtime.serving.sampling import GrammarError, Vocabulary, maybe_trigger_grammar, sample_rows
 from runtime.serving.slots import Request, Slot, SlotState, pick_slot, release, reserve
 from runtime.serving.stopping import StopType, TextState, check_stop, effective_n_predict
-from runtime.tasks import CompletionResult, EmbeddingTask, TaskError, Timings, TokenOut
+from runtime.tasks import CompletionResult, EmbeddingTask, PromptProgress, TaskError, Timings, TokenOut
 
 
 class Scheduler:
@@ -99,6 +99,12 @@ class Scheduler:
             return
         r.n_predict = effective_n_predict(task.n_predict, self.cfg.n_predict)
         r.text = TextState(task.stop, self.vocab.tokenizer)
+        self._progress(r)
+
+    def _progress(self, r: Request) -> None:
+        if r.task.stream and r.task.return_progress:
+            r.handle.emit(PromptProgress(len(r.prompt), r.n_cached, r.n_past,
+                                         int((time.perf_counter() - r.t_start) * 1e3)))
 
     # ---- one step ----------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
@@ -133,6 +139,8 @@ class Scheduler:
                 r.pending = None
             else:
                 r.n_past += len(b.tokens)
+                if not r.embedding:
+                    self._progress(r)
                 if r.n_past == len(r.prompt):
                     if r.embedding:
                         self._finish_embedding(s, hid)
@@ -161,6 +169,8 @@ class Scheduler:
         if r.lazy_grammar is not None:
             maybe_trigger_grammar(r)
         ev = TokenOut(tok, delta)
+        if r.n_decoded == 1 or task.timings_per_token:
+            ev.timings = self._timings(r)
         if task.params.n_probs > 0:
             ev.probs = [self.vocab.token_prob(t, lp) for t, lp in sampled.top]
             ev.logprob = sampled.logprob
@@ -180,12 +190,16 @@ class Scheduler:
             r.pending = tok
 
     # ---- the end of a task -----------------------------------------------------------------
-    def finish(self, s: Slot) -> None:
-        r = s.req
+    @staticmethod
+    def _timings(r: Request) -> Timings:
         now = time.perf_counter()
         done = r.t_prompt_done or now
-        tim = Timings(cache_n=r.n_cached, prompt_n=len(r.prompt) - r.n_cached, prompt_ms=(done - r.t_start) * 1e3,
-                      predicted_n=r.n_decoded, predicted_ms=(now - done) * 1e3 if r.t_prompt_done else 0.0)
+        return Timings(cache_n=r.n_cached, prompt_n=len(r.prompt) - r.n_cached, prompt_ms=(done - r.t_start) * 1e3,
+                       predicted_n=r.n_decoded, predicted_ms=(now - done) * 1e3 if r.t_prompt_done else 0.0)
+
+    def finish(self, s: Slot) -> None:
+        r = s.req
+        tim = self._timings(r)
         self.metrics.on_finish(r.n_decoded, tim.predicted_ms / 1e3, len(r.prompt) + r.n_decoded)
         text = r.text.final() if r.text is not None else ""
         res = CompletionResult(
