@@ -225,3 +225,43 @@ def test_chat_input_tokens(http):
     assert r.json() == {"input_tokens": strict, "object": "response.input_tokens"}
     r = http.post("/v1/chat/completions/input_tokens", json={})
     assert (r.status_code, r.json()["error"]["message"]) == (400, "'messages' is required")
+
+
+# ---- reasoning models: thinking blocks / reasoning items ---------------------------------
+
+@pytest.fixture(scope="module")
+def r1_server(start_server, lesson_model, shared_dir):
+    """The DeepSeek R1 template opens `<think>` in the generation prompt: the tiny model's output is
+    all reasoning until it writes `</think>` (it does not within a few tokens)."""
+    s = start_server("-m", str(lesson_model), "-a", "tiny", "-np", "1", "--jinja", "--chat-template-file",
+                     str(shared_dir / "templates" / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"))
+    yield s
+    s.stop()
+
+
+def test_reasoning_as_thinking_blocks_and_reasoning_items(r1_server):
+    conv = [{"role": "user", "content": "Is 7 prime?"}]
+    ref = httpx.post(r1_server.url + "/v1/chat/completions", timeout=300,
+                     json={"messages": conv, "max_tokens": 6, **GREEDY}).json()["choices"][0]["message"]
+    assert ref["reasoning_content"] and ref["content"] == ""
+
+    claude = anthropic.Anthropic(api_key="unused", base_url=r1_server.url, max_retries=0, timeout=300)
+    m = claude.messages.create(model="tiny", max_tokens=6, messages=conv, extra_body=GREEDY)
+    assert [(b.type, b.thinking, b.signature) for b in m.content] == [("thinking", ref["reasoning_content"], "")]
+    with claude.messages.stream(model="tiny", max_tokens=6, messages=conv, extra_body=GREEDY) as s:
+        events = list(s)
+        final = s.get_final_message()
+    assert final.content[0].thinking == ref["reasoning_content"]
+    deltas = [e.delta.type for e in events if e.type == "content_block_delta"]
+    assert set(deltas[:-1]) == {"thinking_delta"} and deltas[-1] == "signature_delta"
+
+    oai = openai.OpenAI(api_key="unused", base_url=r1_server.url + "/v1", max_retries=0, timeout=300)
+    r = oai.responses.create(model="tiny", input=conv, max_output_tokens=6, temperature=0)
+    (item,) = r.output
+    assert item.type == "reasoning" and item.id.startswith("rs_")
+    assert item.content[0].text == ref["reasoning_content"] and item.content[0].type == "reasoning_text"
+    with oai.responses.stream(model="tiny", input=conv, max_output_tokens=6, temperature=0) as s:
+        events = list(s)
+        final = s.get_final_response()
+    text = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert text == final.output[0].content[0].text == ref["reasoning_content"]
