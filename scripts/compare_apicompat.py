@@ -35,7 +35,8 @@ R_PREFILL = {"type": "message", "role": "assistant", "content": "<tool_call>\n"}
 A_ROUND = USER + [{"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read_file",
                                                       "input": {"path": "pom.xml"}}]},
                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "<project/>"}]}]
-R_ROUND = USER + [{"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": "{\"path\":\"pom.xml\"}"},
+R_ROUND = USER + [{"type": "function_call", "call_id": "call_1", "name": "read_file",
+                   "arguments": "{\"path\":\"pom.xml\"}"},
                   {"type": "function_call_output", "call_id": "call_1", "output": "<project/>"}]
 IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
 

@@ -137,7 +137,8 @@ def test_responses_stream_events():
 # ---- Anthropic -> chat --------------------------------------------------------------------
 
 def test_anthropic_request():
-    body = {"model": "claude", "max_tokens": 20, "system": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+    body = {"model": "claude", "max_tokens": 20,
+            "system": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
             "stop_sequences": ["END"], "temperature": 0.1, "top_k": 5, "stream": True, "seed": 3,
             "thinking": {"type": "enabled", "budget_tokens": 64}, "metadata": {"user_id": "u"},
             "tool_choice": {"type": "any"},
@@ -165,7 +166,8 @@ def test_anthropic_request():
             {"role": "user", "content": [{"type": "text", "text": "thanks"}]},
             {"role": "tool", "tool_call_id": "tu1", "content": "sunny"},
             {"role": "tool", "tool_call_id": "tu2", "content": ""}],
-        "tools": [{"type": "function", "function": {"name": "get", "description": "", "parameters": {"type": "object"}}}],
+        "tools": [{"type": "function",
+                   "function": {"name": "get", "description": "", "parameters": {"type": "object"}}}],
         "tool_choice": "required", "stop": ["END"], "max_tokens": 20, "temperature": 0.1, "top_k": 5, "stream": True,
         "thinking_budget_tokens": 64, "__metadata_user_id": "u"}
 
