@@ -86,7 +86,8 @@ class TokenOut:
     text: str
     probs: list[TokenProb] | None = None  # top n_probs candidates, when requested
     logprob: float | None = None
-    timings: Timings | None = None  # so far; on the first token, and on every one with timings_per_token
+    n_cached: int = 0  # prompt tokens the task reused from the cache
+    timings: Timings | None = None  # so far: with timings_per_token, and on a token that hit a stop word
 
 
 @dataclass

@@ -81,3 +81,4 @@ def test_responses_stream_telemetry(api_engine, api_client):
         evs = named_events(c.post("/responses", json={**body, "timings_per_token": False,
                                                       "return_progress": False}).content)
     assert [n for n, d in evs if "timings" in d or "prompt_progress" in d] == ["response.completed"]
+

@@ -49,7 +49,7 @@ async def messages(ctx: Ctx, request: Request) -> Response:
         return [sse_event(name, data) for name, data in events]
 
     def on_token(ev: TokenOut) -> list[bytes]:
-        events = st.message_start(n_prompt, ev.timings.cache_n if ev.timings is not None else 0)
+        events = st.message_start(n_prompt, ev.n_cached)
         return encode(events + st.deltas(parser.add(ev.text)))
 
     def on_final(res: CompletionResult) -> list[bytes]:

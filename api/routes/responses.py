@@ -64,7 +64,7 @@ async def responses(ctx: Ctx, request: Request) -> Response:
 
     def on_token(ev: TokenOut) -> list[bytes]:
         events = rs.begin() + rs.deltas(parser.add(ev.text))
-        return encode(events, ev.timings if task.timings_per_token else None)
+        return encode(events, ev.timings)
 
     def on_final(res: CompletionResult) -> list[bytes]:
         events = rs.begin()  # no token was streamed (the first one ended the task)

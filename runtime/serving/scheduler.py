@@ -168,9 +168,7 @@ class Scheduler:
         stop_word, delta = r.text.push(self.vocab.piece(tok), is_eog)
         if r.lazy_grammar is not None:
             maybe_trigger_grammar(r)
-        ev = TokenOut(tok, delta)
-        if r.n_decoded == 1 or task.timings_per_token:
-            ev.timings = self._timings(r)
+        ev = TokenOut(tok, delta, n_cached=r.n_cached)
         if task.params.n_probs > 0:
             ev.probs = [self.vocab.token_prob(t, lp) for t, lp in sampled.top]
             ev.logprob = sampled.logprob
@@ -182,6 +180,8 @@ class Scheduler:
             r.truncated = True
         if stop is not None:
             r.stop_type = stop
+        if task.timings_per_token or stop is StopType.WORD:  # when llama-server's partial result has stats
+            ev.timings = self._timings(r)
         if task.stream and (ev.text or ev.probs or stop is None):
             r.handle.emit(ev)
         if stop is not None:
