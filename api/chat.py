@@ -135,6 +135,9 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     prefill = ""
     if continuation is not None and msgs and msgs[-1].get("role") == "assistant" and not msgs[-1].get("tool_calls"):
         content = msgs[-1].get("content")
+        if isinstance(content, list):  # text parts, joined as the template joins them (Responses items)
+            content = "\n".join(str(p.get("text", "")) for p in content
+                                 if isinstance(p, dict) and p.get("type") == "text")
         prefill = content if isinstance(content, str) else ""
         msgs = msgs[:-1]
         add_generation_prompt = True  # the turn before it is opened, then its content follows

@@ -33,6 +33,16 @@ def sse_error(message: str, type: str, code: int | None = None, extra: dict[str,
     return sse({"error": error_object(message, type, code, extra)})
 
 
+def sse_event(name: str, data: Any) -> bytes:
+    """A named event (`event: NAME\\ndata: JSON`), as the Responses and Anthropic streams write them."""
+    return f"event: {name}\ndata: {dumps(data)}\n\n".encode("utf-8", "replace")
+
+
+def sse_error_event(message: str, type: str, code: int | None = None, extra: dict[str, Any] | None = None) -> bytes:
+    """An error inside an Anthropic stream: `event: error` with the bare error object."""
+    return sse_event("error", error_object(message, type, code, extra))
+
+
 class EventPump:
     """Reads a task's events with a deadline, so that a stream can send pings while it waits."""
 
@@ -66,16 +76,18 @@ class EventPump:
             self.pending.cancel()
 
 
-OnToken = Callable[[TokenOut], list[dict[str, Any]]]
-OnFinal = Callable[[CompletionResult], list[dict[str, Any]]]
-OnProgress = Callable[[PromptProgress], list[dict[str, Any]]]
+OnToken = Callable[[TokenOut], list[Any]]
+OnFinal = Callable[[CompletionResult], list[Any]]
+OnProgress = Callable[[PromptProgress], list[Any]]
 
 
 async def stream_events(ping_interval: float, handle: TaskHandleAPI, on_token: OnToken, on_final: OnFinal,
-                        done_marker: bool, on_progress: OnProgress | None = None) -> Response:
-    """SSE response for a generating task. `on_token(ev)`, `on_final(result)` and `on_progress(ev)`
-    (`return_progress`) return lists of JSON chunks; `done_marker`: end with `data: [DONE]` (the
-    OpenAI routes)."""
+                        done_marker: bool, error_fmt: Callable[..., bytes] = sse_error,
+                        on_progress: OnProgress | None = None) -> Response:
+    """SSE response for a generating task. `on_token(ev)` and `on_final(result)` return lists of
+    JSON chunks (or of events already encoded as bytes); `done_marker`: end with `data: [DONE]`
+    (the OpenAI routes); `error_fmt`: how an error after the first chunk is written; `on_progress`:
+    the chunks of a PromptProgress event (tasks with `return_progress`)."""
     pump = EventPump(handle)
     ping = ping_interval if ping_interval > 0 else None
     try:
@@ -97,26 +109,26 @@ async def stream_events(ping_interval: float, handle: TaskHandleAPI, on_token: O
                 else:
                     if isinstance(ev, TokenOut):
                         for chunk in on_token(ev):
-                            yield sse(chunk)
+                            yield chunk if isinstance(chunk, bytes) else sse(chunk)
                     elif isinstance(ev, PromptProgress):
                         for chunk in on_progress(ev) if on_progress is not None else []:
-                            yield sse(chunk)
+                            yield chunk if isinstance(chunk, bytes) else sse(chunk)
                     elif isinstance(ev, TaskError):
-                        yield sse_error(ev.message, ev.type, ev.code, ev.extra)
+                        yield error_fmt(ev.message, ev.type, ev.code, ev.extra)
                         return
                     else:
                         for chunk in on_final(ev):
-                            yield sse(chunk)
+                            yield chunk if isinstance(chunk, bytes) else sse(chunk)
                         if done_marker:
                             yield DONE
                         return
                 try:
                     have, ev = await pump.next(ping)
                 except ApiError as e:
-                    yield sse_error(e.message, e.type, e.code, e.extra)
+                    yield error_fmt(e.message, e.type, e.code, e.extra)
                     return
         except Exception as e:  # an error after the first chunk: one error event, no [DONE]
-            yield sse_error(str(e), "server_error", 500)
+            yield error_fmt(str(e), "server_error", 500)
         finally:
             pump.close()
 

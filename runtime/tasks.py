@@ -87,7 +87,8 @@ class TokenOut:
     text: str
     probs: list[TokenProb] | None = None  # top n_probs candidates, when requested
     logprob: float | None = None
-    timings: "Timings | None" = None  # with CompletionTask.timings_per_token
+    timings: "Timings | None" = None  # with CompletionTask.timings_per_token, and on a stop word
+    n_cached: int = 0  # prompt tokens the task reused from the cache
 
 
 @dataclass
@@ -122,6 +123,10 @@ class PromptProgress:
     processed: int  # in the KV cache now, the cached ones included
     time_ms: int  # since the task started
     timings: Timings
+
+    def as_dict(self) -> dict[str, Any]:
+        """llama-server's `prompt_progress` object."""
+        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
 
 
 @dataclass

@@ -5,4 +5,9 @@ from __future__ import annotations
 from api.routes import cors_proxy, embeddings, lora, metrics, native, openai, props, slots, tokens, ui
 
 ROUTERS = (props.router, tokens.router, native.router, openai.router, embeddings.router, slots.router,
-           metrics.router, lora.router, cors_proxy.router, ui.router)
+           metrics.router, lora.router, cors_proxy.router)
+
+# the Responses API, the Anthropic Messages API and the token-counting routes (issue 16)
+from api.routes import anthropic, responses  # noqa: E402
+
+ROUTERS += (responses.router, anthropic.router, ui.router)  # the web page's catch-all paths last

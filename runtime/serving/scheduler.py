@@ -199,9 +199,7 @@ class Scheduler:
         stop_word, delta = r.text.push(self.vocab.piece(tok), is_eog)
         if r.lazy_grammar is not None:
             maybe_trigger_grammar(r)
-        ev = TokenOut(tok, delta)
-        if task.timings_per_token:
-            ev.timings = running_timings(r, time.perf_counter())
+        ev = TokenOut(tok, delta, n_cached=r.n_cached)
         if task.params.n_probs > 0:
             ev.probs = [self.vocab.token_prob(t, lp) for t, lp in sampled.top]
             ev.logprob = sampled.logprob
@@ -213,6 +211,8 @@ class Scheduler:
             r.truncated = True
         if stop is not None:
             r.stop_type = stop
+        if task.timings_per_token or stop is StopType.WORD:  # when llama-server's partial result has stats
+            ev.timings = running_timings(r, time.perf_counter())
         if task.stream and (ev.text or ev.probs or stop is None):
             r.handle.emit(ev)
         if stop is not None:
@@ -221,12 +221,16 @@ class Scheduler:
             r.pending = tok
 
     # ---- the end of a task -----------------------------------------------------------------
-    def finish(self, s: Slot) -> None:
-        r = s.req
+    @staticmethod
+    def _timings(r: Request) -> Timings:
         now = time.perf_counter()
         done = r.t_prompt_done or now
-        tim = Timings(cache_n=r.n_cached, prompt_n=len(r.prompt) - r.n_cached, prompt_ms=(done - r.t_start) * 1e3,
-                      predicted_n=r.n_decoded, predicted_ms=(now - done) * 1e3 if r.t_prompt_done else 0.0)
+        return Timings(cache_n=r.n_cached, prompt_n=len(r.prompt) - r.n_cached, prompt_ms=(done - r.t_start) * 1e3,
+                       predicted_n=r.n_decoded, predicted_ms=(now - done) * 1e3 if r.t_prompt_done else 0.0)
+
+    def finish(self, s: Slot) -> None:
+        r = s.req
+        tim = self._timings(r)
         self.metrics.on_finish(r.n_decoded, tim.predicted_ms / 1e3, len(r.prompt) + r.n_decoded)
         text = r.text.final() if r.text is not None else ""
         res = CompletionResult(

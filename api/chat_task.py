@@ -1,0 +1,49 @@
+"""A chat-completions request body -> a CompletionTask, for the routes that convert their own API
+into a chat request first (Responses, Anthropic Messages) and for the token-counting routes
+(llama-server's `oaicompat_chat_params_parse` + `handle_completions_impl` / `handle_count_tokens`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from api import chat as chat_api
+from api.context import ApiContext
+from api.errors import ApiError
+from api.inputs import check_context
+from api.params import parse_sampling, parse_task
+from runtime.tasks import CompletionTask, SamplingParams
+
+# oaicompat_content_load_media (server-common.cpp): tritium loads no multimodal projector
+_MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "input_video": "video", "video_url": "video"}
+
+
+def check_media(messages: Any) -> None:
+    """A media content part is llama-server's 500 for a model without a projector."""
+    if not isinstance(messages, list):
+        return
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in _MEDIA_PARTS:
+                raise ApiError(f"{_MEDIA_PARTS[kind]} input is not supported - hint: if this is unexpected, "
+                               "you may need to provide the mmproj", "server_error", 500)
+
+
+def prompt_tokens(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.ChatPrep, list[int]]:
+    check_media(body.get("messages"))
+    prep = chat_api.prepare(ctx, body)
+    return prep, list(ctx.tokenizer.encode(prep.prompt, add_special=True, parse_special=True))
+
+
+def chat_task(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.ChatPrep, CompletionTask, SamplingParams]:
+    """The task a `/v1/chat/completions` request with this body runs."""
+    cfg = ctx.cfg
+    prep, toks = prompt_tokens(ctx, body)
+    check_context(len(toks), ctx.engine.n_ctx_slot)
+    params = parse_sampling(prep.body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
+    chat_api.apply_grammar(ctx, prep, params)
+    task = parse_task(prep.body, toks, params, cfg.n_predict, openai=True)
+    return prep, task, params
