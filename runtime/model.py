@@ -129,16 +129,20 @@ def _physical_memory() -> int:
 
 class Model:
     def __init__(self, loaded, device: str | torch.device = "cpu", unpack_budget: int | None = None,
-                 pack_quantized: bool | None = None, backend: str | None = None):
+                 pack_quantized: bool | None = None, backend: str | None = None,
+                 act_dtype: torch.dtype | None = None):
         """On the CPU, quantized weights are repacked into exact integer tiles (`pack_quantized`,
         default: when the backend has that kernel). Otherwise they are dequantized once at load
         when their float32 size fits `unpack_budget` bytes (default: half the physical memory),
         or else stay in their block format and are dequantized on every matmul. `backend` forces
-        a kernel backend ("torch" | "cpu" | "triton"; default: the device's)."""
+        a kernel backend ("torch" | "cpu" | "triton"; default: the device's). `act_dtype`: the
+        residual stream and matmul inputs (default bfloat16 on CUDA: half the traffic of float32
+        and exact tensor-core products, float32 elsewhere); the output head runs in float32."""
         cfg = loaded.config
         self.cfg = cfg
         self.device = torch.device(device)
         self.ops = ops = kernels.Backend.for_device(self.device, backend)
+        self.act_dtype = act_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         w = loaded.weights
         dev = self.device
         quant_f32 = sum(4 * x.rows * x.cols for x in w.values() if isinstance(x, QWeight) and not x.is_float)
@@ -173,7 +177,7 @@ class Model:
             p = f"blk.{i}."
             wqkv = _cat_rows([w[p + f"attn_{n}.weight"].to(dev) for n in "qkv"])
             bias = [t(p + f"attn_{n}.bias") for n in "qkv"]
-            bqkv = torch.cat(bias) if all(b is not None for b in bias) else None
+            bqkv = torch.cat(bias).to(self.act_dtype) if all(b is not None for b in bias) else None
             gate_up = _cat_rows([w[p + "ffn_gate.weight"].to(dev), w[p + "ffn_up.weight"].to(dev)])
             self.layers.append(Layer(
                 attn_norm=t(p + "attn_norm.weight"), wqkv=[prep(x) for x in wqkv], bqkv=bqkv,
@@ -204,7 +208,7 @@ class Model:
         T = ids_t.shape[0]
         H, KVH, D = self.n_head, self.n_head_kv, self.head_dim
         ops = self.ops
-        h = ops.embedding(ids_t, self.tok_embd)  # [T, C]
+        h = ops.embedding(ids_t, self.tok_embd).to(self.act_dtype)  # [T, C]
         residual = None
         for li, L in enumerate(self.layers):
             if residual is None:
@@ -239,7 +243,7 @@ class Model:
         with no host synchronisation and no per-call Python state, so that it can be captured in
         a CUDA graph (`runtime.cuda_graphs`). n_tokens of the sequences is not touched."""
         h = self._layers(kv, ids_t, pos_t, slot_t, tables, cu, kv_lens_t, 1)
-        return self.ops.qmatmul(self.ops.rms_norm(h, self.output_norm, self.eps), self.output).float()
+        return self.ops.qmatmul(self.ops.rms_norm(h, self.output_norm, self.eps).float(), self.output)
 
     @torch.inference_mode()
     def forward(self, kv: KVCache, batch: list[SeqBatch]) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
@@ -279,7 +283,7 @@ class Model:
         logits = None
         if rows:
             hs = h[torch.tensor(rows, device=dev)] if len(rows) != T else h
-            hs = self.ops.rms_norm(hs, self.output_norm, self.eps)
+            hs = self.ops.rms_norm(hs, self.output_norm, self.eps).float()
             wants = [b for b in batch if b.logits]
             if self._topk_head is not None and any(b.topk > 0 for b in wants):  # exact only where it matters
                 logits = self.ops.topk_logits(hs, self.output, self._topk_head, [b.topk for b in wants],
