@@ -150,11 +150,12 @@ def _name_of(fn, names: dict[int, str]) -> str:
     return names.get(id(fn), getattr(fn, "__name__", repr(fn)))
 
 
-def collect(quick: bool, families: list[str] | None = None,
-            exact: bool = False) -> tuple[list[Variant], dict[str, object]]:
+def collect(quick: bool, families: list[str] | None = None, exact: bool = False, shapes: tuple = (),
+            acts: tuple = ()) -> tuple[list[Variant], dict[str, object]]:
     """Run every case with the launches intercepted; the distinct variants, first case each."""
     from kernels.triton import aot_cases
 
+    scope = aot_cases.Scope(quick, tuple(shapes), tuple(getattr(torch, a) for a in acts))
     kernels = aot_cases.kernels()
     names = {}
     for n, k in kernels.items():
@@ -200,7 +201,7 @@ def collect(quick: bool, families: list[str] | None = None,
         for fam, gen in aot_cases.CASES.items():
             if families and fam not in families:
                 continue
-            for label, call in gen(quick):
+            for label, call in gen(scope):
                 current[0] = label
                 call()
     finally:
@@ -337,14 +338,17 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, help="comma-separated case families (see aot_cases.CASES)")
     ap.add_argument("--exact", action="store_true",
                     help="one variant per integer-divisibility / pointer-alignment specialization too")
+    ap.add_argument("--shape", action="append", default=[], help="only these model shapes (aot_cases.SHAPES names)")
+    ap.add_argument("--act", action="append", default=[], help="only these activation dtypes (float32, bfloat16, ...)")
     ap.add_argument("--list", action="store_true", help="print the variants, compile nothing")
     ap.add_argument("--json", default=None, help="write the per-variant results here")
     args = ap.parse_args(argv)
     archs = [int(a) for a in (args.arch or ("90" if args.quick else "90,80")).split(",")]
     t0 = time.perf_counter()
-    variants, kernels = collect(args.quick, args.only.split(",") if args.only else None, args.exact)
+    variants, kernels = collect(args.quick, args.only.split(",") if args.only else None, args.exact,
+                                args.shape, args.act)
     reached = {v.kernel for v in variants}
-    unreached = [] if args.only else sorted(set(kernels) - reached)
+    unreached = [] if args.only or args.shape or args.act else sorted(set(kernels) - reached)
     print(f"{len(variants)} variants of {len(reached)} kernels from the dispatch cases "
           f"({time.perf_counter() - t0:.1f} s); targets: {', '.join(f'sm_{a}' for a in archs)}", flush=True)
     if args.list:

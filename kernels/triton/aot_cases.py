@@ -83,12 +83,31 @@ def _block(qtype_name: str) -> int:
 Case = Callable[[], object]
 
 
-def qmatmul_cases(quick: bool) -> Iterator[tuple[str, Case]]:
+@dataclass(frozen=True)
+class Scope:
+    """What the cases cover: `quick` (the resource-bounding subset), optionally narrowed to some
+    model shapes and activation dtypes (the GPU check precompiles its own)."""
+    quick: bool = False
+    shapes: tuple[str, ...] = ()  # Shape.name; empty: all of the mode's
+    acts: tuple[torch.dtype, ...] = ()
+
+    def models(self, quick_default=SHAPES_QUICK) -> tuple[Shape, ...]:
+        base = quick_default if self.quick else SHAPES
+        if self.shapes:
+            base = tuple(s for s in SHAPES if s.name in self.shapes)
+        return base
+
+    def act_dtypes(self) -> tuple[torch.dtype, ...]:
+        return self.acts or (ACT_QUICK if self.quick else ACTS)
+
+
+def qmatmul_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
     """Every GGUF type x activation dtype x decode row count (GEMV BLOCK_M 1..16) and a prefill
     batch (tiled kernel), over each model's (N, K) pairs whose K the type's block divides."""
     from . import qmatmul
 
-    for s in SHAPES_QUICK if quick else SHAPES:
+    quick = sc.quick
+    for s in sc.models():
         pairs = {((s.H + 2 * s.KVH) * s.D, s.C), (s.C, s.H * s.D), (2 * s.F, s.C), (s.C, s.F)}
         if not quick:
             pairs.add((s.V, s.C))
@@ -97,7 +116,7 @@ def qmatmul_cases(quick: bool) -> Iterator[tuple[str, Case]]:
                 if K % _block(qn):
                     continue
                 w = empty_qweight(qn, N, K)
-                for act in ACT_QUICK if quick else ACTS:
+                for act in sc.act_dtypes():
                     for M in ((1, 16, 64) if quick else (1, 2, 3, 5, 9, 64)):
                         if quick and (N, K) != (s.C, s.F):
                             continue
@@ -106,11 +125,12 @@ def qmatmul_cases(quick: bool) -> Iterator[tuple[str, Case]]:
                             lambda x=x, w=w: qmatmul(x, w))
 
 
-def dequant_cases(quick: bool) -> Iterator[tuple[str, Case]]:
+def dequant_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
     """Embedding lookups (float32 rows) and whole-matrix dequantization, per GGUF type."""
     from . import dequantize, embedding
 
-    for s in SHAPES_QUICK if quick else SHAPES:
+    quick = sc.quick
+    for s in sc.models():
         for qn in Q_QUICK if quick else Q_ALL:
             if s.C % _block(qn):
                 continue
@@ -132,14 +152,15 @@ def _paged(s: Shape, S: int, ctx: int, q_len: int, act, cache, BS: int = 16):
     return q, kc, vc, bt, cu, lens
 
 
-def attention_cases(quick: bool) -> Iterator[tuple[str, Case]]:
+def attention_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
     """Decode (every split count the split heuristic picks, merge kernel included) and prefill
     (short and long query runs), per head dim / GQA group, cache dtype and soft-capping."""
     from . import paged_attention
 
-    for s in SHAPES_QUICK if quick else SHAPES:
+    quick = sc.quick
+    for s in sc.models():
         caps = [s.softcap] if quick else sorted({0.0, s.softcap})
-        for act in ACT_QUICK if quick else ACTS:
+        for act in sc.act_dtypes():
             for cache in (torch.bfloat16,) if quick else CACHES:
                 for cap in caps:
                     # (S, ctx): 1, 2, 4, ... 32 splits on 132 SMs
@@ -154,13 +175,14 @@ def attention_cases(quick: bool) -> Iterator[tuple[str, Case]]:
                             lambda a=args, cap=cap, ql=ql: paged_attention(*a, 0.125, cap, max_q_len=ql))
 
 
-def small_cases(quick: bool) -> Iterator[tuple[str, Case]]:
+def small_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
     """RMSNorm (with and without residual, rows of n_embd and of head_dim for q/k norms), RoPE
     (both modes, full and partial rotary), SiLU-mul and the KV write, per activation dtype."""
     from . import add_rms_norm, rms_norm, rope, silu_mul, write_kv
 
-    for s in SHAPES[:1] if quick else SHAPES:
-        for act in ACT_QUICK if quick else ACTS:
+    quick = sc.quick
+    for s in sc.models(SHAPES[:1]):
+        for act in sc.act_dtypes():
             w = torch.empty(s.C, dtype=torch.float32)
             for T in (7,) if quick else (1, 7):
                 x = torch.empty(T, s.C, dtype=act)
@@ -187,7 +209,7 @@ def small_cases(quick: bool) -> Iterator[tuple[str, Case]]:
 
 
 # op family -> its cases; extend here when a kernel is added
-CASES: dict[str, Callable[[bool], Iterator[tuple[str, Case]]]] = {
+CASES: dict[str, Callable[[Scope], Iterator[tuple[str, Case]]]] = {
     "qmatmul": qmatmul_cases,
     "dequant": dequant_cases,
     "attention": attention_cases,
