@@ -34,7 +34,6 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)  # real compilation, never the interpreter
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -256,24 +255,32 @@ def _run_ptxas(ptx: str, arch: int) -> str:
         os.unlink(f.name)
 
 
-def _jit(kernels: dict, name: str) -> JITFunction:
-    fn = kernels[name]
+def _jit_of(fn) -> JITFunction:
     while not isinstance(fn, JITFunction):
         fn = fn.fn
     return fn
 
 
+def _jit(kernels: dict, name: str) -> JITFunction:
+    return _jit_of(kernels[name])
+
+
 _KERNELS: dict | None = None
+_ARCH: list[int] = []  # the target this worker's JIT caches were made for
 
 
 def compile_one(v: Variant, arch: int) -> Result:
     """In a worker: compile `v` for sm_`arch`, measure it."""
     global _KERNELS
-    triton.runtime.driver.set_active(CompileOnlyDriver(arch))
     if _KERNELS is None:
         from kernels.triton import aot_cases
 
         _KERNELS = aot_cases.kernels()
+    if _ARCH != [arch]:  # a JITFunction keeps its target per device: forget it on a new target
+        triton.runtime.driver.set_active(CompileOnlyDriver(arch))
+        for k in _KERNELS.values():
+            _jit_of(k).device_caches.clear()
+        _ARCH[:] = [arch]
     res = Result(v.kernel, v.label(), arch, False, case=v.case)
     t0 = time.perf_counter()
     knobs = getattr(triton, "knobs", None)
@@ -286,6 +293,10 @@ def compile_one(v: Variant, arch: int) -> Result:
     except Exception as e:  # the compiler's message is the result
         res.error = f"{type(e).__name__}: {str(e)[-1500:]}"
         res.seconds = time.perf_counter() - t0
+        return res
+    target = getattr(k.metadata, "target", None)
+    if target is not None and getattr(target, "arch", arch) != arch:
+        res.error = f"compiled for {target}, not sm_{arch}"
         return res
     ptx = k.asm["ptx"]
     usage = _ptxas_usage(out.getvalue()) or _ptxas_usage(_run_ptxas(ptx, arch))
@@ -354,6 +365,13 @@ def main(argv=None) -> int:
     if args.list:
         for v in variants:
             print(f"{v.kernel:40s} {v.label()}  <- {v.case}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(
+                [{"kernel": v.kernel, "case": v.case,
+                  "kwargs": {k: x for k, x in v.kwargs.items() if isinstance(x, (int, float, str, bool))}}
+                 for v in variants], indent=1))
+        for k in unreached:
+            print(f"FAIL {k}: no case in kernels/triton/aot_cases.py launches it")
         return 1 if unreached else 0
     jobs = [(v, a) for a in archs for v in variants]
     results: list[Result] = []
@@ -382,4 +400,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    os.environ.pop("TRITON_INTERPRET", None)  # real compilation, never the interpreter
     sys.exit(main())

@@ -246,7 +246,7 @@ def main():
         print(torch.cuda.get_device_name(), "torch", torch.__version__)
     rep = Report(*peaks(dev, args.smoke))
     if args.smoke:
-        models = {"tiny": dict(H=4, KVH=2, D=64, C=256, F=512)}
+        models = {"tiny": dict(H=4, KVH=2, D=64, C=256, F=256)}
         batches, contexts, prefills = [1, 20], [40], [(8, 40)]
         fmt_sweep = [Q.Q4_K]
         all_fmts = [Q.Q8_0]
@@ -288,7 +288,7 @@ def run_plan(rep, args, dev, act, models, batches, contexts, prefills, fmt_sweep
                 bench_decode(rep, mname, m, S, L, dev, act)
         for ql, L in prefills:
             bench_prefill(rep, mname, m, ql, L, dev, act)
-        for T in batches:
+        for T in batches[:1] if args.smoke else batches:
             bench_small(rep, m, T, dev, act)
 
 

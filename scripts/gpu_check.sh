@@ -104,7 +104,7 @@ fi
 
 # 2: kernel and model tests, natively, every failure reported
 XDIST=()
-"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 8)
+[ $DRY = 0 ] && "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n 8)
 if [ $DRY = 1 ]; then
   step tests 600 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" tests/test_kernels_triton.py \
     -k "test_qmatmul and (Q4_K or Q8_0) and 5 or decode_one or tuner"

@@ -5,34 +5,36 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+# every launchable kernel of kernels/triton (module-level `*_kernel` objects)
+KERNELS = {f"{p.stem}.{m}" for p in (ROOT / "kernels" / "triton").glob("*.py")
+           for m in re.findall(r"^def (_\w+_kernel)\(", p.read_text(), re.M)}
 
-if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-    pytest.skip("compiles for real: run without TRITON_INTERPRET", allow_module_level=True)
+import aot_compile  # noqa: E402  (importing it changes nothing: the compiling runs in subprocesses)
 
-import aot_compile  # noqa: E402
+
+def _script(*args, tmp_path, timeout=900):
+    """scripts/aot_compile.py in a subprocess without TRITON_INTERPRET (the test suite runs
+    under the interpreter; the compile check needs the real JIT)."""
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    env.pop("TRITON_INTERPRET", None)
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "aot_compile.py"), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_quick_compiles_every_kernel_for_sm90(tmp_path):
     """The CI run: zero failures, figures for every kernel."""
     out = tmp_path / "aot.json"
-    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
-    env.pop("TRITON_INTERPRET", None)
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "aot_compile.py"), "--quick",
-                        "--jobs", str(max(2, os.cpu_count() or 2)), "--json", str(out)],
-                       capture_output=True, text=True, timeout=900, env=env)
+    p = _script("--quick", "--jobs", str(max(2, os.cpu_count() or 2)), "--json", str(out), tmp_path=tmp_path)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     rows = json.loads(out.read_text())
-    from kernels.triton import aot_cases
-
-    assert {r["kernel"] for r in rows} == set(aot_cases.kernels())
+    assert {r["kernel"] for r in rows} == KERNELS
     for r in rows:
         assert r["ok"] and r["arch"] == 90 and not r["problems"], r
         assert 0 < r["registers"] <= 255 and r["spill_stores"] == 0, r
@@ -42,23 +44,27 @@ def test_quick_compiles_every_kernel_for_sm90(tmp_path):
     assert "| sm_90 | `_qmm_tiled_kernel` |" in p.stdout  # the table
 
 
-def test_collection_follows_the_dispatch_layer():
-    variants, kernels = aot_compile.collect(quick=True)
-    assert {v.kernel for v in variants} == set(kernels)
-    gemv = [v for v in variants if v.kernel.endswith("_qmm_gemv_kernel")]
-    for v in gemv:  # the pruning rule of qmatmul_gemv holds for every collected config
-        kw = v.kwargs
+def test_collection_follows_the_dispatch_layer(tmp_path):
+    out = tmp_path / "variants.json"
+    p = _script("--quick", "--list", "--json", str(out), tmp_path=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    variants = json.loads(out.read_text())
+    assert {v["kernel"] for v in variants} == KERNELS
+    gemv = [v["kwargs"] for v in variants if v["kernel"].endswith("_qmm_gemv_kernel")]
+    for kw in gemv:  # the pruning rule of qmatmul_gemv holds for every collected config
         assert kw["BLOCK_M"] * kw["BLOCK_N"] * kw["BLOCK_K"] <= 128 * 32 * kw["num_warps"], kw
-    assert {v.kwargs["BLOCK_M"] for v in gemv} == {1, 16}
-    tiled = {(v.kwargs["BLOCK_M"], v.kwargs["BLOCK_N"], v.kwargs["BLOCK_K"])
-             for v in variants if v.kernel.endswith("_qmm_tiled_kernel")}
-    from kernels.triton.qmatmul_tiled import TILED
-
-    assert tiled == {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]) for c in TILED.configs}
+    assert {kw["BLOCK_M"] for kw in gemv} == {1, 16}
+    assert len(gemv) == 6 + 2  # configs left after pruning at 1 and at 16 rows
+    tiled = {(v["kwargs"]["BLOCK_M"], v["kwargs"]["BLOCK_N"], v["kwargs"]["BLOCK_K"])
+             for v in variants if v["kernel"].endswith("_qmm_tiled_kernel")}
+    assert len(tiled) == 5 and (64, 64, 64) in tiled and (128, 128, 32) in tiled
     assert (32, 64, 128) not in tiled  # the spilling config is gone
-    decode = [v for v in variants if v.kernel.endswith("_paged_decode_kernel")]
-    assert {v.kwargs["BLOCK_G"] for v in decode} == {4}  # GQA group of llama3-8b/gemma, not 16 rows
-    assert any(v.kwargs["SOFTCAP"] for v in decode)
+    decode = [v["kwargs"] for v in variants if v["kernel"].endswith("_paged_decode_kernel")]
+    assert {kw["BLOCK_G"] for kw in decode} == {4}  # GQA group of llama3-8b/gemma, not 16 rows
+    assert any(kw["SOFTCAP"] for kw in decode)
+    full = _script("--list", "--shape", "qwen3-235b-attn", "--act", "bfloat16", "--only", "attention",
+                   tmp_path=tmp_path)
+    assert "BLOCK_G=16" in full.stdout  # 16 heads per KV head: the tl.dot path is compiled too
 
 
 def test_check_flags_spills_and_shared_memory():
