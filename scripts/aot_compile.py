@@ -336,7 +336,8 @@ def table(results: list[Result]) -> str:
         spill = max((r.spill_stores for r in ok), default=0)
         smem = f"{min(r.smem for r in ok) / 1024:.1f}-{max(r.smem for r in ok) / 1024:.1f}" if ok else "-"
         mma = "/".join(sorted({r.mma for r in ok})) or "-"
-        rows.append(f"| sm_{arch} | `{kernel.split('.')[-1]}` | {len(rs)} | {regs} | {spill} | {smem} | {mma} | {bad} |")
+        name = kernel.split(".")[-1]
+        rows.append(f"| sm_{arch} | `{name}` | {len(rs)} | {regs} | {spill} | {smem} | {mma} | {bad} |")
     return "\n".join(rows)
 
 

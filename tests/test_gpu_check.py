@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -12,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_gpu_check_dry_run(tmp_path):
     out = tmp_path / "out"
-    env = dict(os.environ, TRITIUM_CACHE=str(tmp_path / "cache"), GPU_CHECK_PORT="8191")
+    env = dict(os.environ, TRITIUM_CACHE=str(tmp_path / "cache"), GPU_CHECK_PORT="8191", PYTHON=sys.executable)
     env.pop("TRITON_INTERPRET", None)
     p = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--out", str(out)],
                        capture_output=True, text=True, timeout=2400, env=env)
