@@ -281,7 +281,7 @@ def run_plan(rep, args, dev, act, models, batches, contexts, prefills, fmt_sweep
                     if lname == "down" and qt in all_fmts and M in (1, batches[-1]):
                         continue  # done above
                     bench_qmatmul(rep, f"{mname}.{lname}", N, K, qt, M, dev, act)
-        for S in batches:
+        for S in batches[:1] if args.smoke else batches:
             for L in contexts:
                 if S * L > 64 * 32768 // 2 and not args.smoke and S > 8:
                     continue  # 64 x 32k: 8.6 GB of KV per layer, skip to bound memory/time
