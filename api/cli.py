@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
                    help="number of tokens to predict (-1 = until end of generation or context)")
     g.add_argument("-t", "--threads", type=int, default=-1, metavar="N", help="CPU threads (-1 = torch default)")
+    g.add_argument("-tp", "--tensor-parallel-size", type=int, default=None, metavar="N",
+                   help="split the model across N ranks (torch.distributed: gloo on the CPU, NCCL on CUDA); "
+                        "started here on one machine, or by torchrun across machines "
+                        "(`-sm row -ts A,B,...` asks for the same, one rank per non-zero share)")
     g.add_argument("-dev", "--device", default="auto", type=_device, metavar="{auto,cpu,cuda}",
                    help="where the model runs (auto = cuda when available); llama-server's device lists are "
                         "understood too: none = cpu, CUDA0 = cuda")
@@ -390,15 +394,64 @@ def _pin_and_prioritise(args: argparse.Namespace, log: Logger) -> None:
                                      "(same output, decoded without a draft)")
 
 
+def tp_size(args: argparse.Namespace) -> int:
+    """Ranks asked for: -tp N, else llama-server's row split over the -ts shares, else torchrun's
+    WORLD_SIZE, else 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    n = args.tensor_parallel_size
+    if n is None and (getattr(args, _dest("_noeffect_", ("-sm", "--split-mode"))) or "") == "row":
+        shares = getattr(args, _dest("_noeffect_", ("-ts", "--tensor-split"))) or ""
+        n = sum(1 for x in shares.replace("/", ",").split(",") if x.strip() and float(x) > 0) or None
+    if n is None:
+        return world
+    if n < 1 or (world > 1 and n != world):
+        raise ArgError("--tensor-parallel-size", f"{n} ranks asked for, but WORLD_SIZE is {world}")
+    return n
+
+
+def _start_ranks(n: int, argv: list[str], log: Logger) -> None:
+    """`-tp N` without torchrun: this process becomes rank 0 and starts ranks 1..N-1; when one of
+    them ends, the server ends with an error (a tensor-parallel model cannot run without a rank)."""
+    from runtime.parallel.worker import spawn
+
+    procs: list = []
+
+    def on_exit(rank: int, code: int) -> None:
+        log.srv("E", "llama_server", f"tensor parallel rank {rank} exited with status {code}: shutting down")
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        os._exit(1)
+    procs.extend(spawn(n, argv, on_exit))
+
+
+def _worker(args: argparse.Namespace, scfg: ServerConfig, log: Logger) -> int:
+    """Ranks 1..N-1: no HTTP server, only the model's shard (runtime.parallel.worker)."""
+    from runtime.serving.bootstrap import serve_worker
+
+    if os.environ.get("TRITIUM_TP_SPAWNED"):
+        from runtime.parallel.worker import watch_parent
+        watch_parent()
+    ecfg = engine_config(args, scfg)
+    ecfg.log = log.raw
+    serve_worker(ecfg, lambda level, msg: log.raw(level, msg))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         scfg = server_config(args)
+        n_ranks = tp_size(args)
     except ArgError as e:
         print(str(e), file=sys.stderr, flush=True)
         return 1
     log = Logger(verbosity(args), log_file=args.log_file)
     _pin_and_prioritise(args, log)
+    if n_ranks > 1 and int(os.environ.get("RANK", "0")) > 0:
+        return _worker(args, scfg, log)
+    if n_ranks > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        _start_ranks(n_ranks, list(sys.argv[1:] if argv is None else argv), log)
     log.srv("I", "llama_server", "initializing ...")
     log.log("I", "cmn", "common_params_print_info",
             f"common_params_print_info: verbosity = {log.verbosity} (adjust with the `-lv N` CLI arg)")

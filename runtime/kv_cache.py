@@ -103,11 +103,15 @@ class KVCache:
 
     def _copy_block(self, src: int) -> int:
         dst = self.pool.alloc()
+        self.copy_data(src, dst)
+        self.pool.release(src)
+        return dst
+
+    def copy_data(self, src: int, dst: int) -> None:
+        """Copy block src's K/V into block dst (every layer)."""
         for layer in range(self.n_layers):
             self.k[layer][dst].copy_(self.k[layer][src])
             self.v[layer][dst].copy_(self.v[layer][src])
-        self.pool.release(src)
-        return dst
 
     def truncate(self, seq: SeqKV, n: int) -> None:
         """Keep the first n tokens of `seq`, releasing blocks past them."""
@@ -139,15 +143,23 @@ class KVCache:
     # ---- moving KV data ----------------------------------------------------------------
     def gather(self, seq: SeqKV, start: int, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Copies of K and V of tokens [start, end) per layer: lists of [n, KVH, D]."""
-        slots = self.slot_mapping(seq, start, end).to(self.device)
-        ks = [self.k[l].view(-1, self.n_kv_heads, self.head_dim)[slots].clone() for l in range(self.n_layers)]
-        vs = [self.v[l].view(-1, self.n_kv_heads, self.head_dim)[slots].clone() for l in range(self.n_layers)]
+        return self.gather_slots(self.slot_mapping(seq, start, end))
+
+    def gather_slots(self, slots: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of K and V at flat slots [n] per layer: lists of [n, KVH, D]."""
+        slots = slots.to(self.device)
+        heads = self.k[0].shape[2]
+        ks = [self.k[l].view(-1, heads, self.head_dim)[slots].clone() for l in range(self.n_layers)]
+        vs = [self.v[l].view(-1, heads, self.head_dim)[slots].clone() for l in range(self.n_layers)]
         return ks, vs
 
     def scatter(self, seq: SeqKV, start: int, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
         """Write per-layer K/V [n, KVH, D] at token positions [start, start + n) (blocks reserved)."""
-        n = ks[0].shape[0]
-        slots = self.slot_mapping(seq, start, start + n).to(self.device)
+        self.scatter_slots(self.slot_mapping(seq, start, start + ks[0].shape[0]), ks, vs)
+
+    def scatter_slots(self, slots: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
+        """Write per-layer K/V [n, KVH, D] at flat slots [n]."""
+        slots = slots.to(self.device)
         for l in range(self.n_layers):
             kernels.write_kv(ks[l].to(self.device, self.dtype), vs[l].to(self.device, self.dtype),
                              self.k[l], self.v[l], slots)

@@ -34,6 +34,21 @@ class SeqBatch:
 
 
 @dataclass
+class StepTensors:
+    """A forward's inputs on the host: ids / pos / slots [T], tables [S, max_blocks] int32, cu
+    [S + 1] int32, kv_lens [S] int32; `rows`: token rows whose logits are wanted."""
+    ids: torch.Tensor
+    pos: torch.Tensor
+    slots: torch.Tensor
+    tables: torch.Tensor
+    cu: torch.Tensor
+    kv_lens: torch.Tensor
+    max_q_len: int
+    rows: list[int]
+    need_hidden: bool
+
+
+@dataclass
 class Layer:
     attn_norm: torch.Tensor
     wqkv: list[QWeight]  # [q, k, v rows concatenated: [(H + 2 KVH) * D, C]] or [wq, wk, wv] when types differ
@@ -129,16 +144,19 @@ def _physical_memory() -> int:
 
 class Model:
     def __init__(self, loaded, device: str | torch.device = "cpu", unpack_budget: int | None = None,
-                 pack_quantized: bool | None = None, backend: str | None = None,
+                 pack_quantized: bool | None = None, backend: str | None = None, tp=None,
                  act_dtype: torch.dtype | None = None):
         """On the CPU, quantized weights are repacked into exact integer tiles (`pack_quantized`,
         default: when the backend has that kernel). Otherwise they are dequantized once at load
         when their float32 size fits `unpack_budget` bytes (default: half the physical memory),
         or else stay in their block format and are dequantized on every matmul. `backend` forces
-        a kernel backend ("torch" | "cpu" | "triton"; default: the device's). `act_dtype`: the
-        residual stream and matmul inputs (default bfloat16 on CUDA: half the traffic of float32
-        and exact tensor-core products, float32 elsewhere); the output head runs in float32."""
+        a kernel backend ("torch" | "cpu" | "triton"; default: the device's). `tp`: this rank's
+        `runtime.parallel.shard.TPShard` when `loaded` holds one shard of a tensor-parallel model.
+        `act_dtype`: the residual stream and matmul inputs (default bfloat16 on CUDA: half the
+        traffic of float32 and exact tensor-core products, float32 elsewhere); the output head
+        runs in float32."""
         cfg = loaded.config
+        self.tp = tp
         self.cfg = cfg
         self.device = torch.device(device)
         self.ops = ops = kernels.Backend.for_device(self.device, backend)
@@ -190,8 +208,9 @@ class Model:
         self.neox = bool(cfg.rope_neox)
         self.inv_freq = rope_inv_freq(cfg).to(dev)
         self.scale = rope_attn_scale(cfg) / math.sqrt(self.head_dim)
-        self._topk_head = ops.prepare_topk_head(self.output)  # None: full logits only
-        self.n_vocab = self.output.rows
+        # None: full logits only (always with -tp: each rank holds a block of the head)
+        self._topk_head = ops.prepare_topk_head(self.output) if tp is None else None
+        self.n_vocab = self.output.rows if tp is None else tp.n_vocab
         self.n_embd = cfg.n_embd
 
     def new_cache(self, n_tokens: int, block_size: int = 16, dtype: torch.dtype = torch.float16) -> KVCache:
@@ -208,7 +227,7 @@ class Model:
         T = ids_t.shape[0]
         H, KVH, D = self.n_head, self.n_head_kv, self.head_dim
         ops = self.ops
-        h = ops.embedding(ids_t, self.tok_embd).to(self.act_dtype)  # [T, C]
+        h = self._embed(ids_t).to(self.act_dtype)  # [T, C]
         residual = None
         for li, L in enumerate(self.layers):
             if residual is None:
@@ -231,10 +250,14 @@ class Model:
             attn = ops.paged_attention(q, kv.k[li], kv.v[li], tables, cu, kv_lens_t, self.scale,
                                        max_q_len=max_q_len)
             h = ops.qmatmul(attn.reshape(T, H * D), L.wo)
+            if self.tp is not None:  # row-parallel: partial sums of the ranks' heads
+                self.tp.group.all_reduce(h)
             x, residual = ops.add_rms_norm(h, residual, L.ffn_norm, self.eps)
             gu = _matmul_rows(ops, x, L.w_gate_up)  # [T, 2F]
             gate, up = gu.split([self.n_ff, self.n_ff], dim=1)
             h = ops.qmatmul(ops.silu_mul(gate, up), L.w_down)
+            if self.tp is not None:
+                self.tp.group.all_reduce(h)
         return h + residual  # [T, C] final residual stream
 
     def decode_logits(self, kv: KVCache, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
@@ -243,7 +266,30 @@ class Model:
         with no host synchronisation and no per-call Python state, so that it can be captured in
         a CUDA graph (`runtime.cuda_graphs`). n_tokens of the sequences is not touched."""
         h = self._layers(kv, ids_t, pos_t, slot_t, tables, cu, kv_lens_t, 1)
-        return self.ops.qmatmul(self.ops.rms_norm(h, self.output_norm, self.eps).float(), self.output)
+        return self._head(self.ops.rms_norm(h, self.output_norm, self.eps))
+
+    def _embed(self, ids_t: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [T, C]; with -tp each rank looks up the ids of its vocabulary block and
+        the all-reduce assembles the rows."""
+        if self.tp is None:
+            return self.ops.embedding(ids_t, self.tok_embd)
+        v0, v1 = self.tp.vocab
+        local = ids_t - v0
+        mine = (local >= 0) & (local < v1 - v0)
+        h = self.ops.embedding(torch.where(mine, local, torch.zeros_like(local)), self.tok_embd).float()
+        h = h * mine.unsqueeze(1)
+        return self.tp.group.all_reduce(h)
+
+    def _head(self, hs: torch.Tensor) -> torch.Tensor:
+        """Logits [R, n_vocab] float32 of normed hidden states [R, C]; with -tp each rank computes
+        its vocabulary block and they are gathered."""
+        logits = self.ops.qmatmul(hs.float(), self.output).float()
+        if self.tp is None:
+            return logits
+        pad = self.tp.vocab_chunk - logits.shape[1]
+        if pad:
+            logits = torch.nn.functional.pad(logits, (0, pad))
+        return self.tp.group.all_gather_cols(logits, self.n_vocab)
 
     @torch.inference_mode()
     def forward(self, kv: KVCache, batch: list[SeqBatch]) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
@@ -251,7 +297,6 @@ class Model:
         hidden states per sequence ([n_new, C] or None)). Blocks must be reserved beforehand
         (`kv.reserve(seq, n_past + len(tokens))`). n_tokens of the sequences is not touched: the
         caller advances it once the step is done (the serving room's `ModelRunner.run`)."""
-        dev = self.device
         ids, pos, slots, q_lens, kv_lens = [], [], [], [], []
         for b in batch:
             n = len(b.tokens)
@@ -260,39 +305,42 @@ class Model:
             slots.append(kv.slot_mapping(b.seq, b.n_past, b.n_past + n))
             q_lens.append(n)
             kv_lens.append(b.n_past + n)
-        T = len(ids)
-        ids_t = torch.tensor(ids, dtype=torch.int64, device=dev)
-        pos_t = torch.cat(pos).to(dev)
-        slot_t = torch.cat(slots).to(dev)
         max_blocks = max(len(b.seq.blocks) for b in batch)
         tables = torch.zeros((len(batch), max_blocks), dtype=torch.int32)
         for i, b in enumerate(batch):
             tables[i, : len(b.seq.blocks)] = torch.tensor(b.seq.blocks, dtype=torch.int32)
-        tables = tables.to(dev)
         cu = torch.zeros(len(batch) + 1, dtype=torch.int32)
         cu[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int32), 0)
-        cu = cu.to(dev)
-        kv_lens_t = torch.tensor(kv_lens, dtype=torch.int32, device=dev)
-
-        h = self._layers(kv, ids_t, pos_t, slot_t, tables, cu, kv_lens_t, max(q_lens))
-
-        # rows that need logits / hidden states
         ends = cu[1:].tolist()
-        starts = cu[:-1].tolist()
-        rows = [e - 1 for b, e in zip(batch, ends) if b.logits]
-        logits = None
-        if rows:
-            hs = h[torch.tensor(rows, device=dev)] if len(rows) != T else h
-            hs = self.ops.rms_norm(hs, self.output_norm, self.eps).float()
-            wants = [b for b in batch if b.logits]
-            if self._topk_head is not None and any(b.topk > 0 for b in wants):  # exact only where it matters
-                logits = self.ops.topk_logits(hs, self.output, self._topk_head, [b.topk for b in wants],
-                                              [b.banned for b in wants])
-            else:
-                logits = self.ops.qmatmul(hs, self.output).float()
+        step = StepTensors(torch.tensor(ids, dtype=torch.int64), torch.cat(pos), torch.cat(slots), tables, cu,
+                           torch.tensor(kv_lens, dtype=torch.int32), max(q_lens),
+                           rows=[e - 1 for b, e in zip(batch, ends) if b.logits],
+                           need_hidden=any(b.hidden for b in batch))
+        if self.tp is not None:
+            self.tp.group.send(("forward", step))  # the other ranks run the same step on their shards
+        wants = [b for b in batch if b.logits]
+        topk = ([b.topk for b in wants], [b.banned for b in wants]) if any(b.topk > 0 for b in wants) else None
+        logits, hn = self.run_step(kv, step, topk)
         hidden: list[torch.Tensor | None] = []
-        need_hidden = any(b.hidden for b in batch)
-        hn = self.ops.rms_norm(h, self.output_norm, self.eps) if need_hidden else None
-        for b, s, e in zip(batch, starts, ends):
+        for b, s, e in zip(batch, cu[:-1].tolist(), ends):
             hidden.append(hn[s:e].float() if b.hidden else None)
         return logits, hidden
+
+    def run_step(self, kv: KVCache, step: "StepTensors", topk=None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The computation of `forward` on prepared host tensors: (logits of `step.rows`, normed
+        hidden states [T, C] when `step.need_hidden`). Every rank of a tensor-parallel model runs it
+        for every step. `topk`: (k per row, banned ids per row) where only the top k must be exact."""
+        dev = self.device
+        T = step.ids.shape[0]
+        h = self._layers(kv, step.ids.to(dev), step.pos.to(dev), step.slots.to(dev), step.tables.to(dev),
+                         step.cu.to(dev), step.kv_lens.to(dev), step.max_q_len)
+        logits = None
+        if step.rows:
+            hs = h[torch.tensor(step.rows, device=dev)] if len(step.rows) != T else h
+            hs = self.ops.rms_norm(hs, self.output_norm, self.eps).float()
+            if self._topk_head is not None and topk is not None:  # exact only where it matters
+                logits = self.ops.topk_logits(hs, self.output, self._topk_head, topk[0], topk[1])
+            else:
+                logits = self._head(hs)
+        hn = self.ops.rms_norm(h, self.output_norm, self.eps) if step.need_hidden else None
+        return logits, hn

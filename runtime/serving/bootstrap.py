@@ -62,14 +62,21 @@ def slot_layout(cfg: EngineConfig, n_ctx_train: int) -> tuple[int, int, bool, in
     return n_ctx, n_slots, unified, n_ctx if unified else n_ctx // n_slots
 
 
-def load(cfg: EngineConfig, log: Log) -> Loaded:
+def _load_model(cfg: EngineConfig, log: Log):
+    """(LoadedModel, Model) on this rank: the whole model, or with -tp this rank's shard."""
     from runtime.loader import load_model
-    from runtime.tokenizer import load_tokenizer
+    from runtime.parallel import init_from_env, shard_loaded
 
     resolve_config(cfg)
+    device = cfg.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda requested but no CUDA device is available")
+    group = init_from_env(device)
     if cfg.n_threads and cfg.n_threads > 0:
         torch.set_num_threads(cfg.n_threads)
-    if cfg.device == "cpu":
+    elif group is not None and device == "cpu":  # the ranks of one machine share its cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // group.world))
+    if device == "cpu":
         _single_threaded_openblas()
     path = cfg.model_path
     if path is None:
@@ -83,10 +90,42 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
             raise ValueError(f"unknown model config field {key!r}")
         log("I", f"srv    load_model: {key} = {value} (command line)")
         setattr(lm.config, key, value)
-    device = cfg.device
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda requested but no CUDA device is available")
-    model = Model(lm, device)
+    if group is None:
+        return lm, Model(lm, device)
+    full = lm
+    lm, shard = shard_loaded(lm, group)
+    model = Model(lm, device, tp=shard)
+    log("I", f"srv    load_model: tensor parallel rank {group.rank} of {group.world} ({group.backend}): "
+             f"query heads {shard.heads.q}, KV heads {shard.heads.kv}, vocabulary rows {shard.vocab}")
+    return full, model
+
+
+def _n_blocks(cfg: EngineConfig, n_ctx_train: int) -> int:
+    n_ctx, n_slots, _, _ = slot_layout(cfg, n_ctx_train)
+    return (n_ctx + cfg.block_size - 1) // cfg.block_size + n_slots
+
+
+def _kv_dtype(cfg: EngineConfig) -> torch.dtype:
+    return {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}[cfg.kv_dtype]
+
+
+def serve_worker(cfg: EngineConfig, log: Log) -> None:
+    """A tensor-parallel rank other than 0: load its shard and obey rank 0 until it stops."""
+    from runtime.parallel.worker import serve
+
+    lm, model = _load_model(cfg, log)
+    kv = KVCache(len(model.layers), model.n_head_kv, model.head_dim, _n_blocks(cfg, lm.config.n_ctx_train),
+                 cfg.block_size, _kv_dtype(cfg), model.device)
+    log("I", f"srv    load_model: KV cache of rank {model.tp.group.rank}: {model.n_head_kv} of "
+             f"{model.tp.heads.n_head_kv} KV heads, {kv.k[0].numel() * kv.k[0].element_size() * 2 * len(kv.k) / 2**20:.1f} MiB")
+    serve(model, kv)
+
+
+def load(cfg: EngineConfig, log: Log) -> Loaded:
+    from runtime.tokenizer import load_tokenizer
+
+    lm, model = _load_model(cfg, log)
+    path, device = cfg.model_path, cfg.device
     log("I", f"cmn          init: n_threads = {torch.get_num_threads()}, device = {device}")
     if model.unpacked_quantized:
         log("I", "srv    load_model: quantized weights dequantized once to float32 for the CPU path")
@@ -100,13 +139,17 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
 
     c = lm.config
     n_ctx, n_slots, unified, n_ctx_slot = slot_layout(cfg, c.n_ctx_train)
-    kv_dtype = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}[cfg.kv_dtype]
-    bs = cfg.block_size
-    n_blocks = (n_ctx + bs - 1) // bs + n_slots
-    kv = KVCache(len(model.layers), model.n_head_kv, model.head_dim, n_blocks, bs, kv_dtype, model.device)
+    n_blocks = _n_blocks(cfg, c.n_ctx_train)
+    if model.tp is None:
+        kv = KVCache(len(model.layers), model.n_head_kv, model.head_dim, n_blocks, cfg.block_size, _kv_dtype(cfg),
+                     model.device)
+    else:
+        from runtime.parallel.kv import TPKVCache
+        kv = TPKVCache(model.tp, len(model.layers), model.head_dim, n_blocks, cfg.block_size, _kv_dtype(cfg),
+                       model.device)
     graphs = None
     mode = cfg.cuda_graphs  # "0": off; "eager": static buffers, no capture
-    if mode == "eager" or (mode != "0" and model.device.type == "cuda"):
+    if model.tp is None and (mode == "eager" or (mode != "0" and model.device.type == "cuda")):
         graphs = DecodeGraphs(model, kv, n_slots, kv.blocks_needed(n_ctx_slot) + 1, capture=mode != "eager")
     runner = ModelRunner(model, kv, graphs)
     if cfg.warmup:

@@ -77,6 +77,9 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        tp = getattr(self.model, "tp", None)
+        if tp is not None and (self._thread is None or not self._thread.is_alive()):
+            tp.group.send(("stop",))  # the other ranks' loops end (no command is in flight now)
 
     # ---- API-facing ------------------------------------------------------------------------
     def submit(self, task: CompletionTask | EmbeddingTask) -> TaskHandle:
