@@ -1,5 +1,6 @@
 """The torch APIs the CUDA path calls (`runtime/cuda_graphs.py`, `kernels/triton/*`, the device
-parts of `runtime/model.py` and `runtime/serving/bootstrap.py`, `scripts/gpu_check.py`), with the
+parts of `runtime/model.py`, `runtime/parallel/group.py` and `runtime/serving/bootstrap.py`,
+`scripts/gpu_check.py`), with the
 parameters the project passes, and their signatures read from a torch source tree without
 importing it (Python files by `ast`, the C functions from the generated `.pyi` stubs).
 
@@ -38,6 +39,15 @@ USED: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "torch.cuda.get_device_properties": ("cuda/__init__.py", "get_device_properties", ("device",)),
     "torch.cuda.get_device_name": ("cuda/__init__.py", "get_device_name", ("device",)),
     "torch.inference_mode": ("autograd/grad_mode.py", "inference_mode.__init__", ()),
+    # runtime/parallel/group.py (-tp: NCCL on CUDA)
+    "torch.distributed.init_process_group": ("distributed/distributed_c10d.py", "init_process_group",
+                                             ("backend", "rank", "world_size")),
+    "torch.distributed.all_reduce": ("distributed/distributed_c10d.py", "all_reduce", ("tensor",)),
+    "torch.distributed.all_gather": ("distributed/distributed_c10d.py", "all_gather", ("tensor_list", "tensor")),
+    "torch.distributed.all_gather_object": ("distributed/distributed_c10d.py", "all_gather_object",
+                                            ("object_list", "obj")),
+    "torch.distributed.broadcast_object_list": ("distributed/distributed_c10d.py", "broadcast_object_list",
+                                                ("object_list", "src")),
     # factories (C functions: generated stubs); the keywords the CUDA path passes
     "torch.zeros": ("_C/_VariableFunctions.pyi", "zeros", ("dtype", "device", "pin_memory")),
     "torch.full": ("_C/_VariableFunctions.pyi", "full", ("size", "fill_value", "dtype", "device")),
