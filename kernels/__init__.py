@@ -156,3 +156,17 @@ def topk_logits(x: torch.Tensor, w: QWeight, head, topk: list[int], banned: list
     """Logits [n, rows] float32 of x [n, cols]: row i exact when topk[i] <= 0, else exact at least
     where it can be among its topk[i] largest (banned[i] excluded) and possibly -inf elsewhere."""
     return _on(x.device).topk_logits(x, w, head, topk, banned)
+
+
+def tune(backend: Backend, weights: list[QWeight], dtype: torch.dtype, max_rows: int,
+         head: QWeight | None = None, head_rows: int = 16) -> int:
+    """Once at start-up: choose the launch configs of every matmul shape a model can run, `weights`
+    at 1..`max_rows` rows and the output `head` at 1..`head_rows` (Triton on CUDA: each config
+    timed once, the choice kept under $TRITIUM_CACHE so the next start skips it; nothing is
+    tuned while serving). Returns the number of shapes timed now (0 for the other backends)."""
+    if backend.name != "triton" or not weights or weights[0].data.device.type != "cuda":
+        return 0
+    from .triton.tuning import tune_qmatmul
+
+    return tune_qmatmul(weights, dtype, max_rows, head, head_rows)
+

@@ -138,18 +138,23 @@ def _physical_memory() -> int:
 
 class Model:
     def __init__(self, loaded, device: str | torch.device = "cpu", unpack_budget: int | None = None,
-                 pack_quantized: bool | None = None, backend: str | None = None, tp=None):
+                 pack_quantized: bool | None = None, backend: str | None = None, tp=None,
+                 act_dtype: torch.dtype | None = None):
         """On the CPU, quantized weights are repacked into exact integer tiles (`pack_quantized`,
         default: when the backend has that kernel). Otherwise they are dequantized once at load
         when their float32 size fits `unpack_budget` bytes (default: half the physical memory),
         or else stay in their block format and are dequantized on every matmul. `backend` forces
         a kernel backend ("torch" | "cpu" | "triton"; default: the device's). `tp`: this rank's
-        `runtime.parallel.shard.TPShard` when `loaded` holds one shard of a tensor-parallel model."""
+        `runtime.parallel.shard.TPShard` when `loaded` holds one shard of a tensor-parallel model.
+        `act_dtype`: the residual stream and matmul inputs (default bfloat16 on CUDA: half the
+        traffic of float32 and exact tensor-core products, float32 elsewhere); the output head
+        runs in float32."""
         cfg = loaded.config
         self.tp = tp
         self.cfg = cfg
         self.device = torch.device(device)
         self.ops = ops = kernels.Backend.for_device(self.device, backend)
+        self.act_dtype = act_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         w = loaded.weights
         dev = self.device
         quant_f32 = sum(4 * x.rows * x.cols for x in w.values() if isinstance(x, QWeight) and not x.is_float)
@@ -186,7 +191,7 @@ class Model:
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
             bias = [t(p + f"attn_{n}.bias") for n in "qkv"]
-            bqkv = torch.cat(bias) if all(b is not None for b in bias) else None
+            bqkv = torch.cat(bias).to(self.act_dtype) if all(b is not None for b in bias) else None
             self.layers.append(Layer(
                 attn_norm=t(p + "attn_norm.weight"), wqkv=fused([p + f"attn_{n}.weight" for n in "qkv"]),
                 bqkv=bqkv, q_norm=t(p + "attn_q_norm.weight"), k_norm=t(p + "attn_k_norm.weight"),
@@ -218,7 +223,7 @@ class Model:
         T = ids_t.shape[0]
         H, KVH, D = self.n_head, self.n_head_kv, self.head_dim
         ops = self.ops
-        h = self._embed(ids_t)  # [T, C]
+        h = self._embed(ids_t).to(self.act_dtype)  # [T, C]
         residual = None
         for li, L in enumerate(self.layers):
             if residual is None:
@@ -286,7 +291,7 @@ class Model:
     def _head(self, hs: torch.Tensor) -> torch.Tensor:
         """Logits [R, n_vocab] float32 of normed hidden states [R, C]; with -tp each rank computes
         its vocabulary block and they are gathered."""
-        logits = self.ops.qmatmul(hs, self.output).float()
+        logits = self.ops.qmatmul(hs.float(), self.output).float()
         if self.tp is None:
             return logits
         pad = self.tp.vocab_chunk - logits.shape[1]
@@ -344,7 +349,7 @@ class Model:
         logits = None
         if step.rows:
             hs = h[torch.tensor(step.rows, device=dev)] if len(step.rows) != T else h
-            hs = self.ops.rms_norm(hs, self.output_norm, self.eps)
+            hs = self.ops.rms_norm(hs, self.output_norm, self.eps).float()
             out_lora = lora.select(step.rows) if lora is not None and lora.has("output.weight") else None
             if out_lora is None and self._topk_head is not None and topk is not None:  # exact only where it matters
                 logits = self.ops.topk_logits(hs, self.output, self._topk_head, topk[0], topk[1])

@@ -223,3 +223,54 @@ def test_dispatch_routes_to_triton():
     assert rel_err(OPS.rms_norm(x, w, 1e-6), rms_norm_oracle(x.cpu(), w.cpu(), 1e-6)) < F32_TOL
     if DEV == "cuda":  # the module functions choose by device
         assert rel_err(kernels.rms_norm(x, w, 1e-6), rms_norm_oracle(x.cpu(), w.cpu(), 1e-6)) < F32_TOL
+
+
+@pytest.mark.parametrize("H,KVH,D", [(32, 2, 16), (8, 1, 32)])  # 16 heads per KV head: tl.dot tiles; 8: CUDA cores
+def test_paged_decode_group_paths(H, KVH, D):
+    case = make_paged_case([1, 1], [40, 7], H, KVH, D, 4, dtype=torch.float16)
+    got = OPS.paged_attention(dev(case.q), dev(case.k_cache), dev(case.v_cache), dev(case.block_tables),
+                              dev(case.cu_seqlens_q), dev(case.kv_lens), 0.25)
+    assert rel_err(got, attention_oracle(case, 0.25)) < 3e-3
+
+
+def test_tuner_never_tunes_while_serving_and_keeps_its_choice_on_disk(tmp_path, monkeypatch):
+    """A miss outside the warm-up takes the first candidate untimed; inside `tuning()` the
+    fastest is timed once and saved; a new process (a new Tuner) reads it from $TRITIUM_CACHE."""
+    import types
+
+    import triton
+
+    from kernels.triton import tuning
+
+    monkeypatch.setenv("TRITIUM_CACHE", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Fake GPU 80GB")
+    speed = {"a": 3.0, "b": 1.0, "c": 2.0}
+    timed = []
+
+    def fastest(cands, run):
+        timed.append([c.kwargs["n"] for c in cands])
+        return min(cands, key=lambda c: speed[c.kwargs["n"]])
+
+    monkeypatch.setattr(tuning, "_fastest", fastest)
+    cfgs = [triton.Config({"n": n}) for n in "abc"]
+    gpu = types.SimpleNamespace(type="cuda")
+    ran = []
+    t = tuning.Tuner("test", cfgs)
+    assert t.launch((64, 4096), {}, gpu, lambda c: ran.append(c.kwargs["n"])).kwargs["n"] == "a"
+    assert (t.misses, timed) == (1, [])
+    with tuning.tuning():
+        assert t.launch((64, 4096), {}, gpu, lambda c: ran.append(c.kwargs["n"])).kwargs["n"] == "b"
+        assert t.launch((64, 4096), {}, gpu, lambda c: ran.append(c.kwargs["n"])).kwargs["n"] == "b"
+    assert timed == [["a", "b", "c"]] and ran == ["a", "b", "b"]
+    assert list((tmp_path / "triton-tune").glob("test-Fake_GPU_80GB-*.json"))
+    fresh = tuning.Tuner("test", cfgs)
+    assert fresh.launch((64, 4096), {}, gpu, lambda c: None).kwargs["n"] == "b"
+    assert (fresh.misses, fresh.timed, len(timed)) == (0, 0, 1)
+    other = tuning.Tuner("test", cfgs[::-1])  # another config list: another table
+    assert other.launch((64, 4096), {}, gpu, lambda c: None).kwargs["n"] == "c"
+    # pruned to one candidate, or not on a GPU: nothing to choose
+    one = tuning.Tuner("test1", cfgs, prune=lambda cs, meta: cs[2:])
+    with tuning.tuning():
+        assert one.launch((1,), {}, gpu, lambda c: None).kwargs["n"] == "c"
+        assert t.launch((9,), {}, torch.device("cpu"), lambda c: None).kwargs["n"] == "a"
+    assert len(timed) == 1

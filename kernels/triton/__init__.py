@@ -20,7 +20,10 @@ autotune configs beside it:
 | `write_kv.py` | `_write_kv_kernel` |
 
 plus the device functions they share: `gguf_tl.py` (GGUF blocks dequantized in registers) and
-`attend_tile.py` (one online-softmax step). This module says which kernel serves each op.
+`attend_tile.py` (one online-softmax step); `tuning.py` (the matmul launch configs, timed at
+start-up only, kept on disk) and `aot_cases.py` (every kernel's real launches, for
+`scripts/aot_compile.py`: a new kernel adds its case there). This module says which kernel serves
+each op.
 """
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Paged attention, decode: one query per sequence, all query heads of one KV head per program
-(GQA), KV gathered through the block table, split-K over the context for long sequences with a
-second kernel merging the partial softmaxes (`merge_splits.py`). float32 softmax, optional tanh
-soft-capping. Reference: `kernels.ref.paged_attention` (all q_len == 1)."""
+(GQA: BLOCK_G = the group size rounded to a power of two; groups under 16 heads use
+`attend_tile_fma` on the CUDA cores, not 16-row `tl.dot` tiles that would be mostly padding), KV
+gathered through the block table, split-K over the context for long sequences with a second kernel
+merging the partial softmaxes (`merge_splits.py`). float32 softmax, optional tanh soft-capping.
+Reference: `kernels.ref.paged_attention` (all q_len == 1)."""
 from __future__ import annotations
 
 import torch
@@ -9,7 +11,7 @@ import triton
 import triton.language as tl
 
 from .. import ref
-from .attend_tile import attend_tile
+from .attend_tile import attend_tile, attend_tile_fma
 from .merge_splits import merge_splits
 
 reference = ref.paged_attention
@@ -51,8 +53,12 @@ def _paged_decode_kernel(
             blk = tl.load(bt_ptr + s * stride_bts + tok // BS, mask=tmask, other=0).to(tl.int64)
             off = blk * stride_cb + (tok % BS) * stride_ct + kvh * stride_ch
             kvmask = tmask[:, None] & dmask[None, :]
-            m_i, l_i, acc = attend_tile(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, tmask[None, :],
-                                         scale, softcap, m_i, l_i, acc, SOFTCAP)
+            if BLOCK_G >= 16:
+                m_i, l_i, acc = attend_tile(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, tmask[None, :],
+                                             scale, softcap, m_i, l_i, acc, SOFTCAP)
+            else:
+                m_i, l_i, acc = attend_tile_fma(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, tmask[None, :],
+                                                 scale, softcap, m_i, l_i, acc, SOFTCAP)
         omask = gmask[:, None] & dmask[None, :]
         if NUM_SPLITS == 1:
             o = acc / l_i[:, None]
@@ -88,9 +94,13 @@ def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale
     if num_splits is None:
         n_sm = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
         num_splits = num_splits_for(S, KVH, max_ctx, n_sm)
-    BLOCK_N = 64 if D <= 128 else 32
-    chunk = triton.cdiv(triton.cdiv(max_ctx, num_splits), BLOCK_N) * BLOCK_N
     BLOCK_D = triton.next_power_of_2(D)
+    BLOCK_G = triton.next_power_of_2(G)
+    if BLOCK_G >= 16:  # tl.dot tiles
+        BLOCK_N, warps = (64 if D <= 128 else 32), 4
+    else:  # CUDA-core products: R x BLOCK_N x BLOCK_D within 16K elements (64 per thread)
+        BLOCK_N, warps = max(16, min(64, 16384 // (BLOCK_G * BLOCK_D))), 8
+    chunk = triton.cdiv(triton.cdiv(max_ctx, num_splits), BLOCK_N) * BLOCK_N
     if num_splits > 1:
         po = torch.empty(S, H, num_splits, D, dtype=torch.float32, device=q.device)
         pm = torch.empty(S, H, num_splits, dtype=torch.float32, device=q.device)
@@ -103,8 +113,7 @@ def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale
         float(scale), float(softcap), G, D, BS, chunk,
         *q.stride(), *k_cache.stride(), bt.stride(0), out.stride(0), out.stride(1),
         NUM_SPLITS=num_splits, SOFTCAP=softcap > 0.0,
-        BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-        num_warps=4,
+        BLOCK_G=BLOCK_G, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=warps,
     )
     if num_splits > 1:
         merge_splits(po, pm, pl, cu_seqlens_q, out)

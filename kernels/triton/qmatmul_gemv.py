@@ -1,7 +1,8 @@
 """Dequantizing GEMV for decode batches, y[M, N] = x[M, K] @ W[N, K]^T with M <= 16 and W in GGUF
 blocks: broadcast-multiply-reduce over [BLOCK_M = next_pow2(M), BLOCK_N, BLOCK_K] tiles, the
 weight tile dequantized in registers (`gguf_tl.dequant_tile`), float32 accumulation, output in
-x's dtype. Autotuned per (BLOCK_M, N, K, type). Reference: `kernels.ref.qmatmul`."""
+x's dtype. The config per (BLOCK_M, N, K, type, x dtype) comes from `tuning.GEMV` (timed at
+start-up, kept on disk, never tuned while serving). Reference: `kernels.ref.qmatmul`."""
 from __future__ import annotations
 
 import torch
@@ -11,30 +12,32 @@ import triton.language as tl
 from .. import ref
 from ..qweight import QWeight
 from .gguf_tl import configs_for_mode, dequant_tile, weight_args
+from .tuning import Tuner, register
 
 reference = ref.qmatmul
 GEMV_MAX_M = 16
 
 
-def _gemv_prune(configs, named_args, **kwargs):
-    bm = kwargs.get("BLOCK_M", named_args.get("BLOCK_M", 1))
-    keep = [c for c in configs if bm * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] <= 16384]
-    return keep or configs[:1]
+def _gemv_prune(configs, meta):
+    """At most 128 elements of the [BLOCK_M, BLOCK_N, BLOCK_K] product per thread (registers:
+    256 per thread reached 168 registers and spilled on Q6_K, scripts/aot_compile.py)."""
+    bm = meta["BLOCK_M"]
+    return [c for c in configs if bm * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"] <= 128 * 32 * c.num_warps]
 
 
+# BLOCK_N=32/BLOCK_K=128 was dropped: 148-163 registers at one row, no faster in theory than
+# 16 x 128 (same bytes per program, twice the live values)
 _GEMV_CONFIGS = configs_for_mode([
     triton.Config({"BLOCK_N": 16, "BLOCK_K": 128}, num_warps=4),
     triton.Config({"BLOCK_N": 8, "BLOCK_K": 256}, num_warps=4),
-    triton.Config({"BLOCK_N": 32, "BLOCK_K": 128}, num_warps=4),
     triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=8),
     triton.Config({"BLOCK_N": 4, "BLOCK_K": 256}, num_warps=2),
     triton.Config({"BLOCK_N": 8, "BLOCK_K": 64}, num_warps=2),
     triton.Config({"BLOCK_N": 2, "BLOCK_K": 256}, num_warps=2),
 ])
+GEMV = register(Tuner("qmm_gemv", _GEMV_CONFIGS, _gemv_prune))
 
 
-@triton.autotune(configs=_GEMV_CONFIGS, key=["BLOCK_M", "N", "K", "QTYPE"],
-                 prune_configs_by={"early_config_prune": _gemv_prune})
 @triton.jit
 def _qmm_gemv_kernel(
     x_ptr, w_ptr, y_ptr, M, N, K,
@@ -62,9 +65,13 @@ def qmatmul_gemv(x: torch.Tensor, w: QWeight, y: torch.Tensor) -> torch.Tensor:
     data, stride_w, qt = weight_args(w)
     M, K = x.shape
     N = w.rows
-    grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-    _qmm_gemv_kernel[grid](
-        x, data, y, M, N, K, x.stride(0), x.stride(1), stride_w, y.stride(0), y.stride(1),
-        QTYPE=qt, BLOCK_M=triton.next_power_of_2(M),
-    )
+    BM = triton.next_power_of_2(M)
+
+    def run(c):
+        _qmm_gemv_kernel[(triton.cdiv(N, c.kwargs["BLOCK_N"]),)](
+            x, data, y, M, N, K, x.stride(0), x.stride(1), stride_w, y.stride(0), y.stride(1),
+            QTYPE=qt, BLOCK_M=BM, **c.all_kwargs(),
+        )
+
+    GEMV.launch((BM, N, K, qt, x.dtype), {"BLOCK_M": BM}, x.device, run)
     return y

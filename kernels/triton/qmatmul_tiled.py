@@ -1,7 +1,10 @@
 """Dequantizing matmul for prefill-sized batches, y[M, N] = x[M, K] @ W[N, K]^T with W in GGUF
 blocks: `tl.dot` on [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] tiles (grouped program order), the
 weight tile dequantized in registers (`gguf_tl.dequant_tile`) and rounded to x's dtype, float32
-accumulation. Autotuned per (M bucket, N, K, type). Reference: `kernels.ref.qmatmul`."""
+accumulation; float32 x multiplies as 3xTF32 (`PRECISION`). The config per (M bucket, N, K, type,
+x dtype) comes from `tuning.TILED` (timed at start-up, kept on disk, never tuned while serving).
+BLOCK_M=32/BLOCK_N=64/BLOCK_K=128 was dropped: it spilled on every K-quant; 128 x 64 x 64 runs 8
+warps (255 registers on Q6_K with 4) (scripts/aot_compile.py). Reference: `kernels.ref.qmatmul`."""
 from __future__ import annotations
 
 import torch
@@ -11,6 +14,7 @@ import triton.language as tl
 from .. import ref
 from ..qweight import QWeight
 from .gguf_tl import configs_for_mode, dequant_tile, interpreting, weight_args
+from .tuning import Tuner, register
 
 reference = ref.qmatmul
 
@@ -18,20 +22,19 @@ reference = ref.qmatmul
 _TILED_CONFIGS = configs_for_mode([
     triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4, num_stages=2),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=3),
-    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8}, num_warps=4, num_stages=3),
 ])
+TILED = register(Tuner("qmm_tiled", _TILED_CONFIGS))
 
 
-@triton.autotune(configs=_TILED_CONFIGS, key=["M_BUCKET", "N", "K", "QTYPE"])
 @triton.jit
 def _qmm_tiled_kernel(
-    x_ptr, w_ptr, y_ptr, M, N, K, M_BUCKET,
+    x_ptr, w_ptr, y_ptr, M, N, K,
     stride_xm, stride_xk, stride_w, stride_ym, stride_yn,
     QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, DOT_F32: tl.constexpr,
+    GROUP_M: tl.constexpr, DOT_F32: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -56,7 +59,7 @@ def _qmm_tiled_kernel(
         if DOT_F32:  # the interpreter's bf16 tl.dot is wrong; same rounding, float32 product
             acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
         else:
-            acc = tl.dot(x, tl.trans(w), acc)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
     yp = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :] * stride_yn
     tl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
@@ -66,10 +69,17 @@ def qmatmul_tiled(x: torch.Tensor, w: QWeight, y: torch.Tensor) -> torch.Tensor:
     data, stride_w, qt = weight_args(w)
     M, K = x.shape
     N = w.rows
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-    _qmm_tiled_kernel[grid](
-        x, data, y, M, N, K, triton.next_power_of_2(M),
-        x.stride(0), x.stride(1), stride_w, y.stride(0), y.stride(1), QTYPE=qt,
-        DOT_F32=interpreting() and x.dtype == torch.bfloat16,
-    )
+    dot_f32 = interpreting() and x.dtype == torch.bfloat16
+    # float32 inputs: three TF32 products (about float32's accuracy on tensor cores), not one;
+    # 16-bit inputs: exact products, float32 accumulation (the setting is moot for them)
+    precision = "tf32x3" if x.dtype == torch.float32 else "tf32"
+
+    def run(c):
+        grid = (triton.cdiv(M, c.kwargs["BLOCK_M"]) * triton.cdiv(N, c.kwargs["BLOCK_N"]),)
+        _qmm_tiled_kernel[grid](
+            x, data, y, M, N, K, x.stride(0), x.stride(1), stride_w, y.stride(0), y.stride(1),
+            QTYPE=qt, DOT_F32=dot_f32, PRECISION=precision, **c.all_kwargs(),
+        )
+
+    TILED.launch((triton.next_power_of_2(M), N, K, qt, x.dtype), {}, x.device, run)
     return y

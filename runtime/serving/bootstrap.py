@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 
+import kernels
 from runtime.cuda_graphs import DecodeGraphs
 from runtime.kv_cache import KVCache, SeqKV
 from runtime.model import Model, SeqBatch
@@ -172,6 +173,7 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
         graphs = DecodeGraphs(model, kv, n_slots, kv.blocks_needed(n_ctx_slot) + 1, capture=mode != "eager")
     runner = ModelRunner(model, kv, graphs)
     if cfg.warmup:
+        tune_kernels(model, cfg.n_batch, n_slots, log)
         warm_up(runner, log)
     prompt_cache = None
     if cfg.lora and cfg.cache_ram_mib != 0:  # its entries do not record the adapters they were computed with
@@ -193,6 +195,15 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     }
     return Loaded(model, kv, runner, tk, chat_template, vocab, prompt_cache, n_ctx, n_slots, n_ctx_slot, unified,
                   model_info)
+
+
+def tune_kernels(model: Model, n_batch: int, n_slots: int, log: Log) -> None:
+    """Launch configs of every matmul shape chosen now (CUDA + Triton), not on a request's time."""
+    t0 = time.perf_counter()
+    ws = [w for L in model.layers for w in (*L.wqkv, L.wo, *L.w_gate_up, L.w_down)]
+    n = kernels.tune(model.ops, ws, model.act_dtype, n_batch, model.output, max(1, n_slots))
+    if n:
+        log("I", f"srv    load_model: matmul launch configs timed for {n} (rows, shape) keys in {time.perf_counter() - t0:.1f} s")
 
 
 def warm_up(runner: ModelRunner, log: Log) -> None:

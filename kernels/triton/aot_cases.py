@@ -1,0 +1,235 @@
+"""The launches `scripts/aot_compile.py` compiles ahead of time: the registry of every Triton kernel
+of this package and the dispatch calls that reach it, with the shapes, dtypes and options the
+supported architectures really use.
+
+Each case calls the real dispatch function (`kernels.triton.<op>`) on CPU tensors of the real
+shapes and dtypes; the compile script intercepts the kernel launches (no kernel runs), so the
+argument types, constexprs, `num_warps`/`num_stages` and the autotune configs left after pruning
+are those of a real launch, not a copy of them. A new kernel: add its launching op to `CASES` (or a
+new case function); `KERNELS` is discovered from the modules, and the script fails when a kernel
+is reached by no case.
+
+`quick=True` keeps the variants that bound the resources (largest tiles, every kernel at least
+once) for CI; `quick=False` is every variant a supported model can launch.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from ..qweight import QWeight
+
+Q_ALL = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16")
+Q_QUICK = ("Q6_K",)  # the most registers in every matmul config (measured)
+ACTS = (torch.float32, torch.float16, torch.bfloat16)
+ACT_QUICK = (torch.bfloat16,)
+CACHES = (torch.float16, torch.float32, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One model's layer sizes (the dims every kernel sees)."""
+    name: str
+    C: int  # n_embd
+    F: int  # n_ff
+    H: int  # query heads
+    KVH: int  # KV heads
+    D: int  # head dim
+    V: int  # vocabulary
+    softcap: float = 0.0  # attention logit soft-capping (gemma2-style); 0: off
+    neox: bool = True
+
+
+# the supported architectures at the sizes that change a kernel's variant (head dim, GQA group,
+# row lengths' divisibility); llama 8B is the GPU check's model
+SHAPES = (
+    Shape("llama3-8b", 4096, 14336, 32, 8, 128, 128256, neox=False),
+    Shape("qwen2.5-7b", 3584, 18944, 28, 4, 128, 152064),
+    Shape("qwen2.5-0.5b", 896, 4864, 14, 2, 64, 151936),
+    Shape("gemma-270m", 640, 2048, 4, 1, 256, 262144, softcap=50.0),
+    Shape("qwen3-235b-attn", 4096, 1536, 64, 4, 128, 151936),  # 16 heads per KV head: tl.dot decode
+)
+SHAPES_QUICK = (SHAPES[0], SHAPES[3])
+
+
+def _qtype(name: str):
+    from gguf import GGMLQuantizationType, GGML_QUANT_SIZES  # noqa: F401
+
+    return GGMLQuantizationType[name]
+
+
+def empty_qweight(qtype_name: str, rows: int, cols: int) -> QWeight:
+    """A weight of the given GGUF type and shape; its bytes are never read (nothing runs)."""
+    from gguf import GGML_QUANT_SIZES
+
+    qt = _qtype(qtype_name)
+    if qtype_name in ("F32", "F16", "BF16"):
+        dt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[qtype_name]
+        return QWeight(torch.empty(rows, cols, dtype=dt), qt, rows, cols)
+    bs, ts = GGML_QUANT_SIZES[qt]
+    return QWeight(torch.empty(rows, cols // bs * ts, dtype=torch.uint8), qt, rows, cols)
+
+
+def _block(qtype_name: str) -> int:
+    from gguf import GGML_QUANT_SIZES
+
+    return GGML_QUANT_SIZES[_qtype(qtype_name)][0]
+
+
+Case = Callable[[], object]
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What the cases cover: `quick` (the resource-bounding subset), optionally narrowed to some
+    model shapes and activation dtypes (the GPU check precompiles its own)."""
+    quick: bool = False
+    shapes: tuple[str, ...] = ()  # Shape.name; empty: all of the mode's
+    acts: tuple[torch.dtype, ...] = ()
+
+    def models(self, quick_default=SHAPES_QUICK) -> tuple[Shape, ...]:
+        base = quick_default if self.quick else SHAPES
+        if self.shapes:
+            base = tuple(s for s in SHAPES if s.name in self.shapes)
+        return base
+
+    def act_dtypes(self) -> tuple[torch.dtype, ...]:
+        return self.acts or (ACT_QUICK if self.quick else ACTS)
+
+
+def qmatmul_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
+    """Every GGUF type x activation dtype x decode row count (GEMV BLOCK_M 1..16) and a prefill
+    batch (tiled kernel), over each model's (N, K) pairs whose K the type's block divides."""
+    from . import qmatmul
+
+    quick = sc.quick
+    for s in sc.models():
+        pairs = {((s.H + 2 * s.KVH) * s.D, s.C), (s.C, s.H * s.D), (2 * s.F, s.C), (s.C, s.F)}
+        if not quick:
+            pairs.add((s.V, s.C))
+        for qn in Q_QUICK if quick else Q_ALL:
+            for N, K in sorted(pairs):
+                if K % _block(qn):
+                    continue
+                w = empty_qweight(qn, N, K)
+                for act in sc.act_dtypes():
+                    for M in ((1, 16, 64) if quick else (1, 2, 3, 5, 9, 64)):
+                        if quick and (N, K) != (s.C, s.F):
+                            continue
+                        x = torch.empty(M, K, dtype=act)
+                        yield f"qmatmul {s.name} {qn} {N}x{K} M={M} {str(act)[6:]}", (
+                            lambda x=x, w=w: qmatmul(x, w))
+
+
+def dequant_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
+    """Embedding lookups (float32 rows) and whole-matrix dequantization, per GGUF type."""
+    from . import dequantize, embedding
+
+    quick = sc.quick
+    for s in sc.models():
+        for qn in Q_QUICK if quick else Q_ALL:
+            if s.C % _block(qn):
+                continue
+            w = empty_qweight(qn, 1024, s.C)
+            ids = torch.zeros(7, dtype=torch.int64)
+            yield f"embedding {s.name} {qn}", (lambda w=w, ids=ids: embedding(ids, w))
+            for dt in () if quick else (torch.float32, torch.float16, torch.bfloat16):
+                yield f"dequantize {s.name} {qn} {dt}", (lambda w=w, dt=dt: dequantize(w, dt))
+
+
+def _paged(s: Shape, S: int, ctx: int, q_len: int, act, cache, BS: int = 16):
+    nb = (ctx + BS - 1) // BS
+    kc = torch.empty(S * nb + 1, BS, s.KVH, s.D, dtype=cache)
+    vc = torch.empty_like(kc)
+    bt = torch.zeros(S, nb, dtype=torch.int32)
+    cu = torch.arange(0, S + 1, dtype=torch.int32) * q_len
+    lens = torch.full((S,), ctx, dtype=torch.int32)
+    q = torch.empty(S * q_len, s.H, s.D, dtype=act)
+    return q, kc, vc, bt, cu, lens
+
+
+def attention_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
+    """Decode (every split count the split heuristic picks, merge kernel included) and prefill
+    (short and long query runs), per head dim / GQA group, cache dtype and soft-capping."""
+    from . import paged_attention
+
+    quick = sc.quick
+    for s in sc.models():
+        caps = [s.softcap] if quick else sorted({0.0, s.softcap})
+        for act in sc.act_dtypes():
+            for cache in (torch.bfloat16,) if quick else CACHES:
+                for cap in caps:
+                    # (S, ctx): 1, 2, 4, ... 32 splits on 132 SMs
+                    for S, ctx in ((1, 32768), (64, 4096)) if quick else (
+                            (1, 32768), (1, 4096), (2, 4096), (4, 2048), (8, 4096), (16, 4096), (64, 4096), (1, 64)):
+                        args = _paged(s, S, ctx, 1, act, cache)
+                        yield f"decode {s.name} S={S} ctx={ctx} {act} {cache} cap={cap}", (
+                            lambda a=args, cap=cap: paged_attention(*a, 0.125, cap, max_q_len=1))
+                    for ql in (8, 512) if not quick or cap == s.softcap else ():
+                        args = _paged(s, 1, 1024, ql, act, cache)
+                        yield f"prefill {s.name} q={ql} {act} {cache} cap={cap}", (
+                            lambda a=args, cap=cap, ql=ql: paged_attention(*a, 0.125, cap, max_q_len=ql))
+
+
+def small_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
+    """RMSNorm (with and without residual, rows of n_embd and of head_dim for q/k norms), RoPE
+    (both modes, full and partial rotary), SiLU-mul and the KV write, per activation dtype."""
+    from . import add_rms_norm, rms_norm, rope, silu_mul, write_kv
+
+    quick = sc.quick
+    for s in sc.models(SHAPES[:1]):
+        for act in sc.act_dtypes():
+            w = torch.empty(s.C, dtype=torch.float32)
+            for T in (7,) if quick else (1, 7):
+                x = torch.empty(T, s.C, dtype=act)
+                yield f"rms_norm {s.name} {act}", (lambda x=x, w=w: rms_norm(x, w, 1e-6))
+                yield f"add_rms_norm {s.name} {act}", (lambda x=x, w=w: add_rms_norm(x, x, w, 1e-6))
+            hx = torch.empty(3 * s.H, s.D, dtype=act)
+            if not quick:
+                yield f"rms_norm head {s.name} {act}", (
+                    lambda hx=hx, wd=torch.empty(s.D): rms_norm(hx, wd, 1e-6))
+            q = torch.empty(3, s.H, s.D, dtype=act)
+            pos = torch.zeros(3, dtype=torch.int64)
+            for R in (s.D // 2,) if quick else (s.D // 2, s.D // 4):
+                for neox in (s.neox,) if quick else (False, True):
+                    yield f"rope {s.name} R={R} neox={neox} {act}", (
+                        lambda q=q, pos=pos, R=R, neox=neox: rope(q, pos, torch.empty(R), neox))
+            gu = torch.empty(3, 2 * s.F, dtype=act)
+            yield f"silu_mul {s.name} {act}", (lambda gu=gu, F=s.F: silu_mul(gu[:, :F], gu[:, F:]))
+            for cache in (torch.bfloat16,) if quick else CACHES:
+                k = torch.empty(3, s.KVH, s.D, dtype=act)
+                kc = torch.empty(4, 16, s.KVH, s.D, dtype=cache)
+                slots = torch.zeros(3, dtype=torch.int64)
+                yield f"write_kv {s.name} {act} {cache}", (
+                    lambda k=k, kc=kc, slots=slots: write_kv(k, k, kc, kc.clone(), slots))
+
+
+# op family -> its cases; extend here when a kernel is added
+CASES: dict[str, Callable[[Scope], Iterator[tuple[str, Case]]]] = {
+    "qmatmul": qmatmul_cases,
+    "dequant": dequant_cases,
+    "attention": attention_cases,
+    "small": small_cases,
+}
+
+
+def kernels() -> dict[str, object]:
+    """Every launchable Triton kernel of this package: module-level `@triton.jit` (or autotuned)
+    objects whose name ends in `_kernel`, as {"module.name": object}."""
+    import triton
+
+    from .. import triton as pkg
+
+    found = {}
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name.startswith("aot"):
+            continue
+        mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+        for name, obj in vars(mod).items():
+            if name.endswith("_kernel") and isinstance(obj, triton.runtime.KernelInterface):
+                found[f"{info.name}.{name}"] = obj
+    return found
