@@ -127,10 +127,11 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,
-                    max_q_len: int | None = None) -> torch.Tensor:
-    """q[T, H, D] over the paged k/v_cache[NB, BS, KVH, D] -> [T, H, D] (docs/DESIGN.md)."""
+                    max_q_len: int | None = None, window: int = 0) -> torch.Tensor:
+    """q[T, H, D] over the paged k/v_cache[NB, BS, KVH, D] -> [T, H, D] (docs/DESIGN.md); window > 0:
+    a query at position p sees only keys at positions > p - window (sliding-window layers)."""
     return _on(q.device).paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale,
-                                         softcap, max_q_len)
+                                         softcap, max_q_len, window)
 
 
 def topk(row: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
