@@ -30,7 +30,7 @@ NAMES = ("torch", "cpu", "triton")
 _MODULES = {"torch": "kernels.ref", "cpu": "kernels.cpu", "triton": "kernels.triton"}
 OPS = (
     "prepare_weight", "packs_quantized", "dequantize", "qmatmul", "embedding", "rms_norm", "add_rms_norm",
-    "rope", "silu_mul", "write_kv", "paged_attention", "topk", "prepare_topk_head", "topk_logits",
+    "rope", "silu_mul", "gelu_mul", "write_kv", "paged_attention", "topk", "prepare_topk_head", "topk_logits",
 )
 __all__ = ["Backend", "QWeight", "NAMES", "OPS", *OPS]
 
@@ -118,6 +118,11 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, neox:
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate[T, F]) * up[T, F]."""
     return _on(gate.device).silu_mul(gate, up)
+
+
+def gelu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate[T, F]) * up[T, F] (GeGLU) with ggml's float16-table GELU."""
+    return _on(gate.device).gelu_mul(gate, up)
 
 
 def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:

@@ -122,6 +122,16 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return (F.silu(gate.float()) * up.float()).to(gate.dtype)
 
 
+def gelu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gelu(gate[T, F]) * up[T, F] with the tanh GELU as ggml's CPU GeGLU computes it: the gate
+    rounded to float16, GELU of that in float32 rounded to float16 (ggml's lookup table), 0 below
+    -10 and the identity above 10; the product in float32. Device-agnostic torch."""
+    g = gate.float()
+    t = F.gelu(g.half().float(), approximate="tanh").half().float()
+    t = torch.where(g <= -10.0, torch.zeros_like(g), torch.where(g >= 10.0, g, t))
+    return (t * up.float()).to(gate.dtype)
+
+
 def write_kv(
     k: torch.Tensor,
     v: torch.Tensor,

@@ -1,21 +1,25 @@
-"""Decoder forward for llama / mistral / qwen2 / qwen3 over the paged KV cache.
+"""Decoder forward for llama / mistral / qwen2 / qwen3 / gemma / gemma2 / gemma3 over the paged KV cache.
 
 One `forward` call processes a batch of sequences of different lengths (prefill chunks and
 single decode tokens mixed): their new tokens are concatenated into one [T] row of tokens, every
 matmul runs once over all T rows (weights read once per step), and attention goes through
 `paged_attention` with per-sequence block tables. Every op comes from the model's kernel backend
-(`kernels.Backend`, chosen from the device).
+(`kernels.Backend`, chosen from the device). What differs between architectures (embedding scale,
+GeGLU, post-norms, soft-caps, sliding windows, per-layer RoPE bases) is plain data from
+`runtime.arch.spec_for(cfg)`.
 """
 from __future__ import annotations
 
 import math
 import os
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
 import kernels
 from kernels.qweight import QWeight
+from runtime.arch import spec_for
 from runtime.kv_cache import KVCache, SeqKV
 
 
@@ -44,6 +48,10 @@ class Layer:
     ffn_norm: torch.Tensor
     w_gate_up: list[QWeight]  # [gate and up rows concatenated: [2 F, C]] or [w_gate, w_up]
     w_down: QWeight
+    post_attn_norm: torch.Tensor | None = None  # gemma2/3
+    post_ffn_norm: torch.Tensor | None = None
+    window: int = 0  # sliding window of this layer (0: global attention)
+    inv_freq: torch.Tensor | None = None  # this layer's RoPE frequencies
 
 
 def _cat_rows(ws: list[QWeight]) -> list[QWeight]:
@@ -168,6 +176,8 @@ class Model:
         else:  # tied: one matrix serves both
             self.tok_embd = self.output = q("token_embd.weight")
         self.output_norm = t("output_norm.weight")
+        self.spec = spec = spec_for(cfg)
+        self.inv_freq = rope_inv_freq(cfg).to(dev)
         self.layers: list[Layer] = []
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
@@ -179,16 +189,36 @@ class Model:
                 attn_norm=t(p + "attn_norm.weight"), wqkv=[prep(x) for x in wqkv], bqkv=bqkv,
                 q_norm=t(p + "attn_q_norm.weight"), k_norm=t(p + "attn_k_norm.weight"),
                 wo=q(p + "attn_output.weight"), ffn_norm=t(p + "ffn_norm.weight"),
-                w_gate_up=[prep(x) for x in gate_up], w_down=q(p + "ffn_down.weight")))
+                w_gate_up=[prep(x) for x in gate_up], w_down=q(p + "ffn_down.weight"),
+                post_attn_norm=t(p + "post_attention_norm.weight"), post_ffn_norm=t(p + "post_ffw_norm.weight"),
+                window=spec.window(i), inv_freq=self._layer_inv_freq(cfg, i)))
+        self.rope_inv_freqs = [L.inv_freq for L in self.layers]  # per layer, for re-rotating cached keys
         self.n_head, self.n_head_kv, self.head_dim = cfg.n_head, cfg.n_head_kv, cfg.head_dim
         self.n_ff = self.layers[0].w_down.cols
         self.eps = float(cfg.rms_eps)
         self.neox = bool(cfg.rope_neox)
-        self.inv_freq = rope_inv_freq(cfg).to(dev)
-        self.scale = rope_attn_scale(cfg) / math.sqrt(self.head_dim)
+        self.scale = spec.attn_scale if spec.attn_scale is not None else rope_attn_scale(cfg) / math.sqrt(self.head_dim)
         self._topk_head = ops.prepare_topk_head(self.output)  # None: full logits only
         self.n_vocab = self.output.rows
         self.n_embd = cfg.n_embd
+
+    def _layer_inv_freq(self, cfg, i: int) -> torch.Tensor:
+        """Local (sliding-window) layers may have their own RoPE base, unscaled (llama.cpp's
+        rope_freq_base_train_swa / rope_freq_scale_train_swa = 1)."""
+        if not self.spec.rope_bases or self.spec.window(i) == 0:
+            return self.inv_freq
+        local = SimpleNamespace(head_dim=cfg.head_dim, rope_freq_base=self.spec.rope_bases[i])
+        return rope_inv_freq(local).to(self.device)
+
+    def _head(self, hs: torch.Tensor) -> torch.Tensor:
+        """Output logits float32 of normed hidden rows, soft-capped where the architecture says."""
+        return self._softcap(self.ops.qmatmul(hs, self.output).float())
+
+    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        cap = self.spec.final_softcap
+        if cap <= 0.0:
+            return logits
+        return torch.where(torch.isinf(logits), logits, cap * torch.tanh(logits / cap))
 
     def new_cache(self, n_tokens: int, block_size: int = 16, dtype: torch.dtype = torch.float16) -> KVCache:
         nb = (n_tokens + block_size - 1) // block_size
@@ -205,6 +235,9 @@ class Model:
         H, KVH, D = self.n_head, self.n_head_kv, self.head_dim
         ops = self.ops
         h = ops.embedding(ids_t, self.tok_embd)  # [T, C]
+        if self.spec.embed_scale != 1.0:
+            h = h * self.spec.embed_scale
+        act = ops.gelu_mul if self.spec.act == "gelu" else ops.silu_mul
         residual = None
         for li, L in enumerate(self.layers):
             if residual is None:
@@ -221,16 +254,20 @@ class Model:
             if L.q_norm is not None:
                 q = ops.rms_norm(q.reshape(T * H, D), L.q_norm, self.eps).view(T, H, D)
                 k = ops.rms_norm(k.reshape(T * KVH, D), L.k_norm, self.eps).view(T, KVH, D)
-            q = ops.rope(q, pos_t, self.inv_freq, self.neox)
-            k = ops.rope(k, pos_t, self.inv_freq, self.neox)
+            q = ops.rope(q, pos_t, L.inv_freq, self.neox)
+            k = ops.rope(k, pos_t, L.inv_freq, self.neox)
             ops.write_kv(k, v, kv.k[li], kv.v[li], slot_t)
             attn = ops.paged_attention(q, kv.k[li], kv.v[li], tables, cu, kv_lens_t, self.scale,
-                                       max_q_len=max_q_len)
+                                       self.spec.attn_softcap, max_q_len=max_q_len, window=L.window)
             h = ops.qmatmul(attn.reshape(T, H * D), L.wo)
+            if L.post_attn_norm is not None:
+                h = ops.rms_norm(h, L.post_attn_norm, self.eps)
             x, residual = ops.add_rms_norm(h, residual, L.ffn_norm, self.eps)
             gu = _matmul_rows(ops, x, L.w_gate_up)  # [T, 2F]
             gate, up = gu.split([self.n_ff, self.n_ff], dim=1)
-            h = ops.qmatmul(ops.silu_mul(gate, up), L.w_down)
+            h = ops.qmatmul(act(gate, up), L.w_down)
+            if L.post_ffn_norm is not None:
+                h = ops.rms_norm(h, L.post_ffn_norm, self.eps)
         return h + residual  # [T, C] final residual stream
 
     def decode_logits(self, kv: KVCache, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
@@ -239,7 +276,7 @@ class Model:
         with no host synchronisation and no per-call Python state, so that it can be captured in
         a CUDA graph (`runtime.cuda_graphs`). n_tokens of the sequences is not touched."""
         h = self._layers(kv, ids_t, pos_t, slot_t, tables, cu, kv_lens_t, 1)
-        return self.ops.qmatmul(self.ops.rms_norm(h, self.output_norm, self.eps), self.output).float()
+        return self._head(self.ops.rms_norm(h, self.output_norm, self.eps))
 
     @torch.inference_mode()
     def forward(self, kv: KVCache, batch: list[SeqBatch]) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
@@ -282,10 +319,10 @@ class Model:
             hs = self.ops.rms_norm(hs, self.output_norm, self.eps)
             wants = [b for b in batch if b.logits]
             if self._topk_head is not None and any(b.topk > 0 for b in wants):  # exact only where it matters
-                logits = self.ops.topk_logits(hs, self.output, self._topk_head, [b.topk for b in wants],
-                                              [b.banned for b in wants])
+                logits = self._softcap(self.ops.topk_logits(hs, self.output, self._topk_head,
+                                                            [b.topk for b in wants], [b.banned for b in wants]))
             else:
-                logits = self.ops.qmatmul(hs, self.output).float()
+                logits = self._head(hs)
         hidden: list[torch.Tensor | None] = []
         need_hidden = any(b.hidden for b in batch)
         hn = self.ops.rms_norm(h, self.output_norm, self.eps) if need_hidden else None

@@ -15,7 +15,7 @@ fastest path this machine has and falling back to the torch reference (`kernels.
 RMSNorm, RoPE, SiLU and the KV write are the reference's: torch is the fastest choice for them here.
 Nothing here imports triton.
 """
-from ..ref import add_rms_norm, rms_norm, rope, silu_mul, write_kv  # noqa: F401
+from ..ref import add_rms_norm, gelu_mul, rms_norm, rope, silu_mul, write_kv  # noqa: F401
 from .attention import paged_attention  # noqa: F401
 from .matmul import dequantize, embedding, packs_quantized, prepare_weight, qmatmul  # noqa: F401
 from .topk import prepare_topk_head, topk, topk_logits  # noqa: F401

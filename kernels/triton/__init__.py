@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from ..qweight import QWeight
-from ..ref import packs_quantized, prepare_topk_head, topk  # noqa: F401  (device-agnostic torch)
+from ..ref import gelu_mul, packs_quantized, prepare_topk_head, topk  # noqa: F401  (device-agnostic torch)
 from .dequant import dequantize, embedding  # noqa: F401
 from .norm import add_rms_norm, rms_norm  # noqa: F401
 from .paged_decode import paged_decode
