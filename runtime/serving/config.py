@@ -40,3 +40,6 @@ class EngineConfig:
     # decode steps from CUDA graphs: "1" on CUDA (default), "0" off, "eager" static buffers without
     # capture (also on the CPU, for tests); None = TRITIUM_CUDA_GRAPHS, read by bootstrap.resolve_config
     cuda_graphs: str | None = None
+    # without a model path: "real" serves the Gemma 3 270M of the `[model]` extra when installed,
+    # "builtin" always the random-weight model (TRITIUM_DEFAULT_MODEL; the tests set "builtin")
+    default_model: str | None = None
