@@ -67,6 +67,12 @@ FILLERS: tuple[str, ...] = ("the", "a", "of", "to", "and", "in", "is", "it")
 PRESETS: dict[str, dict] = {
     # Issue text: "64 generated tokens after a ~600-token prompt", reference at 1 and 4 streams.
     "lesson": {"prompt_tokens": (600, 600), "gen_tokens": (64, 64), "concurrency": [1, 4]},
+    # the real models of scripts/fetch_models.py (Gemma 3 270M, Qwen2.5-Coder-0.5B, Q4_K_M):
+    # a ~256-token prompt, 64 generated tokens, one stream and four, 4 requests per level
+    "gemma270m": {"prompt_tokens": (256, 256), "gen_tokens": (64, 64), "concurrency": [1, 4],
+                  "requests_per_level": 4},
+    "qwen05b": {"prompt_tokens": (256, 256), "gen_tokens": (64, 64), "concurrency": [1, 4],
+                "requests_per_level": 4},
 }
 QUICK = {"prompt_tokens": (100, 300), "gen_tokens": (16, 32), "concurrency": [1, 4],
          "requests_per_level": 4}
@@ -301,7 +307,7 @@ def summarize(results: list[RequestResult], wall_s: float, concurrency: int,
 
 
 RATIO_KEYS = ("gen_tokens_per_s", "ttft_ms_median", "ttft_ms_p95",
-              "decode_tokens_per_s_median", "requests_per_s")
+              "decode_tokens_per_s_median", "requests_per_s", "peak_rss_mib")
 
 
 def ratio_line(a: dict, b: dict) -> dict:
@@ -487,7 +493,7 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-async def bench_server(url: str, opts: argparse.Namespace, label: str | None) -> list[dict]:
+async def bench_server(url: str, opts: argparse.Namespace, label: str | None, pid: int | None = None) -> list[dict]:
     url = url.rstrip("/")
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
     max_c = max(opts.concurrency)
@@ -521,9 +527,26 @@ async def bench_server(url: str, opts: argparse.Namespace, label: str | None) ->
             errs = [r.error for r in results if not r.ok]
             if errs:
                 line["first_error"] = errs[0][:300]
+            rss = peak_rss_mib(pid)
+            if rss is not None:
+                line["peak_rss_mib"] = rss
             lines.append(line)
             print(json.dumps(line), flush=True)
         return lines
+
+
+def peak_rss_mib(pid: int | None) -> float | None:
+    """The server process's peak resident set so far (VmHWM of /proc/PID/status), MiB."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for row in f:
+                if row.startswith("VmHWM:"):
+                    return round(int(row.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -555,7 +578,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-tokens", type=parse_range, metavar="MIN-MAX",
                    help="n_predict range (default 64-512)")
     p.add_argument("--preset", choices=sorted(PRESETS),
-                   help="lesson: ~600-token prompt, 64 generated tokens, concurrency 1,4")
+                   help="lesson: ~600-token prompt, 64 generated tokens, concurrency 1,4; gemma270m / "
+                        "qwen05b: the real models, 256-token prompt, 64 tokens, concurrency 1,4, 4 requests")
+    p.add_argument("--pid", type=int, help="BASE_URL's server process: adds its peak RSS (VmHWM) per level")
+    p.add_argument("--compare-pid", type=int, help="URL2's server process, the same")
     p.add_argument("--quick", action="store_true", help="small run (smoke test)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label", help="name for BASE_URL in the output (default from /props)")
@@ -585,9 +611,9 @@ def resolve_options(opts: argparse.Namespace) -> argparse.Namespace:
 
 
 async def amain(opts: argparse.Namespace) -> list[dict]:
-    lines = await bench_server(opts.base_url, opts, opts.label)
+    lines = await bench_server(opts.base_url, opts, opts.label, opts.pid)
     if opts.compare:
-        ref = await bench_server(opts.compare, opts, opts.compare_label)
+        ref = await bench_server(opts.compare, opts, opts.compare_label, opts.compare_pid)
         ratios = [ratio_line(a, b) for a, b in zip(lines, ref)]
         for r in ratios:
             print(json.dumps(r), flush=True)
