@@ -29,8 +29,9 @@ from .qweight import QWeight
 NAMES = ("torch", "cpu", "triton")
 _MODULES = {"torch": "kernels.ref", "cpu": "kernels.cpu", "triton": "kernels.triton"}
 OPS = (
-    "prepare_weight", "prepare_weights", "packs_quantized", "dequantize", "qmatmul", "embedding", "rms_norm", "add_rms_norm",
-    "rope", "silu_mul", "write_kv", "paged_attention", "topk", "prepare_topk_head", "topk_logits",
+    "prepare_weight", "prepare_weights", "packs_quantized", "dequantize", "qmatmul", "embedding", "rms_norm",
+    "add_rms_norm", "rope", "silu_mul", "gelu_mul", "write_kv", "paged_attention", "topk", "prepare_topk_head",
+    "topk_logits",
 )
 __all__ = ["Backend", "QWeight", "NAMES", "OPS", *OPS]
 
@@ -127,6 +128,11 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return _on(gate.device).silu_mul(gate, up)
 
 
+def gelu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate[T, F]) * up[T, F] (GeGLU) with ggml's float16-table GELU."""
+    return _on(gate.device).gelu_mul(gate, up)
+
+
 def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
     """k/v[T, KVH, D] stored in place at slot = block * BS + offset of k/v_cache[NB, BS, KVH, D]
     (negative slots skipped)."""
@@ -134,10 +140,11 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,
-                    max_q_len: int | None = None) -> torch.Tensor:
-    """q[T, H, D] over the paged k/v_cache[NB, BS, KVH, D] -> [T, H, D] (docs/DESIGN.md)."""
+                    max_q_len: int | None = None, window: int = 0) -> torch.Tensor:
+    """q[T, H, D] over the paged k/v_cache[NB, BS, KVH, D] -> [T, H, D] (docs/DESIGN.md); window > 0:
+    a query at position p sees only keys at positions > p - window (sliding-window layers)."""
     return _on(q.device).paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale,
-                                         softcap, max_q_len)
+                                         softcap, max_q_len, window)
 
 
 def topk(row: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

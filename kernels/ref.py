@@ -138,6 +138,16 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return (F.silu(gate.float()) * up.float()).to(gate.dtype)
 
 
+def gelu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gelu(gate[T, F]) * up[T, F] with the tanh GELU as ggml's CPU GeGLU computes it: the gate
+    rounded to float16, GELU of that in float32 rounded to float16 (ggml's lookup table), 0 below
+    -10 and the identity above 10; the product in float32. Device-agnostic torch."""
+    g = gate.float()
+    t = F.gelu(g.half().float(), approximate="tanh").half().float()
+    t = torch.where(g <= -10.0, torch.zeros_like(g), torch.where(g >= 10.0, g, t))
+    return (t * up.float()).to(gate.dtype)
+
+
 def write_kv(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -164,8 +174,9 @@ def _gather_kv(cache: torch.Tensor, blocks: torch.Tensor, L: int) -> torch.Tenso
     return cache[blocks].reshape(-1, KVH, D)[:L].float()
 
 
-def _attend_manual(q, k, v, scale, softcap, q_pos0):
-    """q[ql, H, D], k/v[L, KVH, D] float32 -> [ql, H, D] float32; causal with query offset q_pos0."""
+def _attend_manual(q, k, v, scale, softcap, q_pos0, window=0):
+    """q[ql, H, D], k/v[L, KVH, D] float32 -> [ql, H, D] float32; causal with query offset q_pos0
+    (keys at positions 0..L-1); window > 0: a query at p sees keys at positions > p - window."""
     ql, H, D = q.shape
     L, KVH, _ = k.shape
     G = H // KVH
@@ -181,7 +192,10 @@ def _attend_manual(q, k, v, scale, softcap, q_pos0):
         if softcap > 0.0:
             s = softcap * torch.tanh(s / softcap)
         qpos = q_pos0 + torch.arange(c0, c1, device=q.device)
-        s = s.masked_fill(kpos[None, :] > qpos[:, None], float("-inf"))
+        hidden = kpos[None, :] > qpos[:, None]
+        if window > 0:
+            hidden |= kpos[None, :] <= qpos[:, None] - window
+        s = s.masked_fill(hidden, float("-inf"))
         out[:, :, c0:c1] = torch.softmax(s, dim=-1) @ vh
     return out.permute(2, 0, 1, 3).reshape(ql, H, D)
 
@@ -215,6 +229,7 @@ def paged_attention(
     scale: float,
     softcap: float = 0.0,
     max_q_len: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """q[T, H, D] over paged k/v_cache[NB, BS, KVH, D] -> [T, H, D] (see docs/DESIGN.md).
     `max_q_len` (the longest query run, when the caller knows it) lets device kernels skip a host
@@ -222,6 +237,8 @@ def paged_attention(
 
     Sequence s owns query rows cu[s]:cu[s+1]; query j sits at position kv_lens[s] - q_len + j and
     attends causally to keys 0..pos. Softmax in float32; optional tanh soft-capping of the scores.
+    window > 0 (sliding-window layers, llama.cpp's LLAMA_SWA_TYPE_STANDARD): a query at position p
+    sees only keys at positions p - window + 1 .. p.
     """
     T, H, D = q.shape
     NB, BS, KVH, _ = k_cache.shape
@@ -235,10 +252,18 @@ def paged_attention(
         q0, q1, L = cu[s], cu[s + 1], lens[s]
         if q1 == q0:
             continue
+        qs = q[q0:q1].float()
+        if window > 0:  # keys before the first query's window are never read
+            k0 = max(0, L - (q1 - q0) - window + 1) // BS * BS
+            blocks = block_tables[s, k0 // BS: (L + BS - 1) // BS].long()
+            k = _gather_kv(k_cache, blocks, L - k0)
+            v = _gather_kv(v_cache, blocks, L - k0)
+            o = _attend_manual(qs, k, v, scale, softcap, L - k0 - (q1 - q0), window)
+            out[q0:q1] = o.to(q.dtype)
+            continue
         blocks = block_tables[s, : (L + BS - 1) // BS].long()
         k = _gather_kv(k_cache, blocks, L)
         v = _gather_kv(v_cache, blocks, L)
-        qs = q[q0:q1].float()
         if softcap > 0.0:
             o = _attend_manual(qs, k, v, scale, softcap, L - (q1 - q0))
         else:

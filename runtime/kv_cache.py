@@ -164,15 +164,18 @@ class KVCache:
             kernels.write_kv(ks[l].to(self.device, self.dtype), vs[l].to(self.device, self.dtype),
                              self.k[l], self.v[l], slots)
 
-    def move(self, seq: SeqKV, src: int, dst: int, n: int, inv_freq: torch.Tensor, neox: bool) -> None:
+    def move(self, seq: SeqKV, src: int, dst: int, n: int, inv_freq: torch.Tensor | list[torch.Tensor],
+             neox: bool) -> None:
         """Move tokens [src, src + n) to [dst, dst + n) (dst < src), re-rotating keys by the
-        position delta (dst - src) as llama.cpp's seq_add does for --cache-reuse."""
+        position delta (dst - src) as llama.cpp's seq_add does for --cache-reuse. `inv_freq`: one
+        for every layer, or a list per layer (gemma3's local layers have their own RoPE base)."""
         assert dst <= src
         if n <= 0 or dst == src:
             return
         ks, vs = self.gather(seq, src, src + n)
         delta = torch.full((n,), dst - src, dtype=torch.int64, device=self.device)
-        ks = [kernels.rope(k.float(), delta, inv_freq.to(self.device), neox) for k in ks]
+        freqs = inv_freq if isinstance(inv_freq, list) else [inv_freq] * len(ks)
+        ks = [kernels.rope(k.float(), delta, f.to(self.device), neox) for k, f in zip(ks, freqs)]
         self.scatter(seq, dst, ks, vs)
 
     def export(self, seq: SeqKV, n: int | None = None) -> dict:

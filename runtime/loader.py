@@ -33,13 +33,14 @@ import torch
 from gguf import GGMLQuantizationType, LlamaFileType
 
 from kernels.qweight import QWeight
+from runtime import arch as archs
 from runtime.gguf import GGUFTensorInfo, read_gguf, tensor_data
 
 __all__ = ["ModelConfig", "LoadedModel", "load_model", "ftype_name", "SUPPORTED_ARCHS"]
 
-# arch -> rope style: GGUF llama weights are permuted for the "normal" (pairwise) rope,
-# qwen2/qwen3 use NEOX (half-split) rope.
-SUPPORTED_ARCHS = {"llama": False, "mistral": False, "qwen2": True, "qwen3": True}
+# arch -> rope style (runtime/arch): GGUF llama weights are permuted for the "normal" (pairwise)
+# rope, qwen2/qwen3/gemma* use NEOX (half-split) rope.
+SUPPORTED_ARCHS = archs.ROPE_NEOX
 
 
 @dataclass
@@ -69,6 +70,12 @@ class ModelConfig:
     has_qkv_bias: bool = False
     has_qk_norm: bool = False
     attn_logit_softcap: float = 0.0
+    final_logit_softcap: float = 0.0
+    # sliding-window attention (gemma2/3, runtime/arch/gemma.py): window, which layers use it,
+    # and the RoPE base of those layers
+    sliding_window: int = 0
+    swa_layers: list[bool] | None = None
+    rope_freq_base_swa: float = 10000.0
     # float32 [n_rot/2] divisors of the rope frequencies (llama3 rope) == weights["rope_freqs.weight"]
     rope_freq_factors: torch.Tensor | None = None
 
@@ -180,6 +187,12 @@ def _f32(v: Any) -> float:
 
 
 def _config_from_gguf(md: dict[str, Any], names: dict[str, GGUFTensorInfo]) -> ModelConfig:
+    cfg = _common_config(md, names)
+    archs.configure(md, cfg)
+    return cfg
+
+
+def _common_config(md: dict[str, Any], names: dict[str, GGUFTensorInfo]) -> ModelConfig:
     arch = md.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"unsupported model architecture {arch!r} "

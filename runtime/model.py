@@ -1,21 +1,25 @@
-"""Decoder forward for llama / mistral / qwen2 / qwen3 over the paged KV cache.
+"""Decoder forward for llama / mistral / qwen2 / qwen3 / gemma / gemma2 / gemma3 over the paged KV cache.
 
 One `forward` call processes a batch of sequences of different lengths (prefill chunks and
 single decode tokens mixed): their new tokens are concatenated into one [T] row of tokens, every
 matmul runs once over all T rows (weights read once per step), and attention goes through
 `paged_attention` with per-sequence block tables. Every op comes from the model's kernel backend
-(`kernels.Backend`, chosen from the device).
+(`kernels.Backend`, chosen from the device). What differs between architectures (embedding scale,
+GeGLU, post-norms, soft-caps, sliding windows, per-layer RoPE bases) is plain data from
+`runtime.arch.spec_for(cfg)`.
 """
 from __future__ import annotations
 
 import math
 import os
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
 import kernels
 from kernels.qweight import QWeight
+from runtime.arch import spec_for
 from runtime.kv_cache import KVCache, SeqKV
 from runtime.lora import RowLora
 
@@ -61,6 +65,10 @@ class Layer:
     ffn_norm: torch.Tensor
     w_gate_up: list[QWeight]  # gate, up as `kernels.prepare_weights` returns them
     w_down: QWeight
+    post_attn_norm: torch.Tensor | None = None  # gemma2/3
+    post_ffn_norm: torch.Tensor | None = None
+    window: int = 0  # sliding window of this layer (0: global attention)
+    inv_freq: torch.Tensor | None = None  # this layer's RoPE frequencies
 
 
 def _matmul_rows(ops: kernels.Backend, x: torch.Tensor, ws: list[QWeight]) -> torch.Tensor:
@@ -187,6 +195,8 @@ class Model:
         else:  # tied: one matrix serves both
             self.tok_embd = self.output = q("token_embd.weight")
         self.output_norm = t("output_norm.weight")
+        self.spec = spec = spec_for(cfg)
+        self.inv_freq = rope_inv_freq(cfg).to(dev)
         self.layers: list[Layer] = []
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
@@ -196,18 +206,34 @@ class Model:
                 attn_norm=t(p + "attn_norm.weight"), wqkv=fused([p + f"attn_{n}.weight" for n in "qkv"]),
                 bqkv=bqkv, q_norm=t(p + "attn_q_norm.weight"), k_norm=t(p + "attn_k_norm.weight"),
                 wo=q(p + "attn_output.weight"), ffn_norm=t(p + "ffn_norm.weight"),
-                w_gate_up=fused([p + "ffn_gate.weight", p + "ffn_up.weight"]), w_down=q(p + "ffn_down.weight")))
+                w_gate_up=fused([p + "ffn_gate.weight", p + "ffn_up.weight"]), w_down=q(p + "ffn_down.weight"),
+                post_attn_norm=t(p + "post_attention_norm.weight"), post_ffn_norm=t(p + "post_ffw_norm.weight"),
+                window=spec.window(i), inv_freq=self._layer_inv_freq(cfg, i)))
+        self.rope_inv_freqs = [L.inv_freq for L in self.layers]  # per layer, for re-rotating cached keys
         self.n_head, self.n_head_kv, self.head_dim = cfg.n_head, cfg.n_head_kv, cfg.head_dim
         self.n_ff = self.layers[0].w_down.cols
         self.eps = float(cfg.rms_eps)
         self.neox = bool(cfg.rope_neox)
-        self.inv_freq = rope_inv_freq(cfg).to(dev)
-        self.scale = rope_attn_scale(cfg) / math.sqrt(self.head_dim)
+        self.scale = spec.attn_scale if spec.attn_scale is not None else rope_attn_scale(cfg) / math.sqrt(self.head_dim)
         # None: full logits only (always with -tp: each rank holds a block of the head)
         self._topk_head = ops.prepare_topk_head(self.output) if tp is None else None
         self.n_vocab = self.output.rows if tp is None else tp.n_vocab
         self.n_embd = cfg.n_embd
         self.adapters: list = []  # LoRA adapters (runtime.lora.LoraAdapter), attached at load
+
+    def _layer_inv_freq(self, cfg, i: int) -> torch.Tensor:
+        """Local (sliding-window) layers may have their own RoPE base, unscaled (llama.cpp's
+        rope_freq_base_train_swa / rope_freq_scale_train_swa = 1)."""
+        if not self.spec.rope_bases or self.spec.window(i) == 0:
+            return self.inv_freq
+        local = SimpleNamespace(head_dim=cfg.head_dim, rope_freq_base=self.spec.rope_bases[i])
+        return rope_inv_freq(local).to(self.device)
+
+    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        cap = self.spec.final_softcap
+        if cap <= 0.0:
+            return logits
+        return torch.where(torch.isinf(logits), logits, cap * torch.tanh(logits / cap))
 
     def new_cache(self, n_tokens: int, block_size: int = 16, dtype: torch.dtype = torch.float16) -> KVCache:
         nb = (n_tokens + block_size - 1) // block_size
@@ -223,7 +249,11 @@ class Model:
         T = ids_t.shape[0]
         H, KVH, D = self.n_head, self.n_head_kv, self.head_dim
         ops = self.ops
-        h = self._embed(ids_t).to(self.act_dtype)  # [T, C]
+        h = self._embed(ids_t)  # [T, C]
+        if self.spec.embed_scale != 1.0:
+            h = h * self.spec.embed_scale
+        h = h.to(self.act_dtype)
+        act = ops.gelu_mul if self.spec.act == "gelu" else ops.silu_mul
         residual = None
         for li, L in enumerate(self.layers):
             if residual is None:
@@ -244,28 +274,32 @@ class Model:
             if L.q_norm is not None:
                 q = ops.rms_norm(q.reshape(T * H, D), L.q_norm, self.eps).view(T, H, D)
                 k = ops.rms_norm(k.reshape(T * KVH, D), L.k_norm, self.eps).view(T, KVH, D)
-            q = ops.rope(q, pos_t, self.inv_freq, self.neox)
-            k = ops.rope(k, pos_t, self.inv_freq, self.neox)
+            q = ops.rope(q, pos_t, L.inv_freq, self.neox)
+            k = ops.rope(k, pos_t, L.inv_freq, self.neox)
             ops.write_kv(k, v, kv.k[li], kv.v[li], slot_t)
             attn = ops.paged_attention(q, kv.k[li], kv.v[li], tables, cu, kv_lens_t, self.scale,
-                                       max_q_len=max_q_len)
+                                       self.spec.attn_softcap, max_q_len=max_q_len, window=L.window)
             attn = attn.reshape(T, H * D)
             h = ops.qmatmul(attn, L.wo)
             if lora is not None:
                 lora.add(h, attn, [p + "attn_output.weight"])
             if self.tp is not None:  # row-parallel: partial sums of the ranks' heads
                 self.tp.group.all_reduce(h)
+            if L.post_attn_norm is not None:
+                h = ops.rms_norm(h, L.post_attn_norm, self.eps)
             x, residual = ops.add_rms_norm(h, residual, L.ffn_norm, self.eps)
             gu = _matmul_rows(ops, x, L.w_gate_up)  # [T, 2F]
             if lora is not None:
                 lora.add(gu, x, [p + "ffn_gate.weight", p + "ffn_up.weight"], [self.n_ff, self.n_ff])
             gate, up = gu.split([self.n_ff, self.n_ff], dim=1)
-            act = ops.silu_mul(gate, up)
-            h = ops.qmatmul(act, L.w_down)
+            a = act(gate, up)
+            h = ops.qmatmul(a, L.w_down)
             if lora is not None:
-                lora.add(h, act, [p + "ffn_down.weight"])
+                lora.add(h, a, [p + "ffn_down.weight"])
             if self.tp is not None:
                 self.tp.group.all_reduce(h)
+            if L.post_ffn_norm is not None:
+                h = ops.rms_norm(h, L.post_ffn_norm, self.eps)
         return h + residual  # [T, C] final residual stream
 
     def decode_logits(self, kv: KVCache, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
@@ -290,14 +324,14 @@ class Model:
 
     def _head(self, hs: torch.Tensor) -> torch.Tensor:
         """Logits [R, n_vocab] float32 of normed hidden states [R, C]; with -tp each rank computes
-        its vocabulary block and they are gathered."""
+        its vocabulary block and they are gathered; soft-capped where the architecture says."""
         logits = self.ops.qmatmul(hs.float(), self.output).float()
-        if self.tp is None:
-            return logits
-        pad = self.tp.vocab_chunk - logits.shape[1]
-        if pad:
-            logits = torch.nn.functional.pad(logits, (0, pad))
-        return self.tp.group.all_gather_cols(logits, self.n_vocab)
+        if self.tp is not None:
+            pad = self.tp.vocab_chunk - logits.shape[1]
+            if pad:
+                logits = torch.nn.functional.pad(logits, (0, pad))
+            logits = self.tp.group.all_gather_cols(logits, self.n_vocab)
+        return self._softcap(logits)
 
     @torch.inference_mode()
     def forward(self, kv: KVCache, batch: list[SeqBatch]) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
@@ -352,7 +386,7 @@ class Model:
             hs = self.ops.rms_norm(hs, self.output_norm, self.eps).float()
             out_lora = lora.select(step.rows) if lora is not None and lora.has("output.weight") else None
             if out_lora is None and self._topk_head is not None and topk is not None:  # exact only where it matters
-                logits = self.ops.topk_logits(hs, self.output, self._topk_head, topk[0], topk[1])
+                logits = self._softcap(self.ops.topk_logits(hs, self.output, self._topk_head, topk[0], topk[1]))
             else:
                 logits = self._head(hs)
                 if out_lora is not None:

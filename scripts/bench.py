@@ -69,11 +69,14 @@ PRESETS: dict[str, dict] = {
     "lesson": {"prompt_tokens": (600, 600), "gen_tokens": (64, 64), "concurrency": [1, 4]},
     # Issue 11 (quantized models on the CPU): 64 generated tokens after a ~430-token prompt, 1 and 4
     # streams, 4 requests per level; "model" is what scripts/bench_servers.py starts both servers on
-    # (q15b: a generated 1.5B-shaped qwen2 Q4_K_M file, made by scripts/make_tiny_model.py there).
+    # (the real models: scripts/fetch_models.py; q15b: a generated 1.5B-shaped qwen2 Q4_K_M file,
+    # made by scripts/make_tiny_model.py there).
     "qwen05b": {"prompt_tokens": (430, 430), "gen_tokens": (64, 64), "concurrency": [1, 4],
-                "requests_per_level": 4, "model": "/work/models/qwen2.5-coder-0.5b-q4_k_m.gguf"},
+                "requests_per_level": 4, "model": "qwen2.5-coder-0.5b"},
     "q15b": {"prompt_tokens": (430, 430), "gen_tokens": (64, 64), "concurrency": [1, 4],
              "requests_per_level": 4, "model": "/tmp/tritium-q15b-q4_k_m.gguf"},
+    "gemma270m": {"prompt_tokens": (256, 256), "gen_tokens": (64, 64), "concurrency": [1, 4],
+                  "requests_per_level": 4, "model": "gemma-3-270m"},
 }
 QUICK = {"prompt_tokens": (100, 300), "gen_tokens": (16, 32), "concurrency": [1, 4],
          "requests_per_level": 4}
@@ -308,7 +311,7 @@ def summarize(results: list[RequestResult], wall_s: float, concurrency: int,
 
 
 RATIO_KEYS = ("gen_tokens_per_s", "ttft_ms_median", "ttft_ms_p95",
-              "decode_tokens_per_s_median", "requests_per_s")
+              "decode_tokens_per_s_median", "requests_per_s", "peak_rss_mib")
 
 
 def ratio_line(a: dict, b: dict) -> dict:
@@ -494,7 +497,7 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-async def bench_server(url: str, opts: argparse.Namespace, label: str | None) -> list[dict]:
+async def bench_server(url: str, opts: argparse.Namespace, label: str | None, pid: int | None = None) -> list[dict]:
     url = url.rstrip("/")
     headers = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
     max_c = max(opts.concurrency)
@@ -528,9 +531,26 @@ async def bench_server(url: str, opts: argparse.Namespace, label: str | None) ->
             errs = [r.error for r in results if not r.ok]
             if errs:
                 line["first_error"] = errs[0][:300]
+            rss = peak_rss_mib(pid)
+            if rss is not None:
+                line["peak_rss_mib"] = rss
             lines.append(line)
             print(json.dumps(line), flush=True)
         return lines
+
+
+def peak_rss_mib(pid: int | None) -> float | None:
+    """The server process's peak resident set so far (VmHWM of /proc/PID/status), MiB."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for row in f:
+                if row.startswith("VmHWM:"):
+                    return round(int(row.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -563,7 +583,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="n_predict range (default 64-512)")
     p.add_argument("--preset", choices=sorted(PRESETS),
                    help="lesson: ~600-token prompt, 64 generated tokens, concurrency 1,4; qwen05b / q15b: "
-                        "~430-token prompt, 64 tokens, 1,4 (scripts/bench_servers.py starts the servers)")
+                        "~430-token prompt, 64 tokens, 1,4; gemma270m: 256-token prompt, 64 tokens "
+                        "(scripts/bench_servers.py starts the servers)")
+    p.add_argument("--pid", type=int, help="BASE_URL's server process: adds its peak RSS (VmHWM) per level")
+    p.add_argument("--compare-pid", type=int, help="URL2's server process, the same")
     p.add_argument("--quick", action="store_true", help="small run (smoke test)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label", help="name for BASE_URL in the output (default from /props)")
@@ -593,9 +616,9 @@ def resolve_options(opts: argparse.Namespace) -> argparse.Namespace:
 
 
 async def amain(opts: argparse.Namespace) -> list[dict]:
-    lines = await bench_server(opts.base_url, opts, opts.label)
+    lines = await bench_server(opts.base_url, opts, opts.label, opts.pid)
     if opts.compare:
-        ref = await bench_server(opts.compare, opts, opts.compare_label)
+        ref = await bench_server(opts.compare, opts, opts.compare_label, opts.compare_pid)
         ratios = [ratio_line(a, b) for a, b in zip(lines, ref)]
         for r in ratios:
             print(json.dumps(r), flush=True)

@@ -137,8 +137,9 @@ def make_paged_case(
     return PagedCase(q, k_cache, v_cache, bt, cu, torch.tensor(kv_lens, dtype=torch.int32), dense_k, dense_v)
 
 
-def attention_oracle(case: PagedCase, scale: float, softcap: float = 0.0) -> torch.Tensor:
-    """float64 [T, H, D]: per query head, dense causal attention with explicit positions."""
+def attention_oracle(case: PagedCase, scale: float, softcap: float = 0.0, window: int = 0) -> torch.Tensor:
+    """float64 [T, H, D]: per query head, dense causal attention with explicit positions; window > 0:
+    a query at position p sees keys p - window + 1 .. p only (llama.cpp's standard SWA mask)."""
     T, H, D = case.q.shape
     out = torch.zeros(T, H, D, dtype=torch.float64)
     cu = case.cu_seqlens_q.tolist()
@@ -155,6 +156,9 @@ def attention_oracle(case: PagedCase, scale: float, softcap: float = 0.0) -> tor
             if softcap > 0:
                 sc = softcap * torch.tanh(sc / softcap)
             pos = torch.arange(L - (q1 - q0), L)[:, None]
-            sc = sc.masked_fill(torch.arange(L)[None, :] > pos, float("-inf"))
+            kpos = torch.arange(L)[None, :]
+            sc = sc.masked_fill(kpos > pos, float("-inf"))
+            if window > 0:
+                sc = sc.masked_fill(kpos <= pos - window, float("-inf"))
             out[q0:q1, h] = torch.softmax(sc, -1) @ v[:, kh]
     return out

@@ -150,6 +150,22 @@ def test_cpu_paged_decode_matches_float64(dtype, softcap, head_dim):
     assert float((full.double() - expect).norm() / expect.norm()) < 2e-3
 
 
+@pytest.mark.parametrize("window", [1, 7, 64])
+def test_cpu_paged_decode_sliding_window(window, monkeypatch):
+    """The C kernel and the batched torch decode read only the last `window` keys."""
+    from kernels.cpu import attention as cpu_attention
+
+    case = make_paged_case([1, 1, 1, 1], [1, 17, 300, 64], 8, 2, 32, 16, dtype=torch.float16)
+    expect = attention_oracle(case, 0.15, 0.0, window)
+    out = cpu_attention.paged_decode(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                     case.kv_lens.tolist(), 0.15, 0.0, window)
+    assert float((out.double() - expect).norm() / expect.norm()) < 1e-5
+    monkeypatch.setattr(cpu_attention, "supported", lambda q, k: False)
+    out = cpu.paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.cu_seqlens_q,
+                              case.kv_lens, 0.15, window=window)
+    assert float((out.double() - expect).norm() / expect.norm()) < 2e-3
+
+
 def test_torch_decode_path_without_the_c_kernel(monkeypatch):
     """Machines without a compiler run decode attention through torch (one padded batch, or per
     sequence past the padding bound): same results."""

@@ -132,6 +132,19 @@ def test_paged_attention(case_name, softcap, H, KVH, backend):
     assert rel_err(got, want) < 2e-3
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case_name", list(ATTN_CASES))
+@pytest.mark.parametrize("window,softcap", [(3, 0.0), (8, 0.0), (6, 20.0)])
+def test_paged_attention_sliding_window(case_name, window, softcap, backend):
+    q_lens, kv_lens = ATTN_CASES[case_name]
+    case = make_paged_case(q_lens, kv_lens, 4, 2, 16, 4, dtype=torch.float16)
+    scale = 0.25 * (4.0 if softcap else 1.0)
+    want = attention_oracle(case, scale, softcap, window)
+    got = kernels.Backend(backend).paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                                   case.cu_seqlens_q, case.kv_lens, scale, softcap, window=window)
+    assert rel_err(got, want) < 2e-3
+
+
 def test_reference_reads_only_gguf_rows():
     w = random_qweight(Q.F32, 300, 256)
     tiles = kernels.Backend("cpu").prepare_weight(w)

@@ -191,6 +191,20 @@ def test_paged_attention(case_name, softcap, H, KVH, D):
     assert rel_err(got, want) < 3e-3
 
 
+@pytest.mark.parametrize("case_name", ["decode_batch", "decode_long", "prefill_with_prefix", "prefill_long", "mixed"])
+@pytest.mark.parametrize("window,softcap", [(5, 0.0), (33, 0.0), (16, 20.0)])
+def test_paged_attention_sliding_window(case_name, window, softcap):
+    q_lens, kv_lens = ATTN_CASES[case_name]
+    case = make_paged_case(q_lens, kv_lens, 4, 2, 16, 4, dtype=torch.float16)
+    scale = 1.0 / math.sqrt(16) * (4.0 if softcap else 1.0)
+    want = attention_oracle(case, scale, softcap, window)
+    got = OPS.paged_attention(dev(case.q), dev(case.k_cache), dev(case.v_cache), dev(case.block_tables),
+                              dev(case.cu_seqlens_q), dev(case.kv_lens), scale, softcap, window=window)
+    assert rel_err(got, want) < 3e-3
+    full = attention_oracle(case, scale, softcap)
+    assert rel_err(full, want) > 1e-2  # the window changes the result in these cases
+
+
 @pytest.mark.parametrize("num_splits", [2, 8])
 def test_paged_decode_split_k(num_splits):
     from kernels.triton.paged_decode import paged_decode

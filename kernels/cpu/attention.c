@@ -66,7 +66,7 @@ static inline float ld1(const void *cache, size_t off, int f16) {
 
 struct att_args {
     const float *q; const void *kc, *vc; const int *bt, *lens; float *out, *scratch;
-    int maxb, H, KVH, D, BS, bs_shift, maxL, kv_f16; float scale, softcap;
+    int maxb, H, KVH, D, BS, bs_shift, maxL, kv_f16; float scale, softcap; int window;
 };
 
 /* One (sequence, KV head) pair: item = s * KVH + kh. */
@@ -82,6 +82,7 @@ static void attend(void *args, int item) {
     const float *q = A->q;
     float *out = A->out, *scratch = A->scratch;
     const int L = lens[s];
+    const int t0 = A->window > 0 && L > A->window ? L - A->window : 0;  /* sliding window */
     const int *tab = bt + (size_t)s * maxb;
     float *sc = scratch + ((size_t)s * KVH + kh) * G * maxL;
     const float *qs = q + ((size_t)s * H + (size_t)kh * G) * D;
@@ -91,7 +92,7 @@ static void attend(void *args, int item) {
 #define KROW(cache, off) ((const char *)(cache) + (off) * (kv_f16 ? 2 : 4))
 #define ROW(t) ((((size_t)tab[(t) >> bs_shift] << bs_shift) + ((t) & (BS - 1))) * KVH + kh) * D
     float kf[D];  /* one K row widened once for the G query heads */
-    for (int t = 0; t < L; ++t) {
+    for (int t = t0; t < L; ++t) {
         const size_t row = ROW(t);
         if ((t & (BS - 1)) == 0 && (t >> bs_shift) + 1 < nblk) {  /* next block's rows */
             const size_t next = ROW(t + BS);
@@ -123,9 +124,10 @@ static void attend(void *args, int item) {
         }
     }
     for (int g = 0; g < G; ++g) {
-        float *p = sc + (size_t)g * maxL, mx = -INFINITY, sum = 0.0f;
-        for (int t = 0; t < L; ++t) mx = p[t] > mx ? p[t] : mx;
-        const int L16 = L / 16 * 16;
+        float *p = sc + (size_t)g * maxL + t0, mx = -INFINITY, sum = 0.0f;
+        const int n = L - t0;  /* the keys in the window */
+        for (int t = 0; t < n; ++t) mx = p[t] > mx ? p[t] : mx;
+        const int L16 = n / 16 * 16;
         vf acc[LV];
         for (int j = 0; j < LV; ++j) acc[j] = splat(0.0f);
         for (int t = 0; t < L16; t += 16)
@@ -135,9 +137,9 @@ static void attend(void *args, int item) {
                 acc[j] += e;
             }
         sum = L16 ? sum16(acc) : 0.0f;
-        for (int t = L16; t < L; ++t) { p[t] = exp_1(p[t] - mx); sum += p[t]; }
+        for (int t = L16; t < n; ++t) { p[t] = exp_1(p[t] - mx); sum += p[t]; }
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        for (int t = 0; t < L; ++t) p[t] *= inv;
+        for (int t = 0; t < n; ++t) p[t] *= inv;
     }
     for (int g0 = 0; g0 < G; g0 += GB) {
         const int gn = G - g0 < GB ? G - g0 : GB;
@@ -145,7 +147,7 @@ static void attend(void *args, int item) {
             vf a[GB][LV];
             for (int g = 0; g < GB; ++g)
                 for (int j = 0; j < LV; ++j) a[g][j] = splat(0.0f);
-            for (int t = 0; t < L; ++t) {
+            for (int t = t0; t < L; ++t) {
                 const size_t row = ROW(t);
                 vf v[LV];
                 ld16(vc, row + c, kv_f16, v);
@@ -162,7 +164,7 @@ static void attend(void *args, int item) {
         for (int d = D16; d < D; ++d)
             for (int g = g0; g < g0 + gn; ++g) {
                 float acc = 0.0f;
-                for (int t = 0; t < L; ++t) {
+                for (int t = t0; t < L; ++t) {
                     const size_t row = ROW(t);
                     acc = __builtin_fmaf(sc[(size_t)g * maxL + t], ld1(vc, row + d, kv_f16), acc);
                 }
@@ -176,14 +178,15 @@ static void attend(void *args, int item) {
    lens: [S]; out: [S, H, D] f32; scratch: [S * KVH, G, maxL] f32 scores. Per (sequence, KV head),
    on the threads of kernels/cpu/pool.c: the scores of its G query heads against every cached key
    (each K row widened once), the softmax, then the weighted V sums (GB heads x 16 columns held in
-   registers per pass over the V rows). */
+   registers per pass over the V rows). window > 0: only the last `window` keys are read (the query
+   at position L - 1 sees keys at positions > L - 1 - window, llama.cpp's LLAMA_SWA_TYPE_STANDARD). */
 void paged_decode(const float *q, const void *kc, const void *vc, const int *bt, int maxb, const int *lens,
                   float *out, float *scratch, int S, int H, int KVH, int D, int BS, int maxL, float scale,
-                  float softcap, int kv_f16, int nthreads) {
+                  float softcap, int kv_f16, int nthreads, int window) {
     int bs_shift = 0;
     while ((1 << bs_shift) < BS) ++bs_shift;
     if ((1 << bs_shift) != BS) return;  /* attention.py only passes power-of-2 block sizes */
     struct att_args a = {q, kc, vc, bt, lens, out, scratch, maxb, H, KVH, D, BS, bs_shift, maxL, kv_f16,
-                         scale, softcap};
+                         scale, softcap, window};
     pool_run(attend, &a, S * KVH, nthreads);
 }

@@ -27,9 +27,10 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  kv_lens: list[int] | torch.Tensor, scale: float, softcap: float = 0.0,
-                 n_threads: int | None = None) -> torch.Tensor:
+                 n_threads: int | None = None, window: int = 0) -> torch.Tensor:
     """q: [S, H, D]; caches [NB, BS, KVH, D]; block_tables [S, MAXB] int32; kv_lens: [S] (list or
-    tensor) -> [S, H, D] float32. `n_threads`: OpenMP threads (default torch's count)."""
+    tensor) -> [S, H, D] float32. `n_threads`: OpenMP threads (default torch's count); window > 0:
+    only the last `window` keys of each sequence."""
     lib = native.lib()
     S, H, D = q.shape
     NB, BS, KVH, _ = k_cache.shape
@@ -43,11 +44,11 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     lib.paged_decode(qf.data_ptr(), k_cache.data_ptr(), v_cache.contiguous().data_ptr(), bt.data_ptr(),
                      bt.shape[1], lens.data_ptr(), out.data_ptr(), scratch.data_ptr(), S, H, KVH, D, BS, max_l,
                      float(scale), float(softcap), int(k_cache.dtype == torch.float16),
-                     n_threads or torch.get_num_threads())
+                     n_threads or torch.get_num_threads(), int(window))
     return out
 
 
-def _decode_batched(q, k_cache, v_cache, block_tables, lens, scale, softcap):
+def _decode_batched(q, k_cache, v_cache, block_tables, lens, scale, softcap, window=0):
     """All sequences have one query. q[S, H, D] -> [S, H, D] float32."""
     S, H, D = q.shape
     NB, BS, KVH, _ = k_cache.shape
@@ -62,7 +63,10 @@ def _decode_batched(q, k_cache, v_cache, block_tables, lens, scale, softcap):
     if softcap > 0.0:
         s = softcap * torch.tanh(s / softcap)
     lens_t = torch.tensor(lens, device=q.device)
-    valid = torch.arange(nb * BS, device=q.device)[None, :] < lens_t[:, None]  # [S, Lp]
+    kpos = torch.arange(nb * BS, device=q.device)[None, :]
+    valid = kpos < lens_t[:, None]  # [S, Lp]
+    if window > 0:  # the query sits at lens - 1 and sees keys at positions >= lens - window
+        valid &= kpos >= lens_t[:, None] - window
     s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
     p = torch.softmax(s, dim=-1)
     o = torch.einsum("skgl,slkd->skgd", p, v)
@@ -70,7 +74,7 @@ def _decode_batched(q, k_cache, v_cache, block_tables, lens, scale, softcap):
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,
-                    max_q_len: int | None = None) -> torch.Tensor:
+                    max_q_len: int | None = None, window: int = 0) -> torch.Tensor:
     """The contract of `kernels.ref.paged_attention`; the lengths are read on the host."""
     cu = cu_seqlens_q.tolist()
     lens = kv_lens.tolist()
@@ -78,15 +82,18 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, sc
     decode_only = S > 0 and all(cu[s + 1] - cu[s] == 1 for s in range(S)) and cu[0] == 0 and min(lens) > 0
     if decode_only and supported(q, k_cache):  # C kernel, reads the blocks in place
         if q.shape[0] == S and q.dtype == torch.float32:
-            return paged_decode(q, k_cache, v_cache, block_tables, kv_lens, scale, softcap)
+            return paged_decode(q, k_cache, v_cache, block_tables, kv_lens, scale, softcap, window=window)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        out[:S] = paged_decode(q[:S], k_cache, v_cache, block_tables, kv_lens, scale, softcap).to(q.dtype)
+        out[:S] = paged_decode(q[:S], k_cache, v_cache, block_tables, kv_lens, scale, softcap,
+                               window=window).to(q.dtype)
         return out
     if S > 1 and decode_only:
         NB, BS, KVH, D = k_cache.shape
         nb = (max(lens) + BS - 1) // BS
         if S * nb * BS * KVH * D <= _BATCHED_DECODE_MAX_ELEMS:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-            out[:S] = _decode_batched(q[:S], k_cache, v_cache, block_tables, lens, scale, softcap).to(q.dtype)
+            out[:S] = _decode_batched(q[:S], k_cache, v_cache, block_tables, lens, scale, softcap,
+                                      window).to(q.dtype)
             return out
-    return ref.paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap, max_q_len)
+    return ref.paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap, max_q_len,
+                               window)

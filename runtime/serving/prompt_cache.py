@@ -146,7 +146,7 @@ def swap_with_ram_cache(cache: PromptCache, kv: KVCache, s: Slot, prompt: list[i
     cache.update()
 
 
-def reusable_prefix(kv: KVCache, s: Slot, prompt: list[int], n_reuse: int, inv_freq: torch.Tensor,
+def reusable_prefix(kv: KVCache, s: Slot, prompt: list[int], n_reuse: int, inv_freq: torch.Tensor | list,
                     neox: bool) -> int:
     """How many of the prompt's first tokens the slot already holds: the common prefix, extended by
     moving matching chunks of at least `n_reuse` tokens into place (`--cache-reuse`, keys re-rotated)."""

@@ -117,7 +117,7 @@ class Scheduler:
         n_past = 0
         if task.cache_prompt:
             n_reuse = self.cfg.cache_reuse if task.n_cache_reuse is None else task.n_cache_reuse
-            n_past = reusable_prefix(self.kv, s, prompt, n_reuse, self.model.inv_freq, self.model.neox)
+            n_past = reusable_prefix(self.kv, s, prompt, n_reuse, self.model.rope_inv_freqs, self.model.neox)
         if n_past >= len(prompt):
             n_past = len(prompt) - 1  # the last prompt token is always evaluated (its logits are needed)
         self.kv.truncate(s.seq, n_past)

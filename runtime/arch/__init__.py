@@ -1,0 +1,49 @@
+"""What distinguishes one decoder architecture from another in the forward, as plain data.
+
+`runtime.model.Model` runs one decoder loop for every supported architecture; an `ArchSpec`
+says what varies: the embedding scale, the FFN activation, the extra norms, the attention scale
+and soft-caps, and per layer the sliding window and the RoPE base. The architecture modules
+(`runtime/arch/gemma.py`) read their GGUF keys into `ModelConfig` (`configure`) and derive the
+spec (`spec_for`); llama / mistral / qwen2 / qwen3 use the default spec.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import gemma
+
+# arch -> NEOX rope (half-split pairs) or the "normal" pairwise rope (GGUF llama weights are
+# permuted for it); the loader accepts exactly these
+ROPE_NEOX = {"llama": False, "mistral": False, "qwen2": True, "qwen3": True,
+             **{a: True for a in gemma.ARCHS}}
+
+
+@dataclass
+class ArchSpec:
+    embed_scale: float = 1.0  # token embeddings are multiplied by it (gemma: sqrt(n_embd))
+    act: str = "silu"  # FFN: "silu" (SwiGLU) | "gelu" (GeGLU, tanh GELU)
+    post_norms: bool = False  # gemma2/3: RMSNorm of the attention and FFN outputs before the residual add
+    attn_scale: float | None = None  # scale of q.k (None: 1/sqrt(head_dim) times YaRN's factor)
+    attn_softcap: float = 0.0  # tanh soft-cap of the attention scores (gemma2)
+    final_softcap: float = 0.0  # tanh soft-cap of the output logits (gemma2)
+    windows: list[int] = field(default_factory=list)  # per layer: sliding window (0: global attention)
+    rope_bases: list[float] = field(default_factory=list)  # per layer: RoPE base (empty: cfg.rope_freq_base)
+
+    def window(self, layer: int) -> int:
+        return self.windows[layer] if self.windows else 0
+
+
+def configure(md: dict[str, Any], cfg) -> None:
+    """Fill the architecture's own ModelConfig fields from GGUF metadata (the loader calls it)."""
+    if cfg.arch in gemma.ARCHS:
+        gemma.configure(md, cfg)
+
+
+def spec_for(cfg) -> ArchSpec:
+    if cfg.arch in gemma.ARCHS:
+        return ArchSpec(**gemma.spec_fields(cfg))
+    return ArchSpec()
+
+
+__all__ = ["ArchSpec", "ROPE_NEOX", "configure", "spec_for"]
