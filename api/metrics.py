@@ -32,6 +32,9 @@ GAUGES = [
     ("requests_processing", "Number of requests processing"),
     ("requests_deferred", "Number of requests deferred"),
     ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call"),
+    # not in b1-0c1e570 (older llama-server builds had it): the KV-cache load inference-aware
+    # gateways and autoscalers route on, beside requests_deferred (README "Scaling out")
+    ("kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage"),
 ]
 
 

@@ -178,3 +178,29 @@ def download_model(req: HfModelRequest, log=None) -> Path:
             where = "is not available in cache (offline mode)" if req.offline else "could not be downloaded"
             raise HfDownloadError(f"{repo}/{f} {where}: {type(e).__name__}: {e}") from e
     return paths[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m runtime.hf_download user/repo[:quant] [-hff FILE]`: download (or find in the cache)
+    what `tritium-server -hf` would load, print its path and exit; a Kubernetes init container
+    fills the cache this way (deploy/overlays/hf) so that the server starts with `--offline`."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m runtime.hf_download", description=main.__doc__)
+    p.add_argument("repo", metavar="<user>/<model>[:quant]")
+    p.add_argument("-hff", "--hf-file", default=None)
+    p.add_argument("-hft", "--hf-token", default=None)
+    p.add_argument("--offline", action="store_true")
+    a = p.parse_args(argv)
+    req = HfModelRequest(a.repo, file=a.hf_file, token=a.hf_token or os.environ.get("HF_TOKEN"), offline=a.offline)
+    try:
+        print(download_model(req, log=lambda m: print(m, file=sys.stderr)))
+    except HfDownloadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -129,7 +129,7 @@ def test_metrics_text_format():
     assert "llamacpp:tokens_predicted_seconds_total 33.5476\n" in text
     assert "llamacpp:n_busy_slots_per_decode 1.89173\n" in text
     assert "# TYPE llamacpp:n_busy_slots_per_decode gauge\n" in text
-    assert len(list(text_string_to_metric_families(text))) == 15
+    assert len(list(text_string_to_metric_families(text))) == 16  # b1-0c1e570's 15 + kv_cache_usage_ratio (README "Scaling out")
     assert format_value(1234567) == "1.23457e+06"
 
 

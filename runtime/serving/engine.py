@@ -112,7 +112,10 @@ class Engine:
         """Counters (cumulative) and gauges (averaged over the window since the last call)."""
         def snapshot():
             deferred = len(self.scheduler.waiting) if self.scheduler is not None else 0
-            return self._metrics.snapshot(sum(1 for s in self.slots if s.busy), deferred)
+            values = self._metrics.snapshot(sum(1 for s in self.slots if s.busy), deferred)
+            if self.kv is not None:  # share of the KV blocks held by sequences (slots and cached prefixes)
+                values["kv_cache_usage_ratio"] = 1.0 - self.kv.pool.n_free / max(1, self.kv.pool.num_blocks)
+            return values
         if self._thread is None or not self._thread.is_alive():
             return snapshot()
         return self.run_on_loop(snapshot, timeout=30)
