@@ -1,10 +1,9 @@
 """LoRA adapters in a running server: --lora / --lora-scaled / --lora-init-without-apply,
 GET/POST /lora-adapters, the per-request `lora` field, requests with different adapter sets
-decoded side by side, and the same greedy tokens as llama.cpp b1-0c1e570 on the same files
-(tests/data/lora_greedy.json, recorded by scripts/record_lora_reference.py: with `--via libllama`
-from the reference build's library while its llama-server binary was still building, the same
-computation as its /completion with temperature 0 and ignore_eos; `--via server` records from the
-binary)."""
+decoded side by side, and the same greedy tokens as llama-server b1-0c1e570 on the same files
+(tests/data/lora_greedy.json, recorded from /work/lsb/llama-server by
+scripts/record_lora_reference.py; `--via libllama`, the same build's library driven by
+scripts/lora_greedy_ref.c, records the very same tokens)."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -95,7 +94,7 @@ def test_different_adapters_side_by_side(server):
     assert together == alone
 
 
-def test_same_greedy_tokens_as_llama_cpp(start_server, files):
+def test_same_greedy_tokens_as_llama_server(start_server, files):
     ref = json.loads(DATA.read_text())
     model, a0, a1 = files
     for key, path in (("model", model), ("adapter0", a0), ("adapter1", a1)):
