@@ -15,6 +15,7 @@ from typing import Any
 
 from api.errors import ApiError
 
+_LAST_NUMBER = re.compile(r"(-?[0-9][0-9.eE+-]*)[^0-9.eE+-]*$")
 _LITERAL = re.compile(r"[:\[,]\s*(-?(?:NaN|Infinity))")
 # a \uXXXX escape of a surrogate, not itself escaped (an even number of backslashes before it)
 _SURROGATE = re.compile(r"(?<!\\)((?:\\\\)*)\\u([dD][89a-fA-F][0-9a-fA-F]{2})")
@@ -67,6 +68,15 @@ def _string_start(text: str, pos: int) -> int:
     return max(q, 0)
 
 
+def _token_start(text: str, pos: int) -> int:
+    """Where nlohmann's `last read` starts for an error at `pos` outside a string: the start of the
+    last string or number token before it (structural characters do not reset it)."""
+    q = text.rfind('"', 0, pos)
+    start = _string_start(text, q) if q >= 0 else 0
+    m = _LAST_NUMBER.search(text, q + 1 if q >= 0 else 0, pos)
+    return m.start(1) if m else start
+
+
 def _surrogate_error(text: str, last: int, escape_at: int, msg: str) -> _Reject:
     """nlohmann's error after reading text[last] inside the string holding the escape at escape_at."""
     last = min(last, len(text) - 1)
@@ -108,7 +118,7 @@ def loads(raw: bytes) -> Any:
         pos = m.start(1) if m else 0
         if m and m.group(1)[0] == "-":  # '-' starts a number: nlohmann wants a digit next
             raise parse_error(text, pos + 1, "invalid number; expected digit after '-'", "-I") from None
-        raise parse_error(text, pos, "invalid literal", m.group(1)[0] if m else "N") from None
+        raise parse_error(text, pos, "invalid literal", text[_token_start(text, pos):pos + 1]) from None
     except json.JSONDecodeError as e:
         raise ApiError(f"[json.exception.parse_error.101] parse error at line {e.lineno}, column {e.colno}: "
                        f"syntax error while parsing value - {e.msg}", "server_error", 500) from None
