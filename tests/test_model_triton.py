@@ -24,8 +24,10 @@ DEVICE = os.environ.get("TRITIUM_KERNEL_DEVICE", "cpu")
 
 def _run(lm, backend: str, seqs: list[list[int]], n_decode: int, graphs: bool = False):
     """Prefill `seqs` together, then n_decode greedy steps (through `DecodeGraphs` when `graphs`:
-    captured CUDA graphs on a GPU, the same static buffers run eagerly on the CPU)."""
-    model = Model(lm, DEVICE, backend=backend)
+    captured CUDA graphs on a GPU, the same static buffers run eagerly on the CPU). The CPU backend
+    runs with its quantized weights dequantized (float math like Triton's; its integer-dot path
+    quantizes the activations and is checked against the float reference in test_model.py)."""
+    model = Model(lm, DEVICE, backend=backend, pack_quantized=False if backend == "cpu" else None)
     kv = model.new_cache(256, block_size=16, dtype=torch.float32)
     states = [SeqKV() for _ in seqs]
     batch = []
