@@ -43,7 +43,9 @@ def _run(lm, backend: str, seqs: list[list[int]], forced: list[list[int]] | None
     sequence) or, without it, this path's own greedy tokens (through `DecodeGraphs` when `graphs`:
     captured CUDA graphs on a GPU, the same static buffers run eagerly on the CPU). Returns
     (logits [steps + 1, S, V] float32 on the CPU, greedy tokens per step, the model)."""
-    model = Model(lm, DEVICE, backend=backend, act_dtype=act)
+    # the CPU backend with its quantized weights dequantized (float math like Triton's; its integer-dot
+    # path quantizes the activations and is checked against the float reference in test_model.py)
+    model = Model(lm, DEVICE, backend=backend, act_dtype=act, pack_quantized=False if backend == "cpu" else None)
     kv = model.new_cache(1024, block_size=16, dtype=KV_DTYPE)
     states = [SeqKV() for _ in seqs]
     batch = []
