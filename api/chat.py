@@ -151,9 +151,15 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         kwargs.setdefault("enable_thinking", cfg.enable_thinking)
     if f.has("reasoning_effort"):
         kwargs.setdefault("reasoning_effort", f.string("reasoning_effort", ""))
+    # the template sees each tool as llama-server re-serializes it (common_chat_tools_to_json_oaicompat):
+    # name, description, parameters only (a Responses tool's "strict" is not printed)
+    fns = [t.get("function") if isinstance(t, dict) else None for t in tools]
+    shown = [{"type": "function", "function": {"name": fn.get("name"), "description": fn.get("description", ""),
+                                               "parameters": fn.get("parameters", {})}}
+             if isinstance(fn, dict) else t for t, fn in zip(tools, fns)] or None
     try:
-        prompt = tmpl.render(msgs, add_generation_prompt=add_generation_prompt, tools=tools or None, **kwargs)
-        gen_prompt = tmpl.generation_prompt(msgs, tools=tools or None, **kwargs) if msgs else ""
+        prompt = tmpl.render(msgs, add_generation_prompt=add_generation_prompt, tools=shown, **kwargs)
+        gen_prompt = tmpl.generation_prompt(msgs, tools=shown, **kwargs) if msgs else ""
     except ApiError:
         raise
     except Exception as e:  # jinja errors, raise_exception() in the template
