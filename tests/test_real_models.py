@@ -7,7 +7,6 @@ these tests skip with a message that names it.
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -82,8 +81,9 @@ def test_greedy_tokens_match_llama_server(real, servers):
                 "return_tokens": True}
         return httpx.post(srv.url + "/completion", json=body, timeout=900).json()["tokens"]
 
-    with ThreadPoolExecutor(4) as pool:
-        got = list(pool.map(run, ref))
+    # one request at a time, as the reference was recorded (-np 1): a batch of rows reaches the same
+    # logits through other kernels (prefill GEMM vs decode GEMV), which moves near-ties either way
+    got = [run(item) for item in ref]
     same = [g == item["tokens"] for g, item in zip(got, ref)]
     detail = [(item["prompt"][:30], sum(a == b for a, b in zip(g, item["tokens"]))) for g, item in zip(got, ref)]
     assert all(len(g) == N_PREDICT for g in got)
