@@ -88,7 +88,7 @@ def test_greedy_tokens_match_llama_server(real, servers):
     detail = [(item["prompt"][:30], sum(a == b for a, b in zip(g, item["tokens"]))) for g, item in zip(got, ref)]
     assert all(len(g) == N_PREDICT for g in got)
     # issue 15's target is 6 of 8 for both. Measured 2026-12-03: Qwen 6/8; Gemma 3 5/8 (its three
-    # divergences begin at tokens 5, 10 and 14, where llama-server's top two logits are near-ties),
+    # divergences begin at tokens 5, 10 and 14; not yet explained),
     # so Gemma's bar is what it reaches today and the shortfall is an open item, not a pass
     need = 5 if real is GEMMA else 6
     assert sum(same) >= need, f"{sum(same)}/8 prompts identical over {N_PREDICT} tokens; matching prefix: {detail}"
