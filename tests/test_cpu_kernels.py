@@ -158,7 +158,7 @@ def test_cpu_paged_decode_sliding_window(window, monkeypatch):
     case = make_paged_case([1, 1, 1, 1], [1, 17, 300, 64], 8, 2, 32, 16, dtype=torch.float16)
     expect = attention_oracle(case, 0.15, 0.0, window)
     out = cpu_attention.paged_decode(case.q, case.k_cache, case.v_cache, case.block_tables,
-                                     case.kv_lens.tolist(), 0.15, 0.0, window)
+                                     case.kv_lens.tolist(), 0.15, 0.0, window=window)
     assert float((out.double() - expect).norm() / expect.norm()) < 1e-5
     monkeypatch.setattr(cpu_attention, "supported", lambda q, k: False)
     out = cpu.paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.cu_seqlens_q,
