@@ -31,24 +31,40 @@ class ServerProcess:
     """One `python -m api.cli` child process; stderr goes to a file so the log can be read."""
 
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None):
+        self.log_path = log_path
+        self._extra, self._env = list(args), env
+        self._spawn()
+
+    def _spawn(self) -> None:
+        # free_port() releases the port before the child binds it: another test run's server may take
+        # it first. Then this child exits ("couldn't bind") and wait_ready starts it again on a new port;
+        # /health is trusted only once this child has logged "listening on" (it binds before loading),
+        # so another process's server on the port is never taken for this one.
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.args = ["--host", "127.0.0.1", "--port", str(self.port), *args]
-        self._log = open(log_path, "wb")
+        self.args = ["--host", "127.0.0.1", "--port", str(self.port), *self._extra]
+        self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "api.cli", *self.args], cwd=REPO,
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=env)
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=self._env)
         self.health_statuses: list[int] = []
 
     def wait_ready(self, timeout: float = 180.0) -> "ServerProcess":
         deadline = time.monotonic() + timeout
+        retries = 3
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if retries and "couldn't bind HTTP server socket" in self.log():
+                    retries -= 1
+                    self._log.close()
+                    self._spawn()
+                    continue
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 r = httpx.get(self.url + "/health", timeout=2.0)
                 self.health_statuses.append(r.status_code)
-                if r.status_code == 200:
+                # (a run that sets the log verbosity may not print "listening on": /health alone then)
+                quiet = any(a in ("-lv", "--verbosity", "--log-verbosity", "--log-disable") for a in self._extra)
+                if r.status_code == 200 and (quiet or "listening on" in self.log()):
                     return self
             except httpx.TransportError:
                 pass

@@ -3,11 +3,10 @@
 0, as llama-server's construct_lora_list). A request may bring its own `lora` (api/params.py)."""
 from __future__ import annotations
 
-import json
-
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from api import strict_json
 from api.context import Ctx
 from api.errors import ApiError, json_response
 from api.params import Fields, f32
@@ -23,10 +22,7 @@ async def get_lora_adapters(ctx: Ctx) -> Response:
 @router.post("/lora-adapters")
 async def post_lora_adapters(ctx: Ctx, request: Request) -> Response:
     raw = await request.body()
-    try:
-        body = json.loads(raw) if raw.strip() else None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(f"[json.exception.parse_error.101] parse error: {e}", "server_error", 500)
+    body = strict_json.loads(raw) if raw.strip() else None  # parse errors as llama-server's (api/strict_json.py)
     if not isinstance(body, list):
         raise ApiError("Request body must be an array")
     scales: dict[int, float] = {}

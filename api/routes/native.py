@@ -101,7 +101,8 @@ async def native_stream(ctx: ApiContext, req: NativeRequest) -> Response:
         return [with_progress(d, ev, req.task.timings_per_token)]
 
     return await stream_events(ctx.cfg.sse_ping_interval, handle, on_token,
-                               lambda res: [completion_final_json(ctx, req, res, [], True)], False, on_progress)
+                               lambda res: [completion_final_json(ctx, req, res, [], True)], False,
+                               on_progress=on_progress)
 
 
 @router.post("/completion")

@@ -91,7 +91,7 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
         d["timings"] = res.timings.as_dict()
         return [d]
 
-    return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True, on_progress)
+    return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True, on_progress=on_progress)
 
 
 @router.post("/chat/completions")
@@ -157,7 +157,7 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
         out[-1]["timings"] = res.timings.as_dict()
         return out
 
-    return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True, on_progress)
+    return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True, on_progress=on_progress)
 
 
 def verbose_json(ctx: ApiContext, task: CompletionTask, prompt: str, res: CompletionResult,
