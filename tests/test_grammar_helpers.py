@@ -53,7 +53,17 @@ def qwen2_vocab():
 
 def recognizes(g: Grammar, text: str) -> bool:
     """Independent recognizer (memoised span sets over the lowered rules, no token masks)."""
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
+    # the limit is process-wide: raise it only while recognizing, so the limits the code under test relies on
+    # (RecursionError at the default depth is how deep nesting becomes a 400 / GrammarError) hold in later tests
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 20000))
+    try:
+        return _recognizes(g, text)
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def _recognizes(g: Grammar, text: str) -> bool:
     n = len(text)
 
     @lru_cache(maxsize=None)
