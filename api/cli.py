@@ -133,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("prompt caching")
     g.add_argument("--cache-ram", "-cram", type=int, default=8192, metavar="N",
                    help="RAM prompt cache size limit in MiB (-1 = no limit, 0 = disabled)")
+    g.add_argument("--cache-idle-slots", dest="cache_idle_slots", action="store_true", default=True,
+                   help="save idle slots to the prompt cache on new task, and clear them when using unified KV "
+                        "(default: enabled, requires cache-ram)")
+    g.add_argument("--no-cache-idle-slots", dest="cache_idle_slots", action="store_false")
+    g.add_argument("--sleep-idle-seconds", type=_sleep_seconds, default=-1, metavar="SECONDS",
+                   help="number of seconds of idleness after which the server will sleep (-1 = disabled)")
     g.add_argument("--cache-reuse", type=int, default=0, metavar="N",
                    help="min chunk size to reuse from the cache via KV shifting (0 = disabled)")
     g.add_argument("--slot-prompt-similarity", "-sps", type=float, default=0.10, metavar="N",
@@ -402,13 +408,21 @@ def engine_config(args: argparse.Namespace, scfg: ServerConfig):
     return EngineConfig(
         model_path=args.model, n_ctx=args.ctx_size, n_parallel=args.parallel,
         kv_unified=True if args.kv_unified else None, n_threads=args.threads, device=device,
-        cache_ram_mib=args.cache_ram, cache_reuse=args.cache_reuse,
+        cache_ram_mib=args.cache_ram, cache_reuse=args.cache_reuse, cache_idle_slots=args.cache_idle_slots,
+        sleep_idle_seconds=args.sleep_idle_seconds,
         slot_prompt_similarity=args.slot_prompt_similarity, slot_save_path=args.slot_save_path,
         embeddings=args.embeddings, pooling=args.pooling, n_predict=args.n_predict, defaults=scfg.defaults,
         chat_template=args.chat_template, chat_template_file=args.chat_template_file,
         verbosity=verbosity(args), n_batch=max(1, args.batch_size), kv_dtype=_kv_dtype(args), warmup=args.warmup,
         config_overrides=_rope_overrides(args), lora=lora_adapters(args),
         lora_init_without_apply=args.lora_init_without_apply)
+
+
+def _sleep_seconds(v: str) -> int:
+    n = int(v)
+    if n == 0 or n < -1:
+        raise argparse.ArgumentTypeError("invalid value: cannot be 0 or less than -1")
+    return n
 
 
 def verbosity(args: argparse.Namespace) -> int:

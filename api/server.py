@@ -8,11 +8,13 @@ dataclasses, dicts).
 
 Before any route, as llama-server's pre-routing (server-http.cpp): CORS (an OPTIONS preflight is
 answered here), readiness, then the API key (`Authorization: Bearer` or `X-Api-Key`; /health is
-public). Every response carries `Server: llama.cpp`. Errors are llama-server's envelope
+public); then a sleeping engine (`--sleep-idle-seconds`) is woken unless the route is one that
+answers from what stays loaded (health, metrics, props, models). Every response carries `Server: llama.cpp`. Errors are llama-server's envelope
 (api/errors.py); an unknown route or method is its 404 `File Not Found`.
 """
 from __future__ import annotations
 
+import asyncio
 import secrets
 from typing import Awaitable, Callable
 
@@ -34,6 +36,9 @@ from api.routes.ui import FRONTEND_PATHS
 __all__ = ["ApiContext", "ServerConfig", "create_app"]
 
 PUBLIC_PATHS = {"/health", "/v1/health"}
+# what answers without waking a sleeping server (--sleep-idle-seconds), as llama-server's
+# create_response(bypass_sleep = true)
+SLEEP_BYPASS = {"/health", "/v1/health", "/metrics", "/props", "/models", "/v1/models"}
 
 
 def create_app(cfg: ServerConfig, engine: EngineAPI | None, log: Logger | None = None) -> FastAPI:
@@ -73,6 +78,9 @@ async def pre_routing(request: Request, call_next: Callable[[Request], Awaitable
         resp = invalid_api_key().response()
     else:
         try:
+            if getattr(ctx.engine, "sleeping", False) and not page and not (
+                    request.method == "GET" and request.url.path in SLEEP_BYPASS):
+                await asyncio.to_thread(ctx.engine.wake)
             resp = await call_next(request)
         except ApiError as e:
             resp = e.response()

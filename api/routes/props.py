@@ -76,7 +76,7 @@ async def props(ctx: Ctx) -> Response:
         "bos_token": chat_api.special_text(tok, tok.bos_id),
         "eos_token": chat_api.special_text(tok, tok.eos_id),
         "build_info": BUILD_INFO,
-        "is_sleeping": False,
+        "is_sleeping": bool(getattr(ctx.engine, "sleeping", False)),
         "cors_proxy_enabled": False,
     })
 

@@ -21,6 +21,8 @@ class EngineConfig:
     device: str = "cpu"  # cpu | cuda | auto (cuda when available)
     cache_ram_mib: int = 8192  # -1 unlimited, 0 off
     cache_reuse: int = 0
+    cache_idle_slots: bool = True  # on a new task, idle slots go to the RAM cache (and are cleared if unified)
+    sleep_idle_seconds: int = -1  # idle this long: the model and KV cache are released until a request (-1: never)
     slot_prompt_similarity: float = 0.10
     slot_save_path: str | None = None
     embeddings: bool = False

@@ -4,6 +4,11 @@
 read-only views; everything mutable is touched only by the loop thread (slot actions and metric
 reads from the API are queued to it through the inbox and run between steps).
 
+With `--sleep-idle-seconds N`, after N seconds without a task the loop releases the model, the KV
+cache and the RAM prompt cache (the tokenizer and chat template stay, for /props and /models);
+`wake()` (the API calls it before any route that needs the model) loads them again. While asleep,
+/metrics shows the values of the moment it fell asleep (llama-server's cached responses).
+
 One step = `Scheduler.schedule()` (the batch: a decode token for each generating slot plus
 prompt chunks of slots still reading their prompts) -> `ModelRunner.run(plan)` (one batched
 forward) -> `Scheduler.postprocess(plan, out)` (books, sampling, stop rules, events).
@@ -11,17 +16,20 @@ forward) -> `Scheduler.postprocess(plan, out)` (books, sampling, stop rules, eve
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
+import gc
 import itertools
 import queue
 import sys
 import threading
+import time
 import traceback
 from typing import Any, Callable
 
 from runtime.serving import bootstrap
 from runtime.serving.config import EngineConfig
 from runtime.serving.handle import Outbox, TaskHandle
-from runtime.serving.metrics import Metrics
+from runtime.serving.metrics import WINDOW_GAUGES, Metrics
 from runtime.serving.scheduler import Scheduler
 from runtime.serving.slot_files import check_action, erase_slot, restore_slot, save_slot
 from runtime.serving.slots import Slot, new_slots, slot_view
@@ -40,6 +48,13 @@ class Engine:
         self.slots: list[Slot] = []
         self.n_slots = self.n_ctx = self.n_ctx_slot = 0
         self.kv_unified = False
+        self.vocab = None
+        # --sleep-idle-seconds
+        self.sleeping = False
+        self._t_active = time.monotonic()  # when the last task arrived or the last step ran
+        self._sleep_metrics: dict[str, float] | None = None  # /metrics while asleep
+        self._reset_window_on_wake = False  # a scrape while asleep reported the window
+        self._lora_scales: tuple[float, ...] = ()
         # the loop thread and what crosses into it
         self._inbox: queue.Queue = queue.Queue()
         self._outbox = Outbox()  # events for asyncio handles, sent once per step
@@ -62,10 +77,17 @@ class Engine:
         self.model, self.kv, self.runner = b.model, b.kv, b.runner
         self.tokenizer, self.chat_template, self.model_info = b.tokenizer, b.chat_template, b.model_info
         self.n_ctx, self.n_slots, self.n_ctx_slot, self.kv_unified = b.n_ctx, b.n_slots, b.n_ctx_slot, b.kv_unified
-        self.prompt_cache = b.prompt_cache
+        self.prompt_cache, self.vocab = b.prompt_cache, b.vocab
         self.slots = new_slots(b.n_slots, b.n_ctx_slot)
         self.scheduler = Scheduler(self.cfg, self.slots, b.kv, b.model, b.vocab, b.prompt_cache, self._metrics,
-                                   self._log)
+                                   self._log, b.kv_unified)
+        if self.cfg.cache_idle_slots and not self.sleeping:
+            if self.prompt_cache is None:
+                self._log("W", "srv          init: --cache-idle-slots requires --cache-ram, disabling")
+            else:
+                self._log("I", "srv          init: idle slots will be saved to prompt cache"
+                               + (" and cleared upon starting a new task" if self.kv_unified else " upon starting a new task"))
+                self._log("D", "srv          init: __TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__")
         self.loaded = True
 
     def start(self) -> None:
@@ -86,7 +108,7 @@ class Engine:
         """Thread-safe (call it from asyncio or from a plain thread)."""
         h = TaskHandle(task, next(self._task_ids), self._outbox, self._wake)
         grammar = getattr(getattr(task, "params", None), "grammar", "")
-        pending = self.scheduler.vocab.precompile(grammar) if grammar and self.scheduler is not None else None
+        pending = self.vocab.precompile(grammar) if grammar and self.vocab is not None else None
         if pending is not None:  # queued once its grammar is compiled (off the engine thread)
             pending.add_done_callback(lambda _: (self._inbox.put(("task", h)), self._wake.set()))
             return h
@@ -111,14 +133,22 @@ class Engine:
     def metrics(self) -> dict[str, float]:
         """Counters (cumulative) and gauges (averaged over the window since the last call)."""
         def snapshot():
-            deferred = len(self.scheduler.waiting) if self.scheduler is not None else 0
-            values = self._metrics.snapshot(sum(1 for s in self.slots if s.busy), deferred)
-            if self.kv is not None:  # share of the KV blocks held by sequences (slots and cached prefixes)
-                values["kv_cache_usage_ratio"] = 1.0 - self.kv.pool.n_free / max(1, self.kv.pool.num_blocks)
-            return values
+            if self.sleeping:  # what it was on falling asleep; the window is reported once
+                values = dict(self._sleep_metrics)
+                self._sleep_metrics.update({k: 0.0 for k in WINDOW_GAUGES})
+                self._reset_window_on_wake = True
+                return values
+            return self._metric_values()
         if self._thread is None or not self._thread.is_alive():
             return snapshot()
         return self.run_on_loop(snapshot, timeout=30)
+
+    def _metric_values(self, reset: bool = True) -> dict[str, float]:
+        deferred = len(self.scheduler.waiting) if self.scheduler is not None else 0
+        values = self._metrics.snapshot(sum(1 for s in self.slots if s.busy), deferred, reset)
+        if self.kv is not None:  # share of the KV blocks held by sequences (slots and cached prefixes)
+            values["kv_cache_usage_ratio"] = 1.0 - self.kv.pool.n_free / max(1, self.kv.pool.num_blocks)
+        return values
 
     def lora_adapters(self) -> list[dict]:
         scales = self.scheduler.lora_scales if self.scheduler is not None else ()
@@ -144,22 +174,68 @@ class Engine:
 
     # ---- the loop ----------------------------------------------------------------------------
     def _loop(self) -> None:
-        sched = self.scheduler
         while not self._stop:
             try:
                 self._drain_inbox()
-                sched.admit()
+                if self.sleeping:
+                    self._wake.wait(timeout=0.5)
+                    self._wake.clear()
+                    continue
+                self.scheduler.admit()
                 self._outbox.flush()
                 if not any(s.busy for s in self.slots):
+                    if self.scheduler.waiting:
+                        self._t_active = time.monotonic()
+                    elif self._sleepy():
+                        self._enter_sleep()
+                        continue
                     self._wake.wait(timeout=0.5)
                     self._wake.clear()
                     continue
                 self._step()
+                self._t_active = time.monotonic()
             except Exception as e:  # never let one bad step kill the server
                 traceback.print_exc()
-                sched.fail_all(f"internal error: {e}")
+                if self.scheduler is not None:
+                    self.scheduler.fail_all(f"internal error: {e}")
             finally:
                 self._outbox.flush()
+
+    # ---- sleeping (--sleep-idle-seconds) -----------------------------------------------------
+    def _sleepy(self) -> bool:
+        n = self.cfg.sleep_idle_seconds
+        return n > 0 and getattr(self.model, "tp", None) is None and time.monotonic() - self._t_active >= n
+
+    def _enter_sleep(self) -> None:
+        """Release the model, the KV cache and the prompt cache (on the loop thread, between steps)."""
+        self._sleep_metrics = self._metric_values(reset=False)
+        self._reset_window_on_wake = False
+        self._log("I", "srv  handle_sleep: server is entering sleeping state")
+        self.sleeping = True
+        self._lora_scales = self.scheduler.lora_scales  # POST /lora-adapters outlives a sleep
+        self.model = self.kv = self.runner = self.prompt_cache = self.scheduler = None
+        self.slots = []
+        gc.collect()
+        try:  # hand the freed heap back to the system
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+
+    def _exit_sleep(self) -> None:
+        if not self.sleeping:
+            return
+        self._log("I", "srv  handle_sleep: server is exiting sleeping state")
+        self.load()
+        self.scheduler.lora_scales = self._lora_scales
+        if self._reset_window_on_wake:  # a scrape while asleep already reported this window
+            self._metrics.reset_window()
+        self._sleep_metrics, self.sleeping = None, False
+        self._t_active = time.monotonic()
+
+    def wake(self) -> None:
+        """Thread-safe: load the model again if the server sleeps (blocks until it is loaded)."""
+        if self.sleeping:
+            self.run_on_loop(self._exit_sleep)
 
     def _step(self) -> None:
         plan = self.scheduler.schedule()
@@ -175,7 +251,9 @@ class Engine:
             except queue.Empty:
                 return
             if kind == "task":
+                self._exit_sleep()  # a task never waits for a sleeping model
                 self.scheduler.waiting.append(item)
+                self._t_active = time.monotonic()
             elif kind == "call":
                 fn, fut = item
                 try:

@@ -53,8 +53,8 @@ class Metrics:
         self.t_tokens_generation += seconds
         self.n_tokens_max = max(self.n_tokens_max, n_tokens)
 
-    def snapshot(self, requests_processing: int, requests_deferred: int) -> dict[str, float]:
-        """The values `/metrics` prints; starts a new gauge window."""
+    def snapshot(self, requests_processing: int, requests_deferred: int, reset: bool = True) -> dict[str, float]:
+        """The values `/metrics` prints; starts a new gauge window unless `reset` is False."""
         d = {
             "t_start": self.t_start,
             "prompt_tokens_total": self.n_prompt_tokens_processed_total,
@@ -75,10 +75,19 @@ class Metrics:
             "requests_deferred": requests_deferred,
             "n_busy_slots_per_decode": self.n_busy_slots / self.n_decode if self.n_decode else 0.0,
         }
+        if reset:
+            self.reset_window()
+        return d
+
+    def reset_window(self) -> None:
+        """A new gauge window (llama-server's reset_bucket)."""
         self.n_prompt_tokens_processed = 0
         self.t_prompt_processing = 0.0
         self.n_tokens_predicted = 0
         self.t_tokens_generation = 0.0
         self.n_decode = 0
         self.n_busy_slots = 0
-        return d
+
+
+# the gauges averaged over the window since the previous scrape
+WINDOW_GAUGES = ("prompt_tokens_seconds", "predicted_tokens_seconds", "n_busy_slots_per_decode")

@@ -123,14 +123,14 @@ class PromptCache:
 
 
 def swap_with_ram_cache(cache: PromptCache, kv: KVCache, s: Slot, prompt: list[int], by_lru: bool,
-                        reserve: Callable[[Slot, int], None]) -> None:
+                        reserve: Callable[[Slot, int], None]) -> bool:
     """When the slot's content is mostly lost to the new prompt (or the slot was picked as the least
     recently used one), save it to the RAM cache and load the entry that matches the prompt better,
     if any (`reserve` may purge idle slots to make room; without room the prompt is recomputed)."""
     lcp = common_prefix(s.tokens, prompt)
     f_keep = lcp / len(s.tokens) if s.tokens else 0.0
     if not (by_lru or f_keep < 0.5):
-        return
+        return False
     if s.tokens:
         cache.save(s.tokens, lambda: kv.export(s.seq, len(s.tokens)))
     entry = cache.take_best(s.tokens, prompt)
@@ -144,6 +144,20 @@ def swap_with_ram_cache(cache: PromptCache, kv: KVCache, s: Slot, prompt: list[i
         except OutOfBlocks:
             kv.clear(s.seq)
     cache.update()
+    return True
+
+
+def cache_idle_slot(cache: PromptCache, kv: KVCache, s: Slot, clear: bool) -> bool:
+    """`--cache-idle-slots`: an idle slot's content goes to the RAM cache when another slot starts a
+    task (False: nothing new to save); with a unified KV cache the slot is then cleared, so its blocks
+    serve the running tasks (llama-server's TAG_IDLE_SLOT_CLEAR)."""
+    saved = bool(s.tokens) and cache.save(s.tokens, lambda: kv.export(s.seq, len(s.tokens)))
+    if saved:
+        cache.update()
+    if clear and s.tokens:
+        kv.clear(s.seq)
+        s.tokens = []
+    return saved
 
 
 def reusable_prefix(kv: KVCache, s: Slot, prompt: list[int], n_reuse: int, inv_freq: torch.Tensor | list,

@@ -26,7 +26,7 @@ from runtime.serving.config import EngineConfig
 from runtime.serving.handle import TaskHandle
 from runtime.serving.metrics import Metrics
 from runtime.serving.plan import StepPlan, plan_step
-from runtime.serving.prompt_cache import PromptCache, reusable_prefix, swap_with_ram_cache
+from runtime.serving.prompt_cache import PromptCache, cache_idle_slot, reusable_prefix, swap_with_ram_cache
 from runtime.serving.runner import StepOutput, pool_embeddings
 from runtime.serving.sampling import GrammarError, Vocabulary, maybe_trigger_grammar, sample_rows
 from runtime.serving.slots import Request, Slot, SlotState, pick_slot, release, reserve
@@ -55,8 +55,10 @@ def send_progress(r: Request) -> None:
 
 class Scheduler:
     def __init__(self, cfg: EngineConfig, slots: list[Slot], kv: KVCache, model: Model, vocab: Vocabulary,
-                 prompt_cache: PromptCache | None, metrics: Metrics, log: Callable[[str, str], None]):
+                 prompt_cache: PromptCache | None, metrics: Metrics, log: Callable[[str, str], None],
+                 kv_unified: bool = False):
         self.cfg, self.slots, self.kv, self.model, self.vocab = cfg, slots, kv, model, vocab
+        self.kv_unified = kv_unified  # one KV pool for all slots: clearing an idle slot frees room
         self.prompt_cache, self.metrics, self.log = prompt_cache, metrics, log
         self.waiting: list[TaskHandle] = []
         # the server's LoRA adapter scales (--lora, POST /lora-adapters); a task may bring its own
@@ -103,6 +105,7 @@ class Scheduler:
             self.kv.clear(s.seq)
             s.tokens = []
             s.state = SlotState.PROMPT
+            self._cache_idle_slots(s)
             return
         if not prompt:
             s.state = SlotState.GENERATING
@@ -112,8 +115,9 @@ class Scheduler:
             self.fail(s, 400, f"request ({len(prompt)} tokens) exceeds the available context size ({s.n_ctx} tokens), try increasing it",
                       "exceed_context_size_error", {"n_prompt_tokens": len(prompt), "n_ctx": s.n_ctx})
             return
-        if self.prompt_cache is not None:
-            swap_with_ram_cache(self.prompt_cache, self.kv, s, prompt, by_lru, self._reserve)
+        if self.prompt_cache is not None and swap_with_ram_cache(self.prompt_cache, self.kv, s, prompt, by_lru,
+                                                                 self._reserve):
+            self.log("D", "srv  get_availabl: updating prompt cache")
         n_past = 0
         if task.cache_prompt:
             n_reuse = self.cfg.cache_reuse if task.n_cache_reuse is None else task.n_cache_reuse
@@ -132,6 +136,14 @@ class Scheduler:
         r.n_predict = effective_n_predict(task.n_predict, self.cfg.n_predict)
         r.text = TextState(task.stop, self.vocab.tokenizer)
         send_progress(r)  # the 0% update: nothing read yet but the cached prefix
+        self._cache_idle_slots(s)
+
+    def _cache_idle_slots(self, started: Slot) -> None:
+        if not self.cfg.cache_idle_slots or self.prompt_cache is None:
+            return
+        for x in self.slots:
+            if x is not started and not x.busy and cache_idle_slot(self.prompt_cache, self.kv, x, self.kv_unified):
+                self.log("D", f"slot launch_slot_: id {x.id:2d} | task {started.id_task} | __TEST_TAG_CACHE_IDLE_SLOT__")
 
     # ---- one step ----------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
