@@ -130,7 +130,12 @@ def test_two_ranks_compute_what_one_rank_computes(models, kind):
     assert got["kv_heads_0"] == got["kv_heads_1"] == ref["kv_heads"] // 2
     for key in ("logits1", "logits2"):
         assert got[key].shape == ref[key].shape
-        torch.testing.assert_close(got[key], ref[key], rtol=1e-4, atol=1e-4)
+        # float weights: only the order of the float partial sums differs. Quantized weights: the integer
+        # dots quantize their activations to 8 bits, and a partial-sum difference of one ulp can move one
+        # of those roundings (a step of 1/127 of a block's largest value), which later layers carry on:
+        # seen up to 0.018 on these random Q4_K logits (|logits| ~ 3) on an AVX-512 machine
+        tol = 1e-4 if kind == "f32" else 5e-2
+        torch.testing.assert_close(got[key], ref[key], rtol=tol, atol=tol)
         assert torch.equal(got[key].argmax(1), ref[key].argmax(1))
     # the export assembles whole heads from both ranks; an import scatters them back
     for part in ("k", "v"):
