@@ -191,7 +191,7 @@ _NO_EFFECT = [
     (("-nkvo", "--no-kv-offload"), False), (("--repack",), False), (("-nr", "--no-repack"), False),
     (("--no-host",), False), (("-sp", "--special"), False), (("--poll",), True), (("--poll-batch",), True),
     (("--cpu-strict",), True), (("--cpu-strict-batch",), True), (("-Cb", "--cpu-mask-batch"), True),
-    (("-Crb", "--cpu-range-batch"), True), (("--prio-batch",), True), (("-ub", "--ubatch-size"), True),
+    (("-Crb", "--cpu-range-batch"), True), (("--prio-batch",), True),
     (("-bs", "--backend-sampling"), False),  # samples on the device: the same distributions
 ]
 # accepted with a warning: the output is the same, only the speed differs (no speculative decoding)
@@ -212,6 +212,8 @@ def _add_llama_server_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("llama-server compatibility")
     g.add_argument("-b", "--batch-size", type=int, default=2048, metavar="N",
                    help="logical maximum batch size: prompt tokens evaluated per step")
+    g.add_argument("-ub", "--ubatch-size", type=int, default=512, metavar="N",
+                   help="physical maximum batch size: rows of one forward (a larger step runs as several)")
     g.add_argument("-C", "--cpu-mask", default=None, metavar="M",
                    help="CPU affinity mask, hex (e.g. ff): the process and every thread it starts are pinned to it")
     g.add_argument("-Cr", "--cpu-range", default=None, metavar="LO-HI", help="CPU affinity range (e.g. 0-3)")

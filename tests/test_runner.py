@@ -55,3 +55,30 @@ def test_pool_embeddings():
     assert pool_embeddings(hid, "cls", 1) == [pytest.approx([3 / 7, 4 / 7])]
     assert pool_embeddings(hid, "cls", 0) == [pytest.approx([3 / 4 * 32760, 32760])]
     assert pool_embeddings(hid, "cls", 3) == [pytest.approx([3 / 91 ** (1 / 3), 4 / 91 ** (1 / 3)])]
+
+
+def test_micro_batches_compute_what_one_forward_computes(model):
+    """A step longer than n_ubatch runs as several forwards (a prompt cut into pieces that read the
+    KV of the pieces before them): the same logits and hidden states as one forward."""
+    torch.manual_seed(0)
+    outs = []
+    for n_ubatch in (512, 5, 1):
+        kv = model.new_cache(128, block_size=4, dtype=torch.float32)
+        runner = ModelRunner(model, kv, None, n_ubatch=n_ubatch)
+        a, b, c = SeqKV(), SeqKV(), SeqKV()
+        for s, n in ((a, 13), (b, 7), (c, 4)):
+            kv.reserve(s, n)
+        ta, tb, tc = list(range(1, 14)), list(range(50, 57)), [9, 8, 7, 6]
+        out = runner.run(StepPlan([SeqBatch(a, ta, 0), SeqBatch(b, tb, 0, logits=False, hidden=True),
+                                   SeqBatch(c, tc, 0, topk=5)]))
+        assert (a.n_tokens, b.n_tokens, c.n_tokens) == (13, 7, 4)
+        kv.reserve(a, 14)
+        dec = runner.run(StepPlan([SeqBatch(a, [3], 13)]))
+        outs.append((out, dec))
+    (ref, ref_dec), *rest = outs
+    assert ref.logits.shape[0] == 2 and ref.hidden[1].shape == (7, 64)
+    for out, dec in rest:
+        torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.hidden[1], ref.hidden[1], rtol=1e-5, atol=1e-5)
+        assert out.hidden[0] is None and out.hidden[2] is None
+        torch.testing.assert_close(dec.logits, ref_dec.logits, rtol=1e-5, atol=1e-5)

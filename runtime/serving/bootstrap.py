@@ -171,9 +171,9 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     mode = cfg.cuda_graphs  # "0": off; "eager": static buffers, no capture
     if model.tp is None and (mode == "eager" or (mode != "0" and model.device.type == "cuda")):
         graphs = DecodeGraphs(model, kv, n_slots, kv.blocks_needed(n_ctx_slot) + 1, capture=mode != "eager")
-    runner = ModelRunner(model, kv, graphs)
+    runner = ModelRunner(model, kv, graphs, cfg.n_ubatch)
     if cfg.warmup:
-        tune_kernels(model, cfg.n_batch, n_slots, log)
+        tune_kernels(model, min(cfg.n_batch, cfg.n_ubatch), n_slots, log)
         warm_up(runner, log)
     prompt_cache = None
     if cfg.lora and cfg.cache_ram_mib != 0:  # its entries do not record the adapters they were computed with

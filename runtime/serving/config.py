@@ -29,6 +29,7 @@ class EngineConfig:
     pooling: str = "mean"
     n_predict: int = -1
     n_batch: int = 2048
+    n_ubatch: int = 512  # rows of one forward: a step with more runs as several (bounds activation memory)
     n_prefill_chunk: int = 512  # prompt tokens per step while other slots decode
     block_size: int = 16
     kv_dtype: str = "f16"

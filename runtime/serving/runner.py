@@ -2,20 +2,22 @@
 
 `run` takes a `StepPlan` (it reads only `plan.batch`), replays decode-only batches from CUDA
 graphs when they are set up (`runtime.cuda_graphs`) and runs everything else through
-`Model.forward`. The model and the graphs only compute; this is the one place where a
+`Model.forward`, in micro-batches of at most `n_ubatch` rows (llama.cpp's `-ub`: a step of four
+430-token prompts is four forwards of <= 512 rows, so its activations stay those of 512 rows). The model and the graphs only compute; this is the one place where a
 sequence's `n_tokens` advances after a forward (blocks were reserved by the scheduler before).
 
 `pool_embeddings` turns the hidden states of an embedding task's prompt into its vectors.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from runtime.cuda_graphs import DecodeGraphs
 from runtime.kv_cache import KVCache
-from runtime.model import Model
+from runtime.model import Model, SeqBatch
 from runtime.serving.plan import StepPlan
 
 
@@ -26,8 +28,8 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: Model, kv: KVCache, graphs: DecodeGraphs | None = None):
-        self.model, self.kv, self.graphs = model, kv, graphs
+    def __init__(self, model: Model, kv: KVCache, graphs: DecodeGraphs | None = None, n_ubatch: int = 512):
+        self.model, self.kv, self.graphs, self.n_ubatch = model, kv, graphs, max(1, n_ubatch)
 
     def run(self, plan: StepPlan, graphs: bool = True) -> StepOutput:
         """One forward over `plan.batch`; `graphs=False` forces the eager path."""
@@ -35,11 +37,41 @@ class ModelRunner:
         lora = any(b.lora for b in batch)  # LoRA rows run eagerly (the graphs hold the base model only)
         if graphs and self.graphs is not None and self.graphs.supports(batch) and not lora:
             out = StepOutput(self.graphs.run(batch), [None] * len(batch))
-        else:
+        elif sum(len(b.tokens) for b in batch) <= self.n_ubatch:
             out = StepOutput(*self.model.forward(self.kv, batch))
+        else:
+            out = self._run_ubatches(batch)
         for b in batch:
             b.seq.n_tokens = b.n_past + len(b.tokens)
         return out
+
+    def _run_ubatches(self, batch: list[SeqBatch]) -> StepOutput:
+        """The batch as forwards of <= n_ubatch rows, in order (a row's pieces see the KV of the
+        pieces before them); logits and hidden states put back together per row."""
+        pieces: list[tuple[int, SeqBatch]] = []  # (row index, piece)
+        for i, b in enumerate(batch):
+            for a in range(0, len(b.tokens), self.n_ubatch):
+                last = a + self.n_ubatch >= len(b.tokens)
+                pieces.append((i, dataclasses.replace(
+                    b, tokens=b.tokens[a:a + self.n_ubatch], n_past=b.n_past + a, logits=b.logits and last,
+                    topk=b.topk if last else 0, banned=b.banned if last else ())))
+        logits: list[torch.Tensor] = []
+        hidden: list[list[torch.Tensor]] = [[] for _ in batch]
+        start = 0
+        while start < len(pieces):
+            end, n = start, 0
+            while end < len(pieces) and n + len(pieces[end][1].tokens) <= self.n_ubatch:
+                n += len(pieces[end][1].tokens)
+                end += 1
+            lg, hid = self.model.forward(self.kv, [p for _, p in pieces[start:end]])
+            if lg is not None:
+                logits.append(lg)
+            for (i, _), h in zip(pieces[start:end], hid):
+                if h is not None:
+                    hidden[i].append(h)
+            start = end
+        return StepOutput(torch.cat(logits) if logits else None,
+                          [torch.cat(h) if h else None for h in hidden])
 
 
 def pool_embeddings(hid: torch.Tensor, pooling: str, normalize: int) -> list[list[float]]:
