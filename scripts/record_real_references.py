@@ -65,6 +65,16 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600.0) -> None
     raise TimeoutError("llama-server did not become ready")
 
 
+def cpu_features() -> str:
+    """The ISA llama.cpp's CPU backend picked its kernels by: its greedy tokens depend on it (on the real
+    Qwen model, an AVX2 machine and an AVX-512 VNNI one differ on 4 of the 8 prompts)."""
+    try:
+        flags = next(ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return "unknown"
+    return " ".join(f for f in ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512bw") if f in flags)
+
+
 def record(server: str, model_path: Path, port: int) -> dict:
     cmd = [server, "-m", str(model_path), "--port", str(port), "-c", "2048", "-np", "1", "-t", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -95,7 +105,8 @@ def main() -> int:
     ap.add_argument("--server", default="/work/lsb/llama-server")
     ap.add_argument("--port", type=int, default=8218)
     args = ap.parse_args()
-    data = {"recorded_with": "python scripts/record_real_references.py --server " + args.server, "models": {}}
+    data = {"recorded_with": "python scripts/record_real_references.py --server " + args.server,
+            "cpu": cpu_features(), "models": {}}
     for key, m in MODELS.items():
         path = cached_path(m)
         if path is None:
