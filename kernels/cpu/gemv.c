@@ -206,3 +206,49 @@ void head_scan_i8(const signed char *qx, const float *sx, const signed char *q4,
     struct scan_args a = {qx, sx, q4, s, y, M, N, K4, nt, per, ldy};
     pool_run(scan_run, &a, (nt + per - 1) / per, nthreads);
 }
+
+/* The int8 copy of a float32 head in 64-row tiles ([nt, K, 64]), kernels/cpu/gemv.py `pack_i8`:
+   per row r (tile t, column j) scale_r = max_k |w| / 127 (1 for an all-zero row), q = round-half-even
+   (w / scale_r) clamped to +-127, err_r = |w_r - scale_r q_r|_2 and norm_r = |w_r|_2 in double. The
+   same float32 arithmetic as the torch version, so the same q and scales. */
+struct pack_i8_args { const float *w; signed char *q; float *scale; double *err, *norm; int K, nt, per; };
+
+static void pack_i8_run(void *args, int chunk) {
+    const struct pack_i8_args *A = args;
+    const int K = A->K, t1 = (chunk + 1) * A->per < A->nt ? (chunk + 1) * A->per : A->nt;
+    for (int t = chunk * A->per; t < t1; ++t) {
+        const float *w = A->w + (size_t)t * K * 64;
+        signed char *q = A->q + (size_t)t * K * 64;
+        float s[64];
+        double e2[64], n2[64];
+        for (int j = 0; j < 64; ++j) { s[j] = 0.0f; e2[j] = 0.0; n2[j] = 0.0; }
+        for (int k = 0; k < K; ++k)
+            for (int j = 0; j < 64; ++j) { const float a = fabsf(w[(size_t)k * 64 + j]); s[j] = a > s[j] ? a : s[j]; }
+        for (int j = 0; j < 64; ++j) { s[j] = s[j] / 127.0f; if (!(s[j] > 0.0f)) s[j] = 1.0f; }
+        for (int k = 0; k < K; ++k)
+            for (int j = 0; j < 64; ++j) {
+                const float x = w[(size_t)k * 64 + j];
+                float r = nearbyintf(x / s[j]);
+                r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+                q[(size_t)k * 64 + j] = (signed char)r;
+                const double d = (double)x - (double)r * (double)s[j];
+                e2[j] += d * d;
+                n2[j] += (double)x * (double)x;
+            }
+        for (int j = 0; j < 64; ++j) {
+            A->scale[t * 64 + j] = s[j];
+            A->err[t * 64 + j] = sqrt(e2[j]);
+            A->norm[t * 64 + j] = sqrt(n2[j]);
+        }
+    }
+}
+
+void pack_i8_f32(const float *w, signed char *q, float *scale, double *err, double *norm, int nt, int K,
+                 int nthreads) {
+    int nchunks = nthreads > 1 ? CHUNKS_PER_THREAD * nthreads : 1;
+    nchunks = nchunks < nt ? nchunks : nt;
+    if (nchunks < 1) return;
+    const int per = (nt + nchunks - 1) / nchunks;
+    struct pack_i8_args a = {w, q, scale, err, norm, K, nt, per};
+    pool_run(pack_i8_run, &a, (nt + per - 1) / per, nthreads);
+}

@@ -87,6 +87,12 @@ def pack_i8(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     scale = torch.empty(nt * TILE, dtype=torch.float32)
     err = torch.empty(nt * TILE, dtype=torch.float64)
     norm = torch.empty(nt * TILE, dtype=torch.float64)
+    lib = native.lib()
+    if lib is not None and tiles.dtype == torch.float32:  # one pass in C (gemv.c), the same arithmetic
+        t = tiles.contiguous()
+        lib.pack_i8_f32(t.data_ptr(), q.data_ptr(), scale.data_ptr(), err.data_ptr(), norm.data_ptr(), nt, K,
+                        torch.get_num_threads())
+        return q, scale, err, norm
     step = max(1, (1 << 22) // max(1, K * TILE))  # tiles per chunk: bounded float64 temporaries
     for t0 in range(0, nt, step):
         t1 = min(nt, t0 + step)

@@ -139,6 +139,7 @@ KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "pool.c", 
     "bgemv_tiles64": _BGEMV, "bgemv_tiles64_f16": _BGEMV, "bgemv_tiles64_bf16": _BGEMV,
     "i8_widening_is_vectorized": ([], _i), "cpu_kernels_isa": ([], ctypes.c_char_p),
     "head_scan_i8": ([_p, _p, _p, _p, _p, _i, _i, _i, _l, _i], None),
+    "pack_i8_f32": ([_p, _p, _p, _p, _p, _i, _i, _i], None),
     # qgemv.c (kernels/cpu/qgemv.py)
     "qgemv_tiles64_c8": _QGEMV, "qgemv_tiles64_c4": _QGEMV,
     # attention.c (kernels/cpu/attention.py)
