@@ -30,7 +30,9 @@ from __future__ import annotations
 import torch
 
 from ..qweight import QWeight
-from ..ref import cat_rows, gelu_mul, packs_quantized, prepare_topk_head, topk  # noqa: F401  (device-agnostic torch)
+from ..ref import cat_rows, gelu_mul, moe_route, packs_quantized, prepare_topk_head, topk  # noqa: F401  (device-agnostic torch)
+from ..ref import prepare_experts  # noqa: F401  (the stacked GGUF layout, as the kernels read it)
+from .moe_gemm import moe_ffn  # noqa: F401
 from .dequant import dequantize, embedding  # noqa: F401
 from .norm import add_rms_norm, rms_norm  # noqa: F401
 from .paged_decode import paged_decode
