@@ -18,6 +18,7 @@ autotune configs beside it:
 | `rope.py` | `_rope_kernel` |
 | `silu_mul.py` | `_silu_mul_kernel` |
 | `write_kv.py` | `_write_kv_kernel` |
+| `moe_gemm.py` | `_moe_gemm_kernel`: `moe_ffn` (tokens grouped by expert, dequantizing grouped GEMM, SwiGLU fused) |
 
 plus the device functions they share: `gguf_tl.py` (GGUF blocks dequantized in registers) and
 `attend_tile.py` (one online-softmax step); `tuning.py` (the matmul launch configs, timed at
