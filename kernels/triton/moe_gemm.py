@@ -106,12 +106,13 @@ def moe_align(ids: torch.Tensor, n_expert: int, block_m: int) -> tuple[torch.Ten
 
 def _blocks(M: int, N: int, K: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps): one small config under the interpreter. Decode-sized
-    pair counts take runs of 16 (BLOCK_K 64 spilled 256 B on Q6_K there, scripts/aot_compile.py)."""
+    pair counts take runs of 16 (BLOCK_K 64 spilled 256 B on Q6_K there), prefill runs of 64 on 8 warps
+    (4 spilled 20-92 B on Q5_0 Q5_1 Q2_K Q3_K Q6_K; scripts/aot_compile.py, sm_90)."""
     if interpreting():
         return 16, 32, 32, 4
     if M <= 64:
         return 16, 64, 32, 4
-    return 64, 64, 64, 4
+    return 64, 64, 64, 8
 
 
 def moe_ffn(x: torch.Tensor, experts: Experts, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
