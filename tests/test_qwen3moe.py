@@ -331,7 +331,7 @@ def test_model_triton_backend_interpreter(model_files):
 
 
 def greedy(m: Model, prompt: list[int], n: int) -> list[int]:
-    kv = m.new_cache(len(prompt) + n + 16, dtype=torch.float32)
+    kv = m.new_cache(len(prompt) + n + 16)  # float16, as the server's (and llama-server's) cache
     seq = SeqKV()
     kv.reserve(seq, len(prompt) + n)
     logits, _ = m.forward(kv, [SeqBatch(seq, prompt, 0)])
@@ -363,8 +363,6 @@ def test_greedy_matches_llama_server(model_files, recorded, variant):
 def test_server_serves_qwen3moe(start_server, model_files, recorded):
     srv = start_server("-m", str(model_files["f32"]), "-c", "512", "-np", "1")
     want = recorded["tokens"]["f32"]
-    props = httpx.get(srv.url + "/props").json()
-    assert "qwen3moe" in json.dumps(props) or props
     for text, ids, toks in zip(recorded["text_prompts"], want["text_prompt_ids"], want["text_prompts"]):
         r = httpx.post(srv.url + "/tokenize", json={"content": text, "add_special": True}, timeout=60)
         assert r.json()["tokens"] == ids
