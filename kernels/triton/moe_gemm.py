@@ -104,15 +104,19 @@ def moe_align(ids: torch.Tensor, n_expert: int, block_m: int) -> tuple[torch.Ten
     return pairs, block_expert
 
 
-def _blocks(M: int, N: int, K: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps): one small config under the interpreter. Decode-sized
-    pair counts take runs of 16 (BLOCK_K 64 spilled 256 B on Q6_K there), prefill runs of 64 on 8 warps
-    (4 spilled 20-92 B on Q5_0 Q5_1 Q2_K Q3_K Q6_K; scripts/aot_compile.py, sm_90)."""
+def _blocks(M: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for M (token, slot) pairs: one small config under the
+    interpreter. Decode-sized pair counts take runs of 16, prefill runs of 64 on 8 warps; float32
+    inputs (3xTF32: three products per tile) take smaller tiles on 8 warps, 2 stages. Checked with
+    scripts/aot_compile.py --only moe --arch 80,90 (every type, f32/f16/bf16): no spills but one
+    variant, float32 inputs on Q4_1 weights at prefill on sm_80 (8 B; float32 activations on CUDA
+    are not the default). Dropped: BLOCK_K 64 for decode (spilled on Q6_K), 4 warps for prefill
+    (Q5_0 Q5_1 Q2_K Q3_K Q6_K), float32 64 x 64 x 64 tiles (every type), 32 x 32 x 32 (4 types)."""
     if interpreting():
-        return 16, 32, 32, 4
-    if M <= 64:
-        return 16, 64, 32, 4
-    return 64, 64, 64, 8
+        return 16, 32, 32, 4, 1
+    if dtype == torch.float32:
+        return (16, 32, 32, 8, 2) if M <= 64 else (64, 32, 32, 8, 2)
+    return (16, 32, 32, 4, 3) if M <= 64 else (64, 64, 64, 8, 3)
 
 
 def moe_ffn(x: torch.Tensor, experts: Experts, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -127,7 +131,7 @@ def moe_ffn(x: torch.Tensor, experts: Experts, weights: torch.Tensor, ids: torch
     up, su, qu = weight_args(experts.up)
     down, sd, qd = weight_args(experts.down)
     n_pairs = T * k
-    BM, BN, BK, nw = _blocks(n_pairs, max(F, C), max(F, C))
+    BM, BN, BK, nw, ns = _blocks(n_pairs, x.dtype)
     pairs, block_expert = moe_align(ids, experts.n_expert, BM)
     route_w = weights.reshape(-1).to(torch.float32).contiguous()
     dot_f32 = interpreting() and x.dtype == torch.bfloat16
@@ -137,10 +141,10 @@ def moe_ffn(x: torch.Tensor, experts: Experts, weights: torch.Tensor, ids: torch
     _moe_gemm_kernel[(nb, triton.cdiv(F, BN))](
         x, gate, up, h, pairs, block_expert, route_w, n_pairs, F, C, x.stride(0), sg, su, h.stride(0),
         TOPK=k, GATED=True, QTYPE1=qg, QTYPE2=qu, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK,
-        DOT_F32=dot_f32, PRECISION=precision, num_warps=nw)
+        DOT_F32=dot_f32, PRECISION=precision, num_warps=nw, num_stages=ns)
     y = torch.empty(n_pairs, C, dtype=torch.float32, device=x.device)
     _moe_gemm_kernel[(nb, triton.cdiv(C, BN))](
         h, down, down, y, pairs, block_expert, route_w, n_pairs, C, F, h.stride(0), sd, sd, y.stride(0),
         TOPK=k, GATED=False, QTYPE1=qd, QTYPE2=qd, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK,
-        DOT_F32=dot_f32, PRECISION=precision, num_warps=nw)
+        DOT_F32=dot_f32, PRECISION=precision, num_warps=nw, num_stages=ns)
     return y.view(T, k, C).sum(1).to(x.dtype)
