@@ -35,6 +35,7 @@ from runtime.kv_cache import SeqKV
 from runtime.loader import load_model
 from runtime.model import Model, SeqBatch
 from runtime.tiny_model import quantize
+from runtime.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "qwen3moe_greedy.json"
@@ -330,7 +331,8 @@ def test_model_triton_backend_interpreter(model_files):
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
 
 
-def greedy(m: Model, prompt: list[int], n: int) -> list[int]:
+def greedy(m: Model, prompt: list[int], n: int, banned: list[int]) -> list[int]:
+    """n greedy tokens, end-of-generation tokens `banned` (llama-server's ignore_eos)."""
     kv = m.new_cache(len(prompt) + n + 16)  # float16, as the server's (and llama-server's) cache
     seq = SeqKV()
     kv.reserve(seq, len(prompt) + n)
@@ -338,6 +340,7 @@ def greedy(m: Model, prompt: list[int], n: int) -> list[int]:
     seq.n_tokens = len(prompt)
     out = []
     for _ in range(n):
+        logits[0, banned] = -math.inf
         tok = int(logits[0].argmax())
         out.append(tok)
         if len(out) == n:
@@ -352,11 +355,13 @@ def test_greedy_matches_llama_server(model_files, recorded, variant):
     path = model_files[variant]
     assert hashlib.sha256(path.read_bytes()).hexdigest() == recorded["sha256"][variant], \
         "the generated model differs from the recorded one: rerun scripts/record_moe_reference.py"
-    m = Model(load_model(path, progress=lambda m: None), "cpu")  # the server's path (CPU backend)
+    lm = load_model(path, progress=lambda m: None)
+    m = Model(lm, "cpu")  # the server's path (CPU backend)
+    banned = sorted(load_tokenizer(lm.gguf_metadata).eot_ids)
     want = recorded["tokens"][variant]
     prompts = recorded["token_prompts"] + want["text_prompt_ids"]
     expected = want["token_prompts"] + want["text_prompts"]
-    got = [greedy(m, p, recorded["n_predict"]) for p in prompts]
+    got = [greedy(m, p, recorded["n_predict"], banned) for p in prompts]
     assert got == expected
 
 
