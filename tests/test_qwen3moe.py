@@ -157,6 +157,10 @@ def test_config_and_weights(model_files):
     lq = load_model(model_files["q4_k"], progress=lambda m: None)
     assert lq.weights["blk.0.ffn_gate_inp.weight"].qtype == Q.F32  # the router is never quantized
     assert lq.weights["blk.0.ffn_up_exps.weight"].qtype == Q.Q4_K
+    from runtime.parallel.shard import shard_loaded
+
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        shard_loaded(lm, None)  # -tp: refused before any weight is split
 
 
 @pytest.mark.parametrize("variant,backend", [("f32", "torch"), ("f32", "cpu"), ("q8_0", "torch"), ("q8_0", "cpu"),
