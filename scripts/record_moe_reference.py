@@ -4,7 +4,17 @@ tests/data/qwen3moe_greedy.json (tests/test_qwen3moe.py compares tritium's with 
 
 The models are generated here, deterministically (`moe_variants`: runtime.tiny_model.MOE_SPEC in
 F32 and Q8_0, and a 256-dim Q4_K one), so that the tests regenerate the very same files (their
-sha256 are recorded and checked) without the reference binary.
+sha256 are recorded and checked) without the reference binary. Each model is recorded twice:
+with llama-server's defaults ("default": float16 KV cache, flash attention on), and with float32
+attention ("f32attn": `-ctk f32 -ctv f32 -fa off`). ggml's CPU flash attention rounds to float16
+even with a float32 cache (the output of a query that sees one key differs from that key's V by
+float16 rounding: 2.4e-4 relative), while tritium's CPU attention is float32; with `-fa off` and a
+float32 cache llama.cpp's attention output equals a float64 one to 7e-8. That 3e-4 attention
+difference is the only one between the two (substituting llama.cpp's attention outputs into
+tritium's forward reproduces its logits to 1e-7, quantized weights included), but with quantized
+weights the 8-bit activation quantization amplifies it to ~2% of the logits, so greedy tokens part
+after a few steps. The "f32attn" recordings therefore check the mixture-of-experts computation
+token for token on every weight type; the "default" ones are what a user of llama-server gets.
 
     python scripts/record_moe_reference.py --server /work/lsb/llama-server \\
         --out tests/data/qwen3moe_greedy.json
@@ -62,14 +72,18 @@ def greedy(url: str, prompt) -> list[int]:
     return r.json()["tokens"]
 
 
-def server_args(model: Path) -> list[str]:
-    return ["-m", str(model), "-c", "512", "-np", "1", "--no-warmup", "--cache-ram", "0"]
+# recorded configurations: extra llama-server arguments
+CONFIGS = {"default": [], "f32attn": ["-ctk", "f32", "-ctv", "f32", "-fa", "off"]}
 
 
-def record(server: str, model: Path, port: int) -> dict:
+def server_args(model: Path, config: str = "default") -> list[str]:
+    return ["-m", str(model), "-c", "512", "-np", "1", "--no-warmup", "--cache-ram", "0", *CONFIGS[config]]
+
+
+def record(server: str, model: Path, port: int, config: str) -> dict:
     import httpx
 
-    proc = subprocess.Popen([server, *server_args(model), "--port", str(port)],
+    proc = subprocess.Popen([server, *server_args(model, config), "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -96,14 +110,14 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8260)
     a = ap.parse_args()
     out = {"reference": "llama-server b1-0c1e570", "command": " ".join(["python", *sys.argv]),
-           "server_args": server_args(Path("MODEL")), "request": request("PROMPT"),
+           "server_args": server_args(Path("MODEL")), "configs": CONFIGS, "request": request("PROMPT"),
            "token_prompts": TOKEN_PROMPTS, "text_prompts": TEXT_PROMPTS, "n_predict": N_PREDICT,
            "sha256": {}, "tokens": {}}
     with tempfile.TemporaryDirectory() as d:
         for name in moe_variants():
             model = write_variant(name, Path(d))
             out["sha256"][name] = sha256(model)
-            out["tokens"][name] = record(a.server, model, a.port)
+            out["tokens"][name] = {c: record(a.server, model, a.port, c) for c in CONFIGS}
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {a.out}")
     return 0
