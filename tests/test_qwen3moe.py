@@ -6,7 +6,9 @@ kernels/triton/moe_gemm.py) on the tiny random models of scripts/record_moe_refe
 - the fused Triton MoE kernel under the interpreter against a float64 reference, per weight type;
 - the CPU path (experts prepared one by one, one matmul per used expert) against the reference;
 - greedy tokens equal to llama-server b1-0c1e570's on the same files (tests/data/qwen3moe_greedy.json,
-  recorded by scripts/record_moe_reference.py), and the server serving the model.
+  recorded by scripts/record_moe_reference.py with llama-server's defaults and with float32
+  attention, `-ctk f32 -ctv f32 -fa off`; see `NEED` for what each must reach and why), and the
+  server serving the model.
 """
 from __future__ import annotations
 
