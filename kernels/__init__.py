@@ -24,16 +24,16 @@ import importlib
 
 import torch
 
-from .qweight import QWeight
+from .qweight import Experts, QWeight
 
 NAMES = ("torch", "cpu", "triton")
 _MODULES = {"torch": "kernels.ref", "cpu": "kernels.cpu", "triton": "kernels.triton"}
 OPS = (
     "prepare_weight", "prepare_weights", "packs_quantized", "dequantize", "qmatmul", "embedding", "rms_norm",
     "add_rms_norm", "rope", "silu_mul", "gelu_mul", "write_kv", "paged_attention", "topk", "prepare_topk_head",
-    "topk_logits",
+    "topk_logits", "moe_route", "prepare_experts", "moe_ffn",
 )
-__all__ = ["Backend", "QWeight", "NAMES", "OPS", *OPS]
+__all__ = ["Backend", "Experts", "QWeight", "NAMES", "OPS", *OPS]
 
 
 class Backend:
@@ -163,6 +163,26 @@ def topk_logits(x: torch.Tensor, w: QWeight, head, topk: list[int], banned: list
     """Logits [n, rows] float32 of x [n, cols]: row i exact when topk[i] <= 0, else exact at least
     where it can be among its topk[i] largest (banned[i] excluded) and possibly -inf elsewhere."""
     return _on(x.device).topk_logits(x, w, head, topk, banned)
+
+
+def moe_route(logits: torch.Tensor, k: int, norm: bool = True, scale: float = 0.0):
+    """Router logits [T, E] -> (weights [T, k] float32, expert ids [T, k] int64): softmax over the
+    experts, the k largest, divided by their sum when `norm`, times `scale` unless 0 or 1."""
+    return _on(logits.device).moe_route(logits, k, norm, scale)
+
+
+def prepare_experts(gate: QWeight, up: QWeight, down: QWeight, n_expert: int, unpack_quantized: bool = False,
+                    pack_quantized: bool = True) -> Experts:
+    """Once at load, a mixture-of-experts layer's stacked expert weights (`kernels.qweight.Experts`)
+    in the layout the backend's `moe_ffn` reads (CPU: each expert prepared like any matmul weight;
+    reference and Triton: the GGUF layout)."""
+    return _on(gate.data.device).prepare_experts(gate, up, down, n_expert, unpack_quantized, pack_quantized)
+
+
+def moe_ffn(x: torch.Tensor, experts: Experts, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """sum_j weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j]: x [T, C], weights /
+    ids [T, k] -> [T, C] in x.dtype (each used expert's weights read once for all its tokens)."""
+    return _on(x.device).moe_ffn(x, experts, weights, ids)
 
 
 def tune(backend: Backend, weights: list[QWeight], dtype: torch.dtype, max_rows: int,

@@ -90,3 +90,26 @@ class QWeight:
         """Wrap a float matrix [rows, cols] (F32/F16/BF16)."""
         qtype = {v: k for k, v in FLOAT_TYPES.items()}[t.dtype]
         return QWeight(t.contiguous(), qtype, t.shape[0], t.shape[1])
+
+
+@dataclass
+class Experts:
+    """The experts of one mixture-of-experts FFN layer, as `kernels.prepare_experts` returns them.
+
+    `gate` / `up` [n_expert * n_ff, n_embd] and `down` [n_expert * n_embd, n_ff]: every expert's
+    rows stacked (the GGUF 3-D tensors `ffn_*_exps`, expert e's rows at e * n_ff / e * n_embd), in
+    the GGUF layout (reference, Triton). `split` (the CPU backend): per expert, its gate and up as
+    `prepare_weights` returned them (read together) and its down as `prepare_weight` did; then
+    the stacked fields are None."""
+    n_expert: int
+    n_ff: int  # rows of each expert's gate / up, cols of its down
+    n_embd: int
+    gate: QWeight | None
+    up: QWeight | None
+    down: QWeight | None
+    split: list[tuple[list[QWeight], QWeight]] | None = None
+
+    @staticmethod
+    def rows_of(w: QWeight, e: int, n: int) -> QWeight:
+        """Expert e's `n` rows of a stacked GGUF-layout weight (a view)."""
+        return QWeight(w.data[e * n:(e + 1) * n], w.qtype, n, w.cols, mapped=w.mapped)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from . import dequant_ref
-from .qweight import QWeight
+from .qweight import Experts, QWeight
 
 # Dequantize at most this many weight elements at once inside qmatmul (bounds temporary memory:
 # a 128k x 4096 output head would otherwise need 2 GiB of float32).
@@ -288,3 +288,55 @@ def topk_logits(x: torch.Tensor, w: QWeight, head, topk: list[int], banned: list
     exact (0: the whole row), `banned[i]` tokens never among them: an implementation may return
     -inf for every entry that cannot be in that top-k. The reference computes every row exactly."""
     return qmatmul(x, w).float()
+
+
+# ---------------------------------------------------------------------------------------------
+# mixture of experts
+
+
+def moe_route(logits: torch.Tensor, k: int, norm: bool = True, scale: float = 0.0):
+    """Router logits [T, E] -> (weights [T, k] float32, expert ids [T, k] int64), llama.cpp's
+    build_moe_ffn with softmax gating: softmax over all experts in float32, the k largest
+    probabilities (descending), divided by their sum (clamped below at 6.103515625e-5) when `norm`,
+    times `scale` unless it is 0 or 1. Plain torch on any device (no host sync)."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, k, dim=-1)
+    if norm:
+        weights = weights / weights.sum(-1, keepdim=True).clamp_min(6.103515625e-5)
+    if scale not in (0.0, 1.0):
+        weights = weights * scale
+    return weights, ids
+
+
+def prepare_experts(gate: QWeight, up: QWeight, down: QWeight, n_expert: int, unpack_quantized: bool = False,
+                    pack_quantized: bool = True) -> Experts:
+    """Once at load: the stacked expert weights in the GGUF layout (`prepare_weight` each)."""
+    n_ff, n_embd = gate.rows // n_expert, gate.cols
+    return Experts(n_expert, n_ff, n_embd, *(prepare_weight(w, unpack_quantized, pack_quantized)
+                                            for w in (gate, up, down)))
+
+
+def moe_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, expert_fn) -> torch.Tensor:
+    """sum_j weights[t, j] * expert_fn(ids[t, j], x[rows routed to it])[t] -> [T, C] in x.dtype: the
+    tokens grouped by expert, `expert_fn(e, x_e [n_e, C]) -> [n_e, C]` called once per used expert
+    (its weights read once for all its tokens), float32 accumulation. Reads the ids on the host."""
+    T, C = x.shape
+    out = torch.zeros(T, C, dtype=torch.float32, device=x.device)
+    for e in torch.unique(ids).tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        y = expert_fn(e, x[tok])
+        out.index_add_(0, tok, y.float() * weights[tok, slot].float()[:, None])
+    return out.to(x.dtype)
+
+
+def moe_ffn(x: torch.Tensor, experts: Experts, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The experts' SwiGLU FFNs of x [T, C] mixed by the router: sum over j of weights[t, j] *
+    down_e(silu(gate_e x_t) * up_e x_t) with e = ids[t, j] ([T, k] each) -> [T, C] in x.dtype."""
+    F, C = experts.n_ff, experts.n_embd
+
+    def expert(e: int, xe: torch.Tensor) -> torch.Tensor:
+        xf = xe.float()
+        a = silu_mul(qmatmul(xf, Experts.rows_of(experts.gate, e, F)), qmatmul(xf, Experts.rows_of(experts.up, e, F)))
+        return qmatmul(a, Experts.rows_of(experts.down, e, C))
+
+    return moe_grouped(x, weights, ids, expert)

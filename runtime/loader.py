@@ -10,7 +10,10 @@
   attn_output.weight`, `blk.{i}.attn_q.bias` ... (qwen2), `blk.{i}.attn_q_norm.weight` /
   `attn_k_norm.weight` (qwen3), `blk.{i}.ffn_norm.weight`, `ffn_gate/ffn_up/ffn_down.weight`, and
   `rope_freqs.weight` ([n_rot/2] float32 divisors of the rope frequencies, llama3-style, when the
-  model has one; also `config.rope_freq_factors`). Matrices are `QWeight` in their file type,
+  model has one; also `config.rope_freq_factors`); qwen3moe: `blk.{i}.ffn_gate_inp.weight` (router
+  [n_expert, n_embd]) and `ffn_gate_exps/ffn_up_exps/ffn_down_exps.weight`, 3-D in the file, each
+  one QWeight of all experts' rows stacked ([n_expert * n_ff_exp, n_embd] / [n_expert * n_embd,
+  n_ff_exp]; expert e's rows start at e * rows_per_expert). Matrices are `QWeight` in their file type,
   sharing memory with the file's copy-on-write mapping, which is never written (`mapped`: a
   backend that repacks a matrix may drop its pages from memory afterwards);
   1-D tensors are float32.
@@ -76,6 +79,13 @@ class ModelConfig:
     sliding_window: int = 0
     swa_layers: list[bool] | None = None
     rope_freq_base_swa: float = 10000.0
+    # mixture of experts (qwen3moe, runtime/arch/qwen3moe.py): experts per layer, per token, each
+    # expert's FFN length, and how the chosen experts' weights are normalized / scaled
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    expert_weights_norm: bool = False
+    expert_weights_scale: float = 0.0
     # float32 [n_rot/2] divisors of the rope frequencies (llama3 rope) == weights["rope_freqs.weight"]
     rope_freq_factors: torch.Tensor | None = None
 

@@ -1,4 +1,4 @@
-"""Decoder forward for llama / mistral / qwen2 / qwen3 / gemma / gemma2 / gemma3 over the paged KV cache.
+"""Decoder forward for llama / mistral / qwen2 / qwen3 / qwen3moe / gemma / gemma2 / gemma3 over the paged KV cache.
 
 One `forward` call processes a batch of sequences of different lengths (prefill chunks and
 single decode tokens mixed): their new tokens are concatenated into one [T] row of tokens, every
@@ -6,7 +6,7 @@ matmul runs once over all T rows (weights read once per step), and attention goe
 `paged_attention` with per-sequence block tables. Every op comes from the model's kernel backend
 (`kernels.Backend`, chosen from the device). What differs between architectures (embedding scale,
 GeGLU, post-norms, soft-caps, sliding windows, per-layer RoPE bases) is plain data from
-`runtime.arch.spec_for(cfg)`.
+`runtime.arch.spec_for(cfg)`; a mixture-of-experts FFN (qwen3moe) is `runtime.arch.qwen3moe.MoeFFN`.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import torch
 import kernels
 from kernels.qweight import QWeight
 from runtime.arch import spec_for
+from runtime.arch.qwen3moe import MoeFFN
 from runtime.kv_cache import KVCache, SeqKV
 from runtime.lora import RowLora
 
@@ -63,12 +64,13 @@ class Layer:
     k_norm: torch.Tensor | None
     wo: QWeight
     ffn_norm: torch.Tensor
-    w_gate_up: list[QWeight]  # gate, up as `kernels.prepare_weights` returns them
-    w_down: QWeight
+    w_gate_up: list[QWeight]  # gate, up as `kernels.prepare_weights` returns them ([] with `moe`)
+    w_down: QWeight | None  # None with `moe`
     post_attn_norm: torch.Tensor | None = None  # gemma2/3
     post_ffn_norm: torch.Tensor | None = None
     window: int = 0  # sliding window of this layer (0: global attention)
     inv_freq: torch.Tensor | None = None  # this layer's RoPE frequencies
+    moe: MoeFFN | None = None  # the FFN is a mixture of experts (qwen3moe)
 
 
 def _matmul_rows(ops: kernels.Backend, x: torch.Tensor, ws: list[QWeight]) -> torch.Tensor:
@@ -196,22 +198,28 @@ class Model:
             self.tok_embd = self.output = q("token_embd.weight")
         self.output_norm = t("output_norm.weight")
         self.spec = spec = spec_for(cfg)
+        if spec.moe and tp is not None:
+            raise ValueError(f"{cfg.arch}: tensor parallelism (-tp) is not supported for mixture-of-experts models")
         self.inv_freq = rope_inv_freq(cfg).to(dev)
         self.layers: list[Layer] = []
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
             bias = [t(p + f"attn_{n}.bias") for n in "qkv"]
             bqkv = torch.cat(bias).to(self.act_dtype) if all(b is not None for b in bias) else None
+            if spec.moe:
+                ffn = dict(w_gate_up=[], w_down=None,
+                           moe=MoeFFN.load(ops, w, p, cfg, dev, unpack, self.packed_quantized))
+            else:
+                ffn = dict(w_gate_up=fused([p + "ffn_gate.weight", p + "ffn_up.weight"]), w_down=q(p + "ffn_down.weight"))
             self.layers.append(Layer(
                 attn_norm=t(p + "attn_norm.weight"), wqkv=fused([p + f"attn_{n}.weight" for n in "qkv"]),
                 bqkv=bqkv, q_norm=t(p + "attn_q_norm.weight"), k_norm=t(p + "attn_k_norm.weight"),
-                wo=q(p + "attn_output.weight"), ffn_norm=t(p + "ffn_norm.weight"),
-                w_gate_up=fused([p + "ffn_gate.weight", p + "ffn_up.weight"]), w_down=q(p + "ffn_down.weight"),
+                wo=q(p + "attn_output.weight"), ffn_norm=t(p + "ffn_norm.weight"), **ffn,
                 post_attn_norm=t(p + "post_attention_norm.weight"), post_ffn_norm=t(p + "post_ffw_norm.weight"),
                 window=spec.window(i), inv_freq=self._layer_inv_freq(cfg, i)))
         self.rope_inv_freqs = [L.inv_freq for L in self.layers]  # per layer, for re-rotating cached keys
         self.n_head, self.n_head_kv, self.head_dim = cfg.n_head, cfg.n_head_kv, cfg.head_dim
-        self.n_ff = self.layers[0].w_down.cols
+        self.n_ff = cfg.n_ff_exp if spec.moe else self.layers[0].w_down.cols
         self.eps = float(cfg.rms_eps)
         self.neox = bool(cfg.rope_neox)
         self.scale = spec.attn_scale if spec.attn_scale is not None else rope_attn_scale(cfg) / math.sqrt(self.head_dim)
@@ -288,16 +296,19 @@ class Model:
             if L.post_attn_norm is not None:
                 h = ops.rms_norm(h, L.post_attn_norm, self.eps)
             x, residual = ops.add_rms_norm(h, residual, L.ffn_norm, self.eps)
-            gu = _matmul_rows(ops, x, L.w_gate_up)  # [T, 2F]
-            if lora is not None:
-                lora.add(gu, x, [p + "ffn_gate.weight", p + "ffn_up.weight"], [self.n_ff, self.n_ff])
-            gate, up = gu.split([self.n_ff, self.n_ff], dim=1)
-            a = act(gate, up)
-            h = ops.qmatmul(a, L.w_down)
-            if lora is not None:
-                lora.add(h, a, [p + "ffn_down.weight"])
-            if self.tp is not None:
-                self.tp.group.all_reduce(h)
+            if L.moe is not None:  # routed experts (no LoRA on them; no -tp)
+                h = L.moe(ops, x)
+            else:
+                gu = _matmul_rows(ops, x, L.w_gate_up)  # [T, 2F]
+                if lora is not None:
+                    lora.add(gu, x, [p + "ffn_gate.weight", p + "ffn_up.weight"], [self.n_ff, self.n_ff])
+                gate, up = gu.split([self.n_ff, self.n_ff], dim=1)
+                a = act(gate, up)
+                h = ops.qmatmul(a, L.w_down)
+                if lora is not None:
+                    lora.add(h, a, [p + "ffn_down.weight"])
+                if self.tp is not None:
+                    self.tp.group.all_reduce(h)
             if L.post_ffn_norm is not None:
                 h = ops.rms_norm(h, L.post_ffn_norm, self.eps)
         return h + residual  # [T, C] final residual stream

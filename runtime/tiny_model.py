@@ -1,7 +1,10 @@
 """Random-weight GGUF models for tests, benchmarks and the server's default model.
 
 - `TinyModelSpec`: the shape (defaults: the lesson's model: llama, 4 layers, 256 dims, 8 heads,
-  2 KV heads, FFN 704, context 4096) plus weight type and seed.
+  2 KV heads, FFN 704, context 4096) plus weight type and seed. `qwen3moe`: qwen3 attention and a
+  mixture-of-experts FFN (`n_expert` experts of `n_ff_exp` rows, `n_expert_used` per token; router
+  `ffn_gate_inp` kept in F32 as llama.cpp's quantizer keeps it; experts as 3-D `ffn_*_exps`).
+  `MOE_SPEC` is the tests' tiny one.
 - `write_tiny_model(path, spec, vocab=None | path to a vocab-only GGUF | "builtin")` writes the
   file with `gguf.GGUFWriter`. With `/work/shared/vocab/ggml-vocab-qwen2.gguf` and `--type f32`
   it has exactly the lesson's 80,611,584 parameters and 322,446,336 bytes of tensor data.
@@ -29,7 +32,7 @@ from runtime.gguf import KV, read_gguf
 
 __all__ = [
     "TinyModelSpec", "write_tiny_model", "vocab_from_gguf", "ensure_default_model", "quantize",
-    "BUILTIN_SPEC", "WEIGHT_TYPES",
+    "BUILTIN_SPEC", "MOE_SPEC", "WEIGHT_TYPES", "ARCHS",
 ]
 
 Q = GGMLQuantizationType
@@ -37,7 +40,7 @@ Q = GGMLQuantizationType
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    arch: str = "llama"  # llama | mistral | qwen2 | qwen3
+    arch: str = "llama"  # one of ARCHS
     n_layer: int = 4
     n_embd: int = 256
     n_head: int = 8
@@ -54,10 +57,20 @@ class TinyModelSpec:
     n_vocab: int = 0  # only used without a vocabulary (0: 256)
     tie_embeddings: bool = False  # True: no output.weight (the output reuses token_embd)
     random_blocks: bool = False  # quantized tensors as random GGUF blocks (fast for 8B shapes)
+    n_expert: int = 8  # qwen3moe: experts per layer
+    n_expert_used: int = 2  # qwen3moe: experts per token
+    n_ff_exp: int = 64  # qwen3moe: rows of each expert's gate / up (cols of its down)
+    router_std: float = 0.0  # qwen3moe: std of the router weights (0: init_std)
 
 
 BUILTIN_SPEC = TinyModelSpec(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=352,
                              name="tritium-builtin-tiny", seed=1234)
+# the tests' tiny qwen3moe (2 layers, 8 experts of 64 rows, 2 used, head_dim 32); the router's
+# weights are larger than the others' so that the experts' choice is clear-cut
+MOE_SPEC = TinyModelSpec(arch="qwen3moe", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256,
+                         n_ctx=512, head_dim=32, name="tiny-random-qwen3moe", seed=3,
+                         n_expert=8, n_expert_used=2, n_ff_exp=64, router_std=0.5, init_std=0.05)
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe")
 _BUILTIN_VERSION = 1  # bump when the built-in vocab/spec changes (cache file name)
 
 
@@ -178,7 +191,9 @@ def _tensor_type(name: str, wtype: str, layer: int, n_layer: int, cols: int) -> 
     t = base
     if name == "output.weight" and base in (Q.Q4_0, Q.Q4_K):
         t = Q.Q6_K  # llama.cpp keeps the output matrix at Q6_K for these mixes
-    elif base == Q.Q4_K and name.endswith(("attn_v.weight", "ffn_down.weight")):
+    elif name.endswith("ffn_gate_inp.weight"):
+        return Q.F32  # llama.cpp's quantizer never quantizes the router
+    elif base == Q.Q4_K and name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")):
         # Q4_K_M: more bits for a subset of the layers (llama.cpp's use_more_bits)
         if layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2:
             t = Q.Q6_K
@@ -230,10 +245,15 @@ def tensor_shapes(spec: TinyModelSpec, n_vocab: int) -> list[tuple[str, tuple[in
         if spec.arch == "qwen2":
             out += [(p + "attn_q.bias", (q_dim,)), (p + "attn_k.bias", (kv_dim,)),
                     (p + "attn_v.bias", (kv_dim,))]
-        if spec.arch == "qwen3":
+        if spec.arch in ("qwen3", "qwen3moe"):
             out += [(p + "attn_q_norm.weight", (hd,)), (p + "attn_k_norm.weight", (hd,))]
         out.append((p + "attn_output.weight", (spec.n_embd, q_dim)))
         out.append((p + "ffn_norm.weight", (spec.n_embd,)))
+        if spec.arch == "qwen3moe":  # numpy shapes [n_expert, rows, cols] (GGUF ne reversed)
+            E, F = spec.n_expert, spec.n_ff_exp
+            out += [(p + "ffn_gate_inp.weight", (E, spec.n_embd)), (p + "ffn_gate_exps.weight", (E, F, spec.n_embd)),
+                    (p + "ffn_up_exps.weight", (E, F, spec.n_embd)), (p + "ffn_down_exps.weight", (E, spec.n_embd, F))]
+            continue
         out.append((p + "ffn_gate.weight", (spec.n_ff, spec.n_embd)))
         out.append((p + "ffn_up.weight", (spec.n_ff, spec.n_embd)))
         out.append((p + "ffn_down.weight", (spec.n_embd, spec.n_ff)))
@@ -248,7 +268,7 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
     """Write a random-weight GGUF. `vocab`: a vocab-only GGUF path (every `tokenizer.*` key is
     copied), "builtin" (see `builtin_vocab`), a list of keys, or None (no tokenizer;
     `spec.n_vocab` rows, default 256)."""
-    if spec.arch not in ("llama", "mistral", "qwen2", "qwen3"):
+    if spec.arch not in ARCHS:
         raise ValueError(f"unsupported arch {spec.arch!r}")
     if spec.wtype not in WEIGHT_TYPES:
         raise ValueError(f"unsupported weight type {spec.wtype!r} (one of {', '.join(WEIGHT_TYPES)})")
@@ -278,7 +298,13 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
     w.add_rope_freq_base(spec.rope_freq_base)
     w.add_layer_norm_rms_eps(spec.rms_eps)
     w.add_rope_dimension_count(hd)
-    if spec.head_dim is not None or spec.arch == "qwen3":
+    if spec.arch == "qwen3moe":
+        if not 0 < spec.n_expert_used <= spec.n_expert:
+            raise ValueError("qwen3moe needs 0 < n_expert_used <= n_expert")
+        w.add_expert_count(spec.n_expert)
+        w.add_expert_used_count(spec.n_expert_used)
+        w.add_expert_feed_forward_length(spec.n_ff_exp)
+    if spec.head_dim is not None or spec.arch in ("qwen3", "qwen3moe"):
         w.add_key_length(hd)
         w.add_value_length(hd)
     w.add_vocab_size(n_vocab)
@@ -302,13 +328,16 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
             w.add_tensor(name, arr)
             continue
         layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
-        qtype = _tensor_type(name, spec.wtype, layer, spec.n_layer, shape[1])
+        qtype = _tensor_type(name, spec.wtype, layer, spec.n_layer, shape[-1])
+        rows = int(np.prod(shape[:-1]))  # 3-D expert tensors: every expert's rows stacked
+        std = spec.router_std if name.endswith("ffn_gate_inp.weight") and spec.router_std else spec.init_std
         if spec.random_blocks and qtype in _SCALE_FIELDS:
-            data = random_blocks(shape[0], shape[1], qtype, rng, spec.init_std)
+            data = random_blocks(rows, shape[-1], qtype, rng, std)
         else:
-            x = rng.standard_normal(shape, dtype=np.float32)
-            x *= spec.init_std
+            x = rng.standard_normal((rows, shape[-1]), dtype=np.float32)
+            x *= std
             data = quantize(x, qtype)
+        data = data.reshape(*shape[:-1], data.shape[-1])
         if qtype in (Q.F32, Q.F16):
             w.add_tensor(name, data)
         else:

@@ -6,6 +6,9 @@ The lesson's model:
         --out tiny-random-qwen2vocab-f32.gguf
 The self-contained built-in model (small ChatML BPE vocabulary, 2 layers, 128 dims):
     python scripts/make_tiny_model.py --builtin --out tiny.gguf
+The tests' tiny qwen3moe (runtime.tiny_model.MOE_SPEC: 2 layers, 8 experts, 2 used; the built-in
+vocabulary unless --vocab is given):
+    python scripts/make_tiny_model.py --arch qwen3moe --out tiny-qwen3moe.gguf [--type q8_0]
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.tiny_model import BUILTIN_SPEC, WEIGHT_TYPES, TinyModelSpec, write_tiny_model  # noqa: E402
+from runtime.tiny_model import (  # noqa: E402
+    ARCHS, BUILTIN_SPEC, MOE_SPEC, WEIGHT_TYPES, TinyModelSpec, write_tiny_model)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="built-in byte-level BPE vocabulary and the built-in (smaller) shape")
     ap.add_argument("--type", default="f32", choices=sorted(WEIGHT_TYPES), help="weight type")
     ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--arch", choices=["llama", "mistral", "qwen2", "qwen3"])
+    ap.add_argument("--arch", choices=list(ARCHS))
     ap.add_argument("--layers", type=int)
     ap.add_argument("--embd", type=int)
     ap.add_argument("--heads", type=int)
@@ -37,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-dim", type=int)
     ap.add_argument("--ff", type=int)
     ap.add_argument("--ctx", type=int)
+    ap.add_argument("--experts", type=int, help="qwen3moe: experts per layer")
+    ap.add_argument("--experts-used", type=int, help="qwen3moe: experts per token")
+    ap.add_argument("--ff-exp", type=int, help="qwen3moe: FFN length of each expert")
     ap.add_argument("--rope-base", type=float)
     ap.add_argument("--rms-eps", type=float)
     ap.add_argument("--n-vocab", type=int, help="vocabulary rows when no vocabulary is given")
@@ -48,14 +55,16 @@ def main(argv: list[str] | None = None) -> int:
                          "random floats (seconds instead of hours for an 8B shape)")
     a = ap.parse_args(argv)
 
-    base = BUILTIN_SPEC if a.builtin else TinyModelSpec()
-    overrides = dict(arch=a.arch, n_layer=a.layers, n_embd=a.embd, n_head=a.heads,
+    moe = a.arch == "qwen3moe"
+    base = MOE_SPEC if moe else BUILTIN_SPEC if a.builtin else TinyModelSpec()
+    builtin = a.builtin or (moe and not a.vocab)
+    overrides = dict(n_expert=a.experts, n_expert_used=a.experts_used, n_ff_exp=a.ff_exp, arch=a.arch, n_layer=a.layers, n_embd=a.embd, n_head=a.heads,
                      n_head_kv=a.kv_heads, head_dim=a.head_dim, n_ff=a.ff, n_ctx=a.ctx,
                      rope_freq_base=a.rope_base, rms_eps=a.rms_eps, seed=a.seed,
                      n_vocab=a.n_vocab, name=a.name, tie_embeddings=a.tied, random_blocks=a.random_blocks)
     spec = replace(base, wtype=a.type, **{k: v for k, v in overrides.items() if v is not None})
     t0 = time.perf_counter()
-    out = write_tiny_model(a.out, spec, vocab="builtin" if a.builtin else a.vocab)
+    out = write_tiny_model(a.out, spec, vocab="builtin" if builtin else a.vocab)
     size = out.stat().st_size
     print(f"wrote {out} ({size / 1e6:.1f} MB, {spec.arch}, {spec.n_layer} layers, "
           f"{spec.n_embd} dims, {a.type}) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)

@@ -83,7 +83,7 @@ def main() -> None:
     m = Model(lm)
     print(f"model: {Path(args.model).name}  load + prepare: {time.perf_counter() - t0:.2f} s wall, "
           f"{time.process_time() - c0:.2f} s CPU; layouts: "
-          f"{sorted({w.layout for L in m.layers for w in [*L.wqkv, L.wo, *L.w_gate_up, L.w_down]})}, "
+          f"{sorted({w.layout for L in m.layers for w in [*L.wqkv, L.wo, *L.w_gate_up, L.w_down] if w is not None})}, "
           f"head {m.output.layout}")
     timed = TimedOps(m.ops, weight_names(m))
     m.ops = timed

@@ -51,7 +51,7 @@ def quantize_ref(x: np.ndarray, kind: str):
         amax = np.abs(xb).max(axis=2)
         with np.errstate(divide="ignore"):
             idv = np.where(amax != 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
-        d = (amax / np.float32(127.0)).astype(np.float32)
+        d = (amax / np.float32(127.0)).astype(np.float32).astype(np.float16).astype(np.float32)  # stored as fp16
         q = np.rint((xb * idv[:, :, None]).astype(np.float32)).astype(np.int64)
         return q.reshape(M, K), d.astype(np.float64), q.sum(axis=2)
     xb = x.reshape(M, K // 256, 256)

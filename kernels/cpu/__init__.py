@@ -5,6 +5,7 @@ fastest path this machine has and falling back to the torch reference (`kernels.
 | --- | --- |
 | `matmul.py` | weight layouts chosen at load (`prepare_weight`, `prepare_weights`); `qmatmul`, `dequantize`, `embedding` over each (C GEMV tiles, BLAS) |
 | `attention.py` | `paged_attention`: C decode kernel reading the paged cache in place, batched torch decode, else the reference |
+| `moe.py` | mixture-of-experts FFN: experts prepared one by one at load, tokens grouped by expert, one matmul per used expert |
 | `topk.py` | `topk` over one long row (numpy); `topk_logits` through an int8 copy of the output head |
 | `gemv.py` + `gemv.c` | batched GEMV on 64-row float tiles (float32/float16/bfloat16) and int8 tiles with row scales |
 | `qdot.py` + `qdot*.c` | integer-dot quantized matmul: GGUF blocks regrouped into 8-row panels (same size), activations quantized to 8 bits per block, one ISA build each (scalar, AVX2, AVX-VNNI, AVX-512 VNNI) |
@@ -19,8 +20,9 @@ SiLU and the KV write are the reference's (torch); RMSNorm and RoPE are one C ca
 (`pointwise.py` + `pointwise.c`: the torch ops' overhead outweighed their arithmetic at decode).
 Nothing here imports triton.
 """
-from ..ref import gelu_mul, silu_mul, write_kv  # noqa: F401
+from ..ref import gelu_mul, moe_route, silu_mul, write_kv  # noqa: F401
 from .pointwise import add_rms_norm, rms_norm, rope  # noqa: F401
 from .attention import paged_attention  # noqa: F401
 from .matmul import dequantize, embedding, packs_quantized, prepare_weight, prepare_weights, qmatmul  # noqa: F401
+from .moe import moe_ffn, prepare_experts  # noqa: F401
 from .topk import prepare_topk_head, topk, topk_logits  # noqa: F401

@@ -112,6 +112,28 @@ static inline float qd_f16(uint16_t h) {
     float f; memcpy(&f, &u, 4); return f;
 }
 
+/* x rounded to the nearest IEEE half (ties to even; half subnormals kept, underflow to 0), back
+   in float32: what llama.cpp's GGML_CPU_FP32_TO_FP16 stores (F16C's vcvtps2ph with rounding mode
+   0, or ggml's portable bit trick, which this one is). */
+static inline float qd_round_f16(float x) {
+#if defined(__F16C__)
+    return _cvtsh_ss(_cvtss_sh(x, 0));
+#else
+    uint32_t w; memcpy(&w, &x, 4);
+    const uint32_t shl1 = w + w, sign = w & 0x80000000u;
+    float base = (fabsf(x) * 0x1.0p+112f) * 0x1.0p-110f;
+    uint32_t bias = shl1 & 0xFF000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    const uint32_t bb = (bias >> 1) + 0x07800000u;
+    float fb; memcpy(&fb, &bb, 4);
+    base = fb + base;
+    uint32_t bits; memcpy(&bits, &base, 4);
+    const uint32_t nonsign = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
+    const uint16_t h = (uint16_t)((sign >> 16) | (shl1 > 0xFF000000u ? 0x7E00u : nonsign));
+    return qd_f16(h);
+#endif
+}
+
 /* Decoded panel (scratch), one per thread: codes [K / 4][32] u8 (8-bit Q8_0 codes stay signed
    except in the VNNI build, where they are biased by +128); per block: d [8] and dmin / m [8]
    float32; K-quants also sc [nsub][8] int32 (in the AVX2 build an int16 pair (s, s) per lane, for

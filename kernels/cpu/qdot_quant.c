@@ -2,8 +2,10 @@
 
    q8_0 (for the 32-block weight types), per block of 32:
        amax = max |x|, d = amax / 127, id = amax ? 127 / amax : 0, q = round_half_even(x * id)
-       (llama.cpp's AVX2 quantize_row_q8_0); d is kept in float32 (llama.cpp rounds it to fp16),
-       and the int32 sum of the 32 codes is kept exactly (llama.cpp's q8_1 keeps d * sum in fp16).
+       (llama.cpp's AVX2 quantize_row_q8_0); d is rounded to fp16 as llama.cpp stores it (the codes
+       use the unrounded id, as there), and the int32 sum of the 32 codes is kept exactly
+       (llama.cpp's q8_1, for Q4_1 / Q5_1, keeps d * sum in fp16). Keeping d in float32 instead
+       parted greedy tokens from llama-server's on Q8_0 models (tests/test_qwen3moe.py).
    q8_K (for the K-quants), per block of 256 (quantize_row_q8_K_ref):
        max = the first x of largest |x|, iscale = -127 / max, q = min(127, round_half_even(iscale * x)),
        d = 1 / iscale, bsum[16] = sums of 16 consecutive codes.
@@ -17,7 +19,7 @@ static void q8_0_row_scalar(const float *x, int K, int8_t *q, float *d, int32_t 
         float amax = 0.0f;
         for (int j = 0; j < 32; ++j) { const float a = fabsf(xb[j]); amax = a > amax ? a : amax; }
         const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        d[b] = amax / 127.0f;
+        d[b] = qd_round_f16(amax / 127.0f);
         int sum = 0;
         for (int j = 0; j < 32; ++j) {
             const int v = (int)nearbyintf(xb[j] * id);
@@ -80,7 +82,7 @@ static void q8_0_row(const float *x, int K, int8_t *q, float *d, int32_t *s) {
                                  _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
         const float amax = hmax8(m);
         const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        d[b] = amax / 127.0f;
+        d[b] = qd_round_f16(amax / 127.0f);
         const __m256 mul = _mm256_set1_ps(id);
         const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, mul)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, mul));
         const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, mul)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, mul));

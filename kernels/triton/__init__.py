@@ -18,6 +18,7 @@ autotune configs beside it:
 | `rope.py` | `_rope_kernel` |
 | `silu_mul.py` | `_silu_mul_kernel` |
 | `write_kv.py` | `_write_kv_kernel` |
+| `moe_gemm.py` | `_moe_gemm_kernel`: `moe_ffn` (tokens grouped by expert, dequantizing grouped GEMM, SwiGLU fused) |
 
 plus the device functions they share: `gguf_tl.py` (GGUF blocks dequantized in registers) and
 `attend_tile.py` (one online-softmax step); `tuning.py` (the matmul launch configs, timed at
@@ -30,7 +31,9 @@ from __future__ import annotations
 import torch
 
 from ..qweight import QWeight
-from ..ref import cat_rows, gelu_mul, packs_quantized, prepare_topk_head, topk  # noqa: F401  (device-agnostic torch)
+from ..ref import cat_rows, gelu_mul, moe_route, packs_quantized, prepare_topk_head, topk  # noqa: F401  (device-agnostic torch)
+from ..ref import prepare_experts  # noqa: F401  (the stacked GGUF layout, as the kernels read it)
+from .moe_gemm import moe_ffn  # noqa: F401
 from .dequant import dequantize, embedding  # noqa: F401
 from .norm import add_rms_norm, rms_norm  # noqa: F401
 from .paged_decode import paged_decode

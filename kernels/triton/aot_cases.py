@@ -208,12 +208,37 @@ def small_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
                     lambda k=k, kc=kc, slots=slots: write_kv(k, k, kc, kc.clone(), slots))
 
 
+# mixture-of-experts FFN shapes: (name, n_embd, expert FFN length, experts, experts per token);
+# the expert count changes no variant, so the cases hold 8 of Qwen3-30B-A3B's 128
+MOE_SHAPES = (("qwen3-30b-a3b", 2048, 768, 8, 8),)
+
+
+def moe_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
+    """The fused MoE grouped GEMM (gated gate/up launch and down launch) per type mix, activation
+    dtype and pair count (BLOCK_M 16 for decode batches, 64 for prefill)."""
+    from . import moe_ffn
+    from ..qweight import Experts
+
+    mixes = (("Q4_K", "Q6_K"),) if sc.quick else tuple((q, q) for q in Q_ALL) + (("Q4_K", "Q6_K"),)
+    for name, C, F, E, k in MOE_SHAPES:
+        for qa, qd in mixes:
+            ex = Experts(E, F, C, empty_qweight(qa, E * F, C), empty_qweight(qa, E * F, C), empty_qweight(qd, E * C, F))
+            for act in sc.act_dtypes():
+                for T in ((1, 16) if sc.quick else (1, 3, 16, 64)):
+                    x = torch.empty(T, C, dtype=act)
+                    ids = torch.zeros(T, k, dtype=torch.int64)
+                    w = torch.ones(T, k)
+                    yield f"moe_ffn {name} {qa}/{qd} T={T} {str(act)[6:]}", (
+                        lambda x=x, ex=ex, w=w, ids=ids: moe_ffn(x, ex, w, ids))
+
+
 # op family -> its cases; extend here when a kernel is added
 CASES: dict[str, Callable[[Scope], Iterator[tuple[str, Case]]]] = {
     "qmatmul": qmatmul_cases,
     "dequant": dequant_cases,
     "attention": attention_cases,
     "small": small_cases,
+    "moe": moe_cases,
 }
 
 

@@ -3,20 +3,21 @@
 `runtime.model.Model` runs one decoder loop for every supported architecture; an `ArchSpec`
 says what varies: the embedding scale, the FFN activation, the extra norms, the attention scale
 and soft-caps, and per layer the sliding window and the RoPE base. The architecture modules
-(`runtime/arch/gemma.py`) read their GGUF keys into `ModelConfig` (`configure`) and derive the
-spec (`spec_for`); llama / mistral / qwen2 / qwen3 use the default spec.
+(`runtime/arch/gemma.py`, `runtime/arch/qwen3moe.py`) read their GGUF keys into `ModelConfig`
+(`configure`) and derive the spec (`spec_for`); llama / mistral / qwen2 / qwen3 use the default
+spec. `moe`: the FFN of every layer is a mixture of experts (`qwen3moe.MoeFFN`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import gemma
+from . import gemma, qwen3moe
 
 # arch -> NEOX rope (half-split pairs) or the "normal" pairwise rope (GGUF llama weights are
 # permuted for it); the loader accepts exactly these
 ROPE_NEOX = {"llama": False, "mistral": False, "qwen2": True, "qwen3": True,
-             **{a: True for a in gemma.ARCHS}}
+             **{a: True for a in gemma.ARCHS}, **{a: True for a in qwen3moe.ARCHS}}
 
 
 @dataclass
@@ -29,6 +30,7 @@ class ArchSpec:
     final_softcap: float = 0.0  # tanh soft-cap of the output logits (gemma2)
     windows: list[int] = field(default_factory=list)  # per layer: sliding window (0: global attention)
     rope_bases: list[float] = field(default_factory=list)  # per layer: RoPE base (empty: cfg.rope_freq_base)
+    moe: bool = False  # mixture-of-experts FFN in every layer (runtime/arch/qwen3moe.py)
 
     def window(self, layer: int) -> int:
         return self.windows[layer] if self.windows else 0
@@ -38,11 +40,15 @@ def configure(md: dict[str, Any], cfg) -> None:
     """Fill the architecture's own ModelConfig fields from GGUF metadata (the loader calls it)."""
     if cfg.arch in gemma.ARCHS:
         gemma.configure(md, cfg)
+    elif cfg.arch in qwen3moe.ARCHS:
+        qwen3moe.configure(md, cfg)
 
 
 def spec_for(cfg) -> ArchSpec:
     if cfg.arch in gemma.ARCHS:
         return ArchSpec(**gemma.spec_fields(cfg))
+    if cfg.arch in qwen3moe.ARCHS:
+        return ArchSpec(**qwen3moe.spec_fields(cfg))
     return ArchSpec()
 
 

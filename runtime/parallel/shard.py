@@ -97,6 +97,8 @@ def shard_loaded(lm, group: TPGroup):
     """(a LoadedModel holding this rank's shard, its TPShard). `lm` is the mapped file: only the
     shard's pages are ever read."""
     cfg = lm.config
+    if cfg.n_expert:
+        raise ValueError(f"{cfg.arch}: tensor parallelism (-tp) is not supported for mixture-of-experts models")
     heads = HeadSplit(cfg.n_head, cfg.n_head_kv, group.world, group.rank)
     w = dict(lm.weights)
     D = cfg.head_dim

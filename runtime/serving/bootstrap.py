@@ -200,7 +200,7 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
 def tune_kernels(model: Model, n_batch: int, n_slots: int, log: Log) -> None:
     """Launch configs of every matmul shape chosen now (CUDA + Triton), not on a request's time."""
     t0 = time.perf_counter()
-    ws = [w for L in model.layers for w in (*L.wqkv, L.wo, *L.w_gate_up, L.w_down)]
+    ws = [w for L in model.layers for w in (*L.wqkv, L.wo, *L.w_gate_up, L.w_down) if w is not None]
     n = kernels.tune(model.ops, ws, model.act_dtype, n_batch, model.output, max(1, n_slots))
     if n:
         log("I", f"srv    load_model: matmul launch configs timed for {n} (rows, shape) keys in {time.perf_counter() - t0:.1f} s")

@@ -1,0 +1,42 @@
+"""Mixture-of-experts FFN on the CPU: each expert prepared once at load like any other matmul
+weight (its gate and up as one `prepare_weights` group, its down by `prepare_weight`: integer-dot
+panels for the quantized types qdot has, float tiles / BLAS layouts otherwise), and per step the
+tokens grouped by expert (`ref.moe_grouped`), so that each used expert's weights are read once for
+all the tokens routed to it: one gate+up matmul, SiLU, one down matmul per used expert. Routing
+is the reference's (`ref.moe_route`, torch)."""
+from __future__ import annotations
+
+import torch
+
+from .. import ref
+from ..qweight import Experts, QWeight
+from .matmul import prepare_weight, prepare_weights, qmatmul
+
+
+def prepare_experts(gate: QWeight, up: QWeight, down: QWeight, n_expert: int, unpack_quantized: bool = False,
+                    pack_quantized: bool = True) -> Experts:
+    """Once at load: every expert's weights split out of the stacked tensors and prepared."""
+    if gate.data.device.type != "cpu":
+        return ref.prepare_experts(gate, up, down, n_expert, unpack_quantized, pack_quantized)
+    n_ff, n_embd = gate.rows // n_expert, gate.cols
+    split = []
+    for e in range(n_expert):
+        gu = prepare_weights([Experts.rows_of(gate, e, n_ff), Experts.rows_of(up, e, n_ff)],
+                             unpack_quantized, pack_quantized)
+        split.append((gu, prepare_weight(Experts.rows_of(down, e, n_embd), unpack_quantized, pack_quantized)))
+    return Experts(n_expert, n_ff, n_embd, None, None, None, split)
+
+
+def moe_ffn(x: torch.Tensor, experts: Experts, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """`kernels.ref.moe_ffn`'s contract, one matmul per used expert over its tokens."""
+    if experts.split is None:
+        return ref.moe_ffn(x, experts, weights, ids)
+    F = experts.n_ff
+
+    def expert(e: int, xe: torch.Tensor) -> torch.Tensor:
+        gu_w, down = experts.split[e]
+        xf = xe.float()
+        gu = torch.cat([qmatmul(xf, w) for w in gu_w], dim=1) if len(gu_w) > 1 else qmatmul(xf, gu_w[0])
+        return qmatmul(ref.silu_mul(gu[:, :F], gu[:, F:]), down)
+
+    return ref.moe_grouped(x, weights, ids, expert)
