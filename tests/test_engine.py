@@ -258,8 +258,10 @@ def test_time_limit_stops_after_a_new_line(engine):
 
 def test_unified_cache_purges_idle_slots_when_full(model_path):
     """-np auto: 4 slots share one pool of n_ctx tokens; idle slots keep their prompts until a
-    new request needs the room, then the least recently used are purged (llama.cpp does the same)."""
-    e = _engine(model_path, n_ctx=256, n_parallel=-1)
+    new request needs the room, then the least recently used are purged (llama.cpp does the same).
+    With --cache-idle-slots (the default) idle slots of a unified cache are moved to the RAM cache and
+    cleared as soon as another task starts, so the purge is what --no-cache-idle-slots relies on."""
+    e = _engine(model_path, n_ctx=256, n_parallel=-1, cache_idle_slots=False)
     try:
         assert e.kv_unified and e.n_ctx_slot == 256
         for slot in range(3):
@@ -269,5 +271,21 @@ def test_unified_cache_purges_idle_slots_when_full(model_path):
         r = _run(e, " ".join(["other"] * 150), n_predict=4, id_slot=3)
         assert r.n_decoded == 4 and r.stop_type == "limit"
         assert any(not s.tokens for s in e.slots[:3])  # an idle slot's prompt was purged for it
+    finally:
+        e.stop()
+
+
+def test_unified_cache_moves_idle_slots_to_ram(model_path):
+    """--cache-idle-slots with -np auto: a task starting clears the other idle slots after saving
+    them to the RAM cache, and a later prompt that an idle slot held comes back from there."""
+    e = _engine(model_path, n_ctx=256, n_parallel=-1)
+    try:
+        prompt = " ".join(["word"] * 70)
+        first = _run(e, prompt, n_predict=2, id_slot=0, cache_prompt=True)
+        _run(e, " ".join(["other"] * 30), n_predict=2, id_slot=1, cache_prompt=True)
+        assert not e.slots[0].tokens and e.slots[1].tokens  # slot 0 went to RAM when slot 1 started
+        assert len(e.prompt_cache.entries) == 1
+        again = _run(e, prompt, n_predict=2, cache_prompt=True)  # no id_slot: the LRU slot, from RAM
+        assert again.timings.cache_n == first.timings.prompt_n - 1
     finally:
         e.stop()

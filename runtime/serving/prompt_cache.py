@@ -127,6 +127,8 @@ def swap_with_ram_cache(cache: PromptCache, kv: KVCache, s: Slot, prompt: list[i
     """When the slot's content is mostly lost to the new prompt (or the slot was picked as the least
     recently used one), save it to the RAM cache and load the entry that matches the prompt better,
     if any (`reserve` may purge idle slots to make room; without room the prompt is recomputed)."""
+    if not s.tokens and not by_lru:  # a slot asked for by id and empty: llama-server's f_keep is 0/0, no swap
+        return False
     lcp = common_prefix(s.tokens, prompt)
     f_keep = lcp / len(s.tokens) if s.tokens else 0.0
     if not (by_lru or f_keep < 0.5):
