@@ -107,15 +107,14 @@ def moe_align(ids: torch.Tensor, n_expert: int, block_m: int) -> tuple[torch.Ten
 def _blocks(M: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for M (token, slot) pairs: one small config under the
     interpreter. Decode-sized pair counts take runs of 16, prefill runs of 64 on 8 warps; float32
-    inputs (3xTF32: three products per tile) take smaller tiles on 8 warps, 2 stages. Checked with
-    scripts/aot_compile.py --only moe --arch 80,90 (every type, f32/f16/bf16): no spills but one
-    variant, float32 inputs on Q4_1 weights at prefill on sm_80 (8 B; float32 activations on CUDA
-    are not the default). Dropped: BLOCK_K 64 for decode (spilled on Q6_K), 4 warps for prefill
+    inputs (3xTF32: three products per tile) take smaller tiles on 8 warps, 2 stages (BLOCK_K 16 at
+    prefill: BLOCK_K 32 spilled 8 B on Q4_1 on sm_80). Checked with scripts/aot_compile.py --only moe
+    --arch 80,90 (every type, f32/f16/bf16): no spills. Dropped: BLOCK_K 64 for decode (spilled on Q6_K), 4 warps for prefill
     (Q5_0 Q5_1 Q2_K Q3_K Q6_K), float32 64 x 64 x 64 tiles (every type), 32 x 32 x 32 (4 types)."""
     if interpreting():
         return 16, 32, 32, 4, 1
     if dtype == torch.float32:
-        return (16, 32, 32, 8, 2) if M <= 64 else (64, 32, 32, 8, 2)
+        return (16, 32, 32, 8, 2) if M <= 64 else (64, 32, 16, 8, 2)
     return (16, 32, 32, 4, 3) if M <= 64 else (64, 64, 64, 8, 3)
 
 
