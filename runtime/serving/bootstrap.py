@@ -151,7 +151,8 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
         log("I", "srv    load_model: quantized weights dequantized once to float32 for the CPU path")
     elif model.packed_quantized:
         log("I", "srv    load_model: quantized weights repacked into integer tiles for the CPU kernels")
-    tk = load_tokenizer(path)
+    # a GGUF's metadata was read by the model loader: the tokenizer is built from it, not parsed again
+    tk = load_tokenizer(lm.gguf_metadata if getattr(lm, "gguf_metadata", None) else path)
     chat_template = _chat_template(cfg, tk)
     vocab = Vocabulary(tk, frozenset(tk.eot_ids), set(tk.control_ids()))
     for w in getattr(tk, "warnings", []):
