@@ -122,6 +122,11 @@ class PromptCache:
                 self.entries.pop(0)
 
 
+def save_slot(cache: PromptCache, kv: KVCache, s: Slot) -> bool:
+    """The slot's cached tokens and their KV into the RAM cache (False: already held there)."""
+    return cache.save(s.tokens, lambda: kv.export(s.seq, len(s.tokens)))
+
+
 def swap_with_ram_cache(cache: PromptCache, kv: KVCache, s: Slot, prompt: list[int], by_lru: bool,
                         reserve: Callable[[Slot, int], None]) -> bool:
     """When the slot's content is mostly lost to the new prompt (or the slot was picked as the least
@@ -134,7 +139,7 @@ def swap_with_ram_cache(cache: PromptCache, kv: KVCache, s: Slot, prompt: list[i
     if not (by_lru or f_keep < 0.5):
         return False
     if s.tokens:
-        cache.save(s.tokens, lambda: kv.export(s.seq, len(s.tokens)))
+        save_slot(cache, kv, s)
     entry = cache.take_best(s.tokens, prompt)
     if entry is not None:
         kv.clear(s.seq)  # its content is in the RAM cache now
@@ -153,7 +158,7 @@ def cache_idle_slot(cache: PromptCache, kv: KVCache, s: Slot, clear: bool) -> bo
     """`--cache-idle-slots`: an idle slot's content goes to the RAM cache when another slot starts a
     task (False: nothing new to save); with a unified KV cache the slot is then cleared, so its blocks
     serve the running tasks (llama-server's TAG_IDLE_SLOT_CLEAR)."""
-    saved = bool(s.tokens) and cache.save(s.tokens, lambda: kv.export(s.seq, len(s.tokens)))
+    saved = bool(s.tokens) and save_slot(cache, kv, s)
     if saved:
         cache.update()
     if clear and s.tokens:
