@@ -11,6 +11,8 @@ prefix increments the counts of its full blocks, and a write into a shared block
 """
 from __future__ import annotations
 
+import math
+import mmap
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -23,6 +25,15 @@ class OutOfBlocks(RuntimeError):
     pass
 
 
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor; on the CPU in an anonymous mapping whose pages the OS zero-fills on first
+    touch, so the cache costs resident memory only for the blocks that have been written."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.frombuffer(mmap.mmap(-1, max(n, 1)), dtype=torch.uint8)[:n].view(dtype).view(shape)
+
+
 @dataclass
 class BlockPool:
     """Free list and reference counts of KV blocks."""
@@ -31,13 +42,14 @@ class BlockPool:
     refs: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.free = deque(range(self.num_blocks))
+        self.free = deque(range(self.num_blocks - 1, -1, -1))
         self.refs = [0] * self.num_blocks
 
     def alloc(self) -> int:
+        # last freed, first reused: blocks that were never written stay untouched (see _zeros)
         if not self.free:
             raise OutOfBlocks("KV cache is full")
-        b = self.free.popleft()
+        b = self.free.pop()
         self.refs[b] = 1
         return b
 
@@ -70,8 +82,8 @@ class KVCache:
         self.block_size, self.num_blocks, self.dtype = block_size, num_blocks, dtype
         self.device = torch.device(device)
         shape = (num_blocks, block_size, n_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
+        self.k = [_zeros(shape, dtype, self.device) for _ in range(n_layers)]
+        self.v = [_zeros(shape, dtype, self.device) for _ in range(n_layers)]
         self.pool = BlockPool(num_blocks)
 
     # ---- sizes -------------------------------------------------------------------------

@@ -21,8 +21,15 @@ fi
 cd "llama_cpp_python-$VERSION/vendor/llama.cpp"
 GEN=()
 if command -v ninja > /dev/null; then GEN=(-G Ninja); fi
+# GGML_NATIVE compiles for this CPU, AMX included where /proc/cpuinfo lists it; but a virtual machine
+# may list amx_tile without letting a process use the tile registers (seen here: Xeon VMs whose
+# llama-server dies with SIGILL on `tilezero` in the first Q8_0 matmul), so AMX stays off: the AVX-512
+# VNNI paths are what llama.cpp runs on such a machine. LLAMA_NO_AMX=0 keeps it.
+NO_AMX=()
+if [ "${LLAMA_NO_AMX:-1}" = 1 ]; then NO_AMX=(-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"); fi
 cmake -B build "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON > "$OUT/cmake.log"
+    "${NO_AMX[@]}" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON > "$OUT/cmake.log"
 cmake --build build --target llama-server -j "$(nproc)" > "$OUT/build.log"
 # the binary finds its shared libraries through the build tree's RUNPATH: link, do not copy
 ln -sf "$PWD/build/bin/llama-server" "$OUT/llama-server"

@@ -148,4 +148,11 @@ def embedding(ids: torch.Tensor, w: QWeight) -> torch.Tensor:
         return gemv.rows(w.data, ids).float()
     if w.layout == "cols":
         return w.data[:, ids].T.float()
-    return ref.embedding(ids, w)
+    out = ref.embedding(ids, w)
+    if w.mapped and w.data.device.type == "cpu" and qdot.available():
+        # the table stays in the file mapping, gathered from in place; a fault maps the 64 KiB around
+        # each row (fault-around), so without this a long prompt leaves tens of MB of the table
+        # resident. Dropping the pages again is cheap (they stay in the page cache) and keeps the
+        # table out of the RSS, as llama.cpp's mmap does not.
+        qdot.release_pages(w.data)
+    return out

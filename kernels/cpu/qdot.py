@@ -273,6 +273,12 @@ def prepare(raw, qtype: int, rows: int, cols: int, n_threads: int | None = None,
     return QdotWeight(out, qtype, rows, cols)
 
 
+def release_pages(t: torch.Tensor) -> None:
+    """Drop the pages of a never-written file-mapped tensor from this process (they are re-read
+    from the page cache when touched again)."""
+    _lib().qd_release(t.data_ptr(), t.numel() * t.element_size())
+
+
 def quantize_activations(x: torch.Tensor, kind: str, n_threads: int | None = None) -> QActs:
     """x float32 [M, K] (rows may be strided) -> QActs of `kind` ("q8_0" or "q8_K")."""
     if x.dim() != 2:
