@@ -306,3 +306,26 @@ def test_pointwise_ops_match_the_reference(neox, D, R):
     assert got.shape == q.shape and float((got.double() - want).abs().max()) < 2e-4  # |angle| up to 4095 rad
     assert torch.equal(got[..., 2 * R:], q[..., 2 * R:])
     assert cpu.rope is pointwise.rope and torch.equal(cpu.rope(q.half(), pos, inv, neox), ref.rope(q.half(), pos, inv, neox))
+
+
+@pytest.mark.skipif(not cpu_gemv.available(), reason="no C compiler on this machine")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_write_kv_is_the_reference_bit_for_bit(dtype):
+    """pointwise.c's write_kv_f32: the same cache bytes as kernels.ref.write_kv (round to nearest even
+    into float16), negative slots skipped, strided inputs, an out-of-range slot refused."""
+    from kernels.cpu import pointwise
+    g = torch.Generator().manual_seed(7)
+    NB, BS, KVH, D, T = 6, 4, 2, 24, 9
+    k = torch.randn(T, 2 * KVH, D, generator=g)[:, ::2] * 70000 ** torch.rand(T, 1, 1, generator=g)  # strided, f16 overflow
+    v = torch.randn(T, KVH, D, generator=g) * 1e-6  # float16 subnormals
+    slots = torch.tensor([3, -1, 0, 23, 8, -1, 17, 5, 11])
+    start = [torch.randn(NB, BS, KVH, D, generator=g).to(dtype) for _ in range(2)]
+    caches = [[c.clone() for c in start] for _ in range(2)]
+    ref.write_kv(k, v, caches[0][0], caches[0][1], slots)
+    assert cpu.write_kv is pointwise.write_kv
+    cpu.write_kv(k, v, caches[1][0], caches[1][1], slots)
+    for a, b in zip(caches[0], caches[1]):
+        assert torch.equal(a.view(torch.int16 if dtype == torch.float16 else torch.int32),
+                           b.view(torch.int16 if dtype == torch.float16 else torch.int32))
+    with pytest.raises(IndexError):
+        cpu.write_kv(k, v, caches[1][0], caches[1][1], torch.full((T,), NB * BS))

@@ -7,6 +7,7 @@
 
 #define LV (16 / VW)  /* vectors per 16 floats */
 #define GB 4          /* query heads per pass over the V rows */
+#define PF_AHEAD 16   /* K rows prefetched ahead */
 
 /* Lanes 0..15 of s[0 .. LV-1] summed as: for h = 8, 4, 2, 1: s[i] += s[i + h] (i < h); s[0]. */
 static inline float sum16(const vf *s) {
@@ -103,18 +104,26 @@ static void attend_item(void *args, int item) {
     const float *qs = q + ((size_t)s * H + (size_t)kh * G) * D;
     float *os = out + ((size_t)s * H + (size_t)kh * G) * D;
     /* offset of position t's row: one table entry per block (a shift when BS is a power of 2) */
-    const int nblk = (L + BS - 1) >> bs_shift;
 #define KROW(cache, off) ((const char *)(cache) + (off) * (kv_f16 ? 2 : 4))
 #define ROW(t) ((((size_t)tab[(t) >> bs_shift] << bs_shift) + ((t) & (BS - 1))) * KVH + kh) * D
     float kf[D];  /* one K row widened once for the G query heads */
+    const int row_bytes = D * (kv_f16 ? 2 : 4);
+    for (int t = t0; t < L && t < t0 + PF_AHEAD; ++t) {
+        const char *kn = KROW(kc, ROW(t));
+        for (int b = 0; b < row_bytes; b += 64) __builtin_prefetch(kn + b);
+    }
     for (int t = t0; t < L; ++t) {
         const size_t row = ROW(t);
-        if ((t & (BS - 1)) == 0 && (t >> bs_shift) + 1 < nblk) {  /* next block's rows */
-            const size_t next = ROW(t + BS);
-            for (int i = 0; i < BS; ++i) {
-                __builtin_prefetch(KROW(kc, next + (size_t)i * KVH * D));
-                __builtin_prefetch(KROW(vc, next + (size_t)i * KVH * D));
-            }
+        /* the cache is cold here (every layer's weights passed through since this layer's last
+           step): each K row PF_AHEAD positions ahead and this position's V row (read by the
+           second pass, from L2 then) are requested line by line, so the reads overlap */
+        if (t + PF_AHEAD < L) {
+            const char *kn = KROW(kc, ROW(t + PF_AHEAD));
+            for (int b = 0; b < row_bytes; b += 64) __builtin_prefetch(kn + b);
+        }
+        {
+            const char *vn = KROW(vc, row);
+            for (int b = 0; b < row_bytes; b += 64) __builtin_prefetch(vn + b, 0, 2);
         }
         for (int c = 0; c < D16; c += 16) {
             vf k[LV];

@@ -50,3 +50,24 @@ void rope_f32(const float *restrict x, const long *restrict pos, const float *re
         }
     }
 }
+
+/* k, v: [T, W] float32 (W = KVH * D) -> rows slot[t] of k_cache / v_cache ([NB * BS, W] float16 when
+   f16, else float32); negative slots are skipped (padding). The conversion rounds to nearest even,
+   as torch's .to(torch.float16). */
+void write_kv_f32(const float *restrict k, const float *restrict v, void *restrict kc, void *restrict vc,
+                  const long *restrict slot, int T, int W, int f16) {
+    for (int t = 0; t < T; ++t) {
+        if (slot[t] < 0) continue;
+        const float *kt = k + (size_t)t * W, *vt = v + (size_t)t * W;
+        const size_t off = (size_t)slot[t] * W;
+        if (f16) {
+            _Float16 *kd = (_Float16 *)kc + off, *vd = (_Float16 *)vc + off;
+            for (int i = 0; i < W; ++i) kd[i] = (_Float16)kt[i];
+            for (int i = 0; i < W; ++i) vd[i] = (_Float16)vt[i];
+        } else {
+            float *kd = (float *)kc + off, *vd = (float *)vc + off;
+            for (int i = 0; i < W; ++i) kd[i] = kt[i];
+            for (int i = 0; i < W; ++i) vd[i] = vt[i];
+        }
+    }
+}

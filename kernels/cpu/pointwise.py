@@ -1,4 +1,4 @@
-"""RMSNorm, the fused residual add + RMSNorm, and RoPE on the CPU: the contracts of `kernels.ref`'s
+"""RMSNorm, the fused residual add + RMSNorm, RoPE and the KV cache write on the CPU: the contracts of `kernels.ref`'s
 ops, float32 CPU tensors through one C call each (`pointwise.c`), anything else (other dtypes, no
 compiler) through the reference. Same arithmetic as the reference up to float32 rounding (the
 mean of squares is summed in float64; cos/sin from the C library)."""
@@ -52,3 +52,23 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, neox:
     out = torch.empty_like(xc)
     lib.rope_f32(xc.data_ptr(), pos.data_ptr(), f.data_ptr(), out.data_ptr(), T, NH, D, R, int(neox))
     return out
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """The contract of `kernels.ref.write_kv`: float32 k/v [T, KVH, D] into a float16 or float32
+    cache in one C call (the reference's masking and two index_copy_ calls cost ~50 us per layer
+    of a decode step)."""
+    lib = _lib(k, v)
+    NB, BS, KVH, D = k_cache.shape
+    if (lib is None or k_cache.dtype not in (torch.float16, torch.float32) or v_cache.dtype != k_cache.dtype
+            or not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.device.type != "cpu"
+            or k.shape != v.shape or k.dim() != 3 or tuple(k.shape[1:]) != (KVH, D)
+            or slot_mapping.device.type != "cpu"):
+        return ref.write_kv(k, v, k_cache, v_cache, slot_mapping)
+    kc, vc = k.contiguous(), v.contiguous()
+    slots = slot_mapping.to(torch.int64).contiguous()
+    if slots.numel() and int(slots.max()) >= NB * BS:
+        raise IndexError(f"write_kv: slot {int(slots.max())} is outside the cache ({NB * BS} slots)")
+    lib.write_kv_f32(kc.data_ptr(), vc.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+                     k.shape[0], KVH * D, int(k_cache.dtype == torch.float16))
