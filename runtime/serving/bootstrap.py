@@ -7,6 +7,7 @@ size the slots and the KV cache, set up CUDA graphs and warm up.
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -80,8 +81,9 @@ def _load_adapters(cfg: EngineConfig, lm, model: Model, log: Log) -> None:
         model.adapters.append(ad)
 
 
-def _load_model(cfg: EngineConfig, log: Log):
-    """(LoadedModel, Model) on this rank: the whole model, or with -tp this rank's shard."""
+def _load_model(cfg: EngineConfig, log: Log, on_read: Callable[[Any], None] | None = None):
+    """(LoadedModel, Model) on this rank: the whole model, or with -tp this rank's shard.
+    `on_read(lm)` runs once the file is read, before the weights are prepared (repacked)."""
     from runtime.loader import load_model
     from runtime.parallel import init_from_env, shard_loaded
 
@@ -106,6 +108,8 @@ def _load_model(cfg: EngineConfig, log: Log):
             raise ValueError(f"unknown model config field {key!r}")
         log("I", f"srv    load_model: {key} = {value} (command line)")
         setattr(lm.config, key, value)
+    if on_read is not None:
+        on_read(lm)
     if group is None:
         return lm, Model(lm, device)
     full = lm
@@ -140,7 +144,17 @@ def serve_worker(cfg: EngineConfig, log: Log) -> None:
 def load(cfg: EngineConfig, log: Log) -> Loaded:
     from runtime.tokenizer import load_tokenizer
 
-    lm, model = _load_model(cfg, log)
+    # the tokenizer (~0.5 s of Python for a 150k vocabulary) is built on a thread while the weights
+    # are repacked (C, outside the GIL): the two overlap on the cores
+    tokenizer: list[Future] = []
+
+    def build_tokenizer(lm) -> None:
+        src = lm.gguf_metadata if getattr(lm, "gguf_metadata", None) else cfg.model_path
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tritium-tokenizer")
+        tokenizer.append(pool.submit(load_tokenizer, src))
+        pool.shutdown(wait=False)
+
+    lm, model = _load_model(cfg, log, build_tokenizer)
     path, device = cfg.model_path, cfg.device
     if cfg.lora:
         if model.tp is not None:
@@ -152,7 +166,7 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     elif model.packed_quantized:
         log("I", "srv    load_model: quantized weights repacked into integer tiles for the CPU kernels")
     # a GGUF's metadata was read by the model loader: the tokenizer is built from it, not parsed again
-    tk = load_tokenizer(lm.gguf_metadata if getattr(lm, "gguf_metadata", None) else path)
+    tk = tokenizer[0].result()
     chat_template = _chat_template(cfg, tk)
     vocab = Vocabulary(tk, frozenset(tk.eot_ids), set(tk.control_ids()))
     for w in getattr(tk, "warnings", []):

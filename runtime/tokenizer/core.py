@@ -73,7 +73,8 @@ class Tokenizer:
         self._token_to_id: dict[bytes, int] | None = None
         self.warnings: list[str] = []    # llama.cpp's load-time vocab warnings, for the log
         self.fim_ids: dict[str, int] = {k: -1 for k in FIM_TEXTS}  # fill-in-the-middle tokens
-        self._types = [attr_to_type(a) for a in attrs]
+        type_of = {a: attr_to_type(a) for a in set(attrs)}  # a handful of distinct attribute sets
+        self._types = [type_of[a] for a in attrs]
         self._control_ids = frozenset(i for i, a in enumerate(attrs) if a & ATTR_CONTROL)
 
         specials = []
