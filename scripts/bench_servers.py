@@ -133,7 +133,7 @@ def run_server(name: str, cmd: list[str], url: str, opts: argparse.Namespace) ->
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", choices=["qwen05b", "q15b"], required=True)
+    ap.add_argument("--preset", choices=["qwen05b", "q15b", "gemma270m"], required=True)
     ap.add_argument("--llama", default=LLAMA, help="llama-server binary")
     ap.add_argument("--tritium", default=str(Path(sys.executable).parent / "tritium-server"))
     ap.add_argument("--port", type=int, default=8100, help="tritium's port; llama-server gets port + 1")
