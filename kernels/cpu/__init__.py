@@ -20,8 +20,8 @@ SiLU and the KV write are the reference's (torch); RMSNorm and RoPE are one C ca
 (`pointwise.py` + `pointwise.c`: the torch ops' overhead outweighed their arithmetic at decode).
 Nothing here imports triton.
 """
-from ..ref import gelu_mul, moe_route, silu_mul  # noqa: F401
-from .pointwise import add_rms_norm, rms_norm, rope, write_kv  # noqa: F401
+from ..ref import gelu_mul, moe_route  # noqa: F401
+from .pointwise import add_rms_norm, rms_norm, rope, silu_mul, write_kv  # noqa: F401
 from .attention import paged_attention  # noqa: F401
 from .matmul import dequantize, embedding, packs_quantized, prepare_weight, prepare_weights, qmatmul  # noqa: F401
 from .moe import moe_ffn, prepare_experts  # noqa: F401

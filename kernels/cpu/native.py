@@ -148,6 +148,7 @@ KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "pool.c", 
     "add_rms_norm_f32": ([_p, _p, _p, _p, _p, _i, _i, _f], None),
     "rope_f32": ([_p, _p, _p, _p, _i, _i, _i, _i, _i], None),
     "write_kv_f32": ([_p, _p, _p, _p, _p, _i, _i, _i], None),
+    "swiglu_f32": ([_p, _p, _p, _l, _l, _l, _l, _i], None),
 })
 
 

@@ -3,6 +3,9 @@
    more than the arithmetic (lesson model: ~2 ms of a ~12 ms step on one thread). */
 #include <math.h>
 #include <stddef.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 /* out[t] = (s[t] * rsqrt(mean(s[t]^2) + eps)) * w with s = x (+ r, stored to sum when r is given);
    x, r, out, sum: [T, C]. The mean is accumulated in double. */
@@ -71,3 +74,52 @@ void write_kv_f32(const float *restrict k, const float *restrict v, void *restri
         }
     }
 }
+
+/* SwiGLU as llama.cpp's CPU backend computes it on an AVX-512F + DQ machine: ggml-cpu/vec.cpp
+   ggml_vec_swiglu_f32 with vec.h's AVX-512 ggml_v_silu / ggml_v_expf ("adapted from arm limited
+   optimized routine"), the same intrinsics in the same order, compiled for AVX-512 whatever this
+   build's target (pointwise.py calls it only on a CPU that has AVX-512F and DQ); the elements past
+   the last full vector of 16 through ggml's scalar ggml_silu_f32 (libm expf). y = silu(x) * g. */
+#if defined(__x86_64__)
+#define AVX512_FN static inline __attribute__((target("avx512f,avx512dq,fma"), always_inline))
+AVX512_FN __m512 ggml_v_expf_avx512(__m512 x) {
+    const __m512 r = _mm512_set1_ps(0x1.8p23f);
+    const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), r);
+    const __m512 n = _mm512_sub_ps(z, r);
+    const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+    const __mmask16 d = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192), _CMP_GT_OQ);
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0F)));
+    const __m512 res = _mm512_scalef_ps(j, n);
+    if (_mm512_kortestz(d, d)) return res;
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512 alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, zero, _CMP_LE_OQ), _mm512_set1_ps(INFINITY), zero);
+    return _mm512_mask_blend_ps(d, res, alt);
+}
+
+/* x, g: [rows, n] with row strides ldx, ldg; y: [rows, n] with row stride ldy. */
+__attribute__((target("avx512f,avx512dq,fma")))
+void swiglu_f32(const float *restrict x, const float *restrict g, float *restrict y, long n, long ldx, long ldg,
+                long ldy, int rows) {
+    for (int t = 0; t < rows; ++t) {
+        const float *xt = x + t * ldx, *gt = g + t * ldg;
+        float *yt = y + t * ldy;
+        long i = 0;
+        for (; i + 15 < n; i += 16) {
+            const __m512 xv = _mm512_loadu_ps(xt + i);
+            const __m512 e = ggml_v_expf_avx512(_mm512_sub_ps(_mm512_setzero_ps(), xv));
+            const __m512 s = _mm512_div_ps(xv, _mm512_add_ps(_mm512_set1_ps(1), e));
+            _mm512_storeu_ps(yt + i, _mm512_mul_ps(s, _mm512_loadu_ps(gt + i)));
+        }
+        for (; i < n; ++i) yt[i] = (xt[i] / (1.0f + expf(-xt[i]))) * gt[i];
+    }
+}
+#else
+void swiglu_f32(const float *x, const float *g, float *y, long n, long ldx, long ldg, long ldy, int rows) {
+    (void)x; (void)g; (void)y; (void)n; (void)ldx; (void)ldg; (void)ldy; (void)rows;  /* never called */
+}
+#endif

@@ -4,6 +4,8 @@ compiler) through the reference. Same arithmetic as the reference up to float32 
 mean of squares is summed in float64; cos/sin from the C library)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import ref
@@ -72,3 +74,27 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         raise IndexError(f"write_kv: slot {int(slots.max())} is outside the cache ({NB * BS} slots)")
     lib.write_kv_f32(kc.data_ptr(), vc.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
                      k.shape[0], KVH * D, int(k_cache.dtype == torch.float16))
+
+
+@functools.cache
+def _ggml_swiglu_is_avx512() -> bool:
+    """Whether llama.cpp's CPU build on this machine takes the AVX-512 SwiGLU (AVX-512F and DQ)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((set(ln.split(":", 1)[1].split()) for ln in f if ln.startswith("flags")), set())
+    except OSError:
+        return False
+    return {"avx512f", "avx512dq"} <= flags
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up [T, F]: on a CPU where llama.cpp computes SwiGLU with its AVX-512 exp
+    (pointwise.c swiglu_f32, the same bits; one C call), else the reference (torch's silu)."""
+    lib = _lib(gate, up)
+    if (lib is None or not _ggml_swiglu_is_avx512() or gate.dim() != 2 or gate.shape != up.shape
+            or gate.stride(1) != 1 or up.stride(1) != 1):
+        return ref.silu_mul(gate, up)
+    T, n = gate.shape
+    out = torch.empty((T, n), dtype=torch.float32)
+    lib.swiglu_f32(gate.data_ptr(), up.data_ptr(), out.data_ptr(), n, gate.stride(0), up.stride(0), n, T)
+    return out
