@@ -8,7 +8,7 @@
 #endif
 
 /* out[t] = (s[t] * rsqrt(mean(s[t]^2) + eps)) * w with s = x (+ r, stored to sum when r is given);
-   x, r, out, sum: [T, C]. The mean is accumulated in double. */
+   x, r, out, sum: [T, C]. The squares (float) are summed in double, in order, as ggml_compute_forward_rms_norm_f32. */
 void add_rms_norm_f32(const float *restrict x, const float *restrict r, const float *restrict w,
                       float *restrict out, float *restrict sum, int T, int C, float eps) {
     for (int t = 0; t < T; ++t) {
@@ -22,7 +22,7 @@ void add_rms_norm_f32(const float *restrict x, const float *restrict r, const fl
             st = su;
         }
         double ss = 0.0;
-        for (int c = 0; c < C; ++c) ss += (double)st[c] * st[c];
+        for (int c = 0; c < C; ++c) ss += (double)(st[c] * st[c]);  /* as ggml: the square in float */
         const float inv = 1.0f / sqrtf((float)(ss / C) + eps);
         for (int c = 0; c < C; ++c) ot[c] = (st[c] * inv) * w[c];
     }
