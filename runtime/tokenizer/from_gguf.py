@@ -72,18 +72,20 @@ def _bpe_settings(pre: str | None) -> _Settings:
 
 
 def _spm_merges(vocab: dict[str, int], scores: np.ndarray) -> list[tuple[str, str]]:
-    """Every (a, b) with a, b, a+b tokens, ranked by the score of a+b (higher first)."""
-    cands: list[tuple[float, int, int, str, str]] = []
-    for tok, tid in vocab.items():
-        if len(tok) < 2:
-            continue
-        s = -float(scores[tid])
-        for k in range(1, len(tok)):
-            a, b = tok[:k], tok[k:]
-            if a in vocab and b in vocab:
-                cands.append((s, tid, k, a, b))
-    cands.sort()
-    return [(a, b) for _s, _t, _k, a, b in cands]
+    """Every (a, b) with a, b, a+b tokens, ranked by the score of a+b (higher first; ties by the id
+    of a+b, then the split point). Built lean: Gemma 3's vocabulary gives 514,847 merges, so the
+    candidates are collected as (id, split) integers and sorted in numpy, and each merge is a
+    pair of the vocabulary's own strings (no copies)."""
+    canon = {t: t for t in vocab}
+    found = [tid << 20 | k for tok, tid in vocab.items() for k in range(1, min(len(tok), 1 << 20))
+             if tok[:k] in vocab and tok[k:] in vocab]  # (id, split) packed in one int
+    packed = np.array(found, dtype=np.int64)
+    del found
+    ids, ks = packed >> 20, packed & ((1 << 20) - 1)
+    neg = -np.asarray(scores, dtype=np.float64)[ids]
+    order = np.lexsort((ks, ids, neg))
+    text = {tid: tok for tok, tid in vocab.items()}
+    return [(canon[t[:k]], canon[t[k:]]) for t, k in zip(map(text.__getitem__, ids[order].tolist()), ks[order].tolist())]
 
 
 def _parse_merges(raw: Sequence[bytes | str]) -> list[tuple[str, str]]:
