@@ -360,15 +360,22 @@ def sample_batch(logits: torch.Tensor, states: list[SamplerState]) -> list[Sampl
 def topk_needed(st: SamplerState | None) -> tuple[int, tuple[int, ...]]:
     """How many of a row's largest logits the sampler can look at, when that is all it looks at:
     (1, …) for plain greedy, (top_k, …) when top_k comes first among the active samplers; (0, ())
-    when it needs the whole row (grammar, logit bias, penalties, n_probs, other orders). The second
-    value lists the tokens ignore_eos bans."""
+    when it needs the whole row (grammar, finite logit biases, penalties, n_probs, other orders).
+    The second value lists the banned tokens (ignore_eos, -inf biases)."""
     if st is None:
         return 0, ()
     p = st.params
-    if st.grammar is not None or p.logit_bias or p.n_probs > 0 or p.dry_multiplier > 0 or \
+    if st.grammar is not None or p.n_probs > 0 or p.dry_multiplier > 0 or \
             p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
         return 0, ()
-    banned = tuple(sorted(st.eog_ids)) if p.ignore_eos else ()
+    # a -inf bias only bans its token (ignore_eos arrives as such biases, as llama-server echoes
+    # them); any other nonzero bias can move a token into the top-k: the whole row is needed
+    if any(b != NEG_INF and b != 0.0 for _, b in p.logit_bias):
+        return 0, ()
+    bans = {t for t, b in p.logit_bias if b == NEG_INF}
+    if p.ignore_eos:
+        bans |= set(st.eog_ids)
+    banned = tuple(sorted(bans))
     if p.temperature <= 0:
         return 1, banned
     for name in p.samplers:

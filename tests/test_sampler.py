@@ -179,3 +179,26 @@ def test_topk_rows_batched_and_per_row_agree():
         assert not set(banned) & set(ia.tolist())
         assert torch.equal(va, torch.topk(rows[i].index_fill(0, torch.tensor(list(banned), dtype=torch.long),
                                                                float("-inf")) if banned else rows[i], k).values)
+
+
+def test_topk_shortcut_survives_ignore_eos_and_ban_biases():
+    """ignore_eos arrives as -inf logit biases on the EOG tokens (as llama-server echoes them): those
+    and other -inf biases only ban tokens, so a greedy row still needs only its top-1 (the output
+    head's shortcut); a finite bias can promote any token, so then the whole row is needed."""
+    from runtime.sampler import topk_needed
+    inf = float("-inf")
+    eog = frozenset({7, 9})
+    plain = SamplerState(SamplingParams(temperature=0.0, ignore_eos=True, logit_bias=[(7, inf), (9, inf)]), eog)
+    assert topk_needed(plain) == (1, (7, 9))
+    banned = SamplerState(SamplingParams(temperature=0.0, logit_bias=[(3, inf), (5, 0.0)]), eog)
+    assert topk_needed(banned) == (1, (3,))
+    promoted = SamplerState(SamplingParams(temperature=0.0, ignore_eos=True, logit_bias=[(7, inf), (4, 2.5)]), eog)
+    assert topk_needed(promoted) == (0, ())
+    # and the sampled token is the same as over the full row
+    rows = torch.randn(2, 500)
+    rows[:, 7] = 50.0
+    rows[:, 3] = 40.0
+    for st in (plain, banned):
+        want = sample_row(rows[0].clone(), st).token
+        got = sample_batch(rows[:1].clone(), [st])[0].token
+        assert got == want and got not in topk_needed(st)[1]
