@@ -317,7 +317,8 @@ class KVCache:
         n = state["k"].shape[1]
         self.reserve(seq, n)
         if self.window:
-            first = max(int(state.get("swa_start", 0)), n - self.window, 0)
+            # a state without "swa_start" (a slot file) vouches for the next token's window only
+            first = max(int(state.get("swa_start", n - self.window + 1)), n - self.window, 0)
             seq.swa_blocks = [NULL_BLOCK] * (first // self.block_size)
             seq.swa_start = first
             self.advance_window(seq, first, n)  # allocates the blocks of [first, n)
