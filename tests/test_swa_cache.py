@@ -223,3 +223,15 @@ def test_slot_file_save_restore_continues_the_same(engines):
     assert again.timings.cache_n == len(ids) + 49
     _run(full, ids, n=50)
     assert again.tokens == _run(full, cont, n=30).tokens  # the full cache reusing the same prefix
+
+
+def test_decode_graph_buffers_carry_the_swa_tables(engines, gemma_path):
+    """The CUDA-graph decode path (its static buffers, run eagerly on the CPU) with the SWA pool."""
+    e = _engine(gemma_path, cuda_graphs="eager")
+    try:
+        assert e.runner.graphs is not None and e.runner.graphs.swa and e.kv.window == WINDOW
+        ids = e.tokenizer.encode(PROMPT, add_special=True, parse_special=True)
+        assert _run(e, ids, n=60).tokens == _run(engines["full"], ids, n=60, cache_prompt=False).tokens
+        assert e.kv.swa_blocks_in_use() <= (WINDOW + 15) // 16 + 1
+    finally:
+        e.stop()
