@@ -40,10 +40,15 @@ class DecodeGraphs:
         self.tables = torch.zeros((B, max_blocks), dtype=torch.int32, device=dev)
         self.lens = torch.ones(B, dtype=torch.int32, device=dev)
         self.cu = torch.arange(B + 1, dtype=torch.int32, device=dev)
+        # the sliding-window layers' slots and tables when the cache keeps them apart (kv_cache.py)
+        self.swa = bool(kv.window)
+        self.swa_slots = torch.full((B,), -1, dtype=torch.int64, device=dev) if self.swa else None
+        self.swa_tables = torch.zeros((B, max_blocks), dtype=torch.int32, device=dev) if self.swa else None
         # host staging: ids, pos, slots, lens in one int64 row block, tables apart
         pin = dev.type == "cuda"
         self._h_meta = torch.zeros((4, B), dtype=torch.int64, pin_memory=pin)
         self._h_tables = torch.zeros((B, max_blocks), dtype=torch.int32, pin_memory=pin)
+        self._h_swa = torch.zeros((B, max_blocks + 1), dtype=torch.int32, pin_memory=pin) if self.swa else None
         self._graphs: dict[int, tuple[object, torch.Tensor]] = {}  # bucket -> (CUDAGraph, logits [B, V])
         self._pool = None
         self._copied = torch.cuda.Event() if pin else None
@@ -52,7 +57,7 @@ class DecodeGraphs:
         """A decode-only batch that fits the buffers: one token and logits per sequence."""
         return 0 < len(batch) <= self.buckets[-1] and all(
             len(b.tokens) == 1 and b.logits and not b.hidden and len(b.seq.blocks) <= self.max_blocks
-            for b in batch)
+            and len(b.seq.swa_blocks) <= self.max_blocks for b in batch)
 
     def bucket(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)
@@ -78,12 +83,22 @@ class DecodeGraphs:
             meta[2, i] = self.kv.slot_mapping(b.seq, b.n_past, b.n_past + 1)[0]
             meta[3, i] = b.n_past + 1
             tables[i, : len(b.seq.blocks)] = torch.tensor(b.seq.blocks, dtype=torch.int32)
+        if self.swa:  # column 0: the slot (< 2^31 rows), then the table
+            swa = self._h_swa
+            swa[:B, 0] = -1
+            swa[:B, 1:] = 0
+            for i, b in enumerate(batch):
+                swa[i, 0] = self.kv.swa_slot_mapping(b.seq, b.n_past, b.n_past + 1)[0]
+                swa[i, 1: 1 + len(b.seq.swa_blocks)] = torch.tensor(b.seq.swa_blocks, dtype=torch.int32)
         nb = meta.is_pinned()  # asynchronous copies from pinned memory on CUDA
         self.ids[:B].copy_(meta[0, :B], non_blocking=nb)
         self.pos[:B].copy_(meta[1, :B], non_blocking=nb)
         self.slots[:B].copy_(meta[2, :B], non_blocking=nb)
         self.lens[:B].copy_(meta[3, :B], non_blocking=nb)
         self.tables[:B].copy_(tables[:B], non_blocking=nb)
+        if self.swa:
+            self.swa_slots[:B].copy_(self._h_swa[:B, 0], non_blocking=nb)
+            self.swa_tables[:B].copy_(self._h_swa[:B, 1:], non_blocking=nb)
         if nb:  # the staging buffers are rewritten next step: the copies must have read them by then
             self._copied.record()
         if self.capture:
@@ -96,8 +111,9 @@ class DecodeGraphs:
         return logits[:n]
 
     def _step(self, B: int) -> torch.Tensor:
+        swa = (self.swa_slots[:B], self.swa_tables[:B]) if self.swa else (None, None)
         return self.model.decode_logits(self.kv, self.ids[:B], self.pos[:B], self.slots[:B], self.tables[:B],
-                                        self.cu[:B + 1], self.lens[:B])
+                                        self.cu[:B + 1], self.lens[:B], *swa)
 
     def _capture(self, B: int) -> tuple[object, torch.Tensor]:
         """Warm up on a side stream (Triton autotuning and lazy initialisation must not happen

@@ -8,6 +8,22 @@ Keys are stored already rotated by RoPE at that position.
 Blocks are reference counted so a cached prefix can be shared between sequences: sharing a
 prefix increments the counts of its full blocks, and a write into a shared block first copies it
 (copy on write).
+
+Sliding-window layers (gemma2/3's local layers; `windows` given, i.e. not --swa-full) keep only
+what their attention can still read, in a second pool of their own (`swa_pool`, K/V tensors
+`[num_swa_blocks + 1, block_size, KVH, D]` for those layers). A sequence has a second block table
+`SeqKV.swa_blocks`, indexed like `blocks` (entry j holds positions j*BS .. j*BS + BS - 1), whose
+entries for blocks that fell entirely out of the window are `NULL_BLOCK` (block 0 of the SWA pool,
+never allocated and all zeros) so that a table still maps position p to entry p // BS and the
+attention kernels, which mask keys before p - W + 1 (and skip whole blocks before the window),
+read exactly what they read with the full cache. `advance_window(seq, n_past, n_end)`, called
+before every forward (micro-batch) that writes positions n_past .. n_end - 1, frees the blocks
+below the first query's window (p < n_past - W + 1, whole blocks only) and allocates those the
+micro-batch writes; so a sequence holds at most ceil((W - 1 + rows) / BS) + 1 SWA blocks and the
+pool is sized for every slot's window plus one micro-batch (`swa_blocks_for`). `SeqKV.swa_start`:
+positions below it have no SWA K/V any more; a cached prefix can only be resumed at n_past when
+`window_ok(seq, n_past)` (the next token's window is still there: llama-server's pos_min check,
+without its context checkpoints). Exports carry `swa_start` (their SWA rows below it are zeros).
 """
 from __future__ import annotations
 
@@ -68,28 +84,60 @@ class BlockPool:
         return len(self.free)
 
 
+NULL_BLOCK = 0  # the SWA pool's never-allocated zero block: table entries of dropped blocks
+
+
 @dataclass
 class SeqKV:
-    """One sequence's view of the cache: its block table and how many tokens it holds."""
+    """One sequence's view of the cache: its block table and how many tokens it holds; with
+    sliding-window layers apart, their table (NULL_BLOCK where dropped) and the first position
+    they still hold."""
     blocks: list[int] = field(default_factory=list)
     n_tokens: int = 0
+    swa_blocks: list[int] = field(default_factory=list)
+    swa_start: int = 0
+
+
+def swa_blocks_for(window: int, n_seqs: int, n_ubatch: int, block_size: int) -> int:
+    """SWA pool size that can never run out: every sequence's window (two partial blocks at its
+    ends) plus the rows of one micro-batch."""
+    per_seq = (window + block_size - 1) // block_size + 2
+    return n_seqs * per_seq + (n_ubatch + block_size - 1) // block_size
 
 
 class KVCache:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int,
-                 block_size: int = 16, dtype: torch.dtype = torch.float16, device: str | torch.device = "cpu"):
+                 block_size: int = 16, dtype: torch.dtype = torch.float16, device: str | torch.device = "cpu",
+                 windows: list[int] | None = None, num_swa_blocks: int = 0):
+        """`windows`: sliding window per layer (0: global); with `num_swa_blocks` > 0 the layers
+        with a window live in the SWA pool of that many blocks (see the module docstring)."""
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.block_size, self.num_blocks, self.dtype = block_size, num_blocks, dtype
         self.device = torch.device(device)
+        ws = list(windows or []) if num_swa_blocks > 0 else []
+        self.is_swa = [bool(ws[l]) if l < len(ws) else False for l in range(n_layers)]
+        self.window = max(ws, default=0) if any(self.is_swa) else 0  # 0: no SWA pool
+        assert len({w for w in ws if w}) <= 1, "one window for all local layers"
         shape = (num_blocks, block_size, n_kv_heads, head_dim)
-        self.k = [_zeros(shape, dtype, self.device) for _ in range(n_layers)]
-        self.v = [_zeros(shape, dtype, self.device) for _ in range(n_layers)]
+        swa_shape = (num_swa_blocks + 1, block_size, n_kv_heads, head_dim)
+        self.k = [_zeros(swa_shape if sw else shape, dtype, self.device) for sw in self.is_swa]
+        self.v = [_zeros(swa_shape if sw else shape, dtype, self.device) for sw in self.is_swa]
         self.pool = BlockPool(num_blocks)
+        self.swa_pool = None
+        if self.window:
+            self.swa_pool = BlockPool(num_swa_blocks + 1)
+            self.swa_pool.free.remove(NULL_BLOCK)  # never handed out: stays zero
+            self.swa_pool.refs[NULL_BLOCK] = 1
 
     # ---- sizes -------------------------------------------------------------------------
     @property
     def bytes_per_token(self) -> int:
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.k[0].element_size()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all K/V tensors (both pools)."""
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
     def blocks_needed(self, n_tokens: int) -> int:
         return (n_tokens + self.block_size - 1) // self.block_size
@@ -120,8 +168,10 @@ class KVCache:
         return dst
 
     def copy_data(self, src: int, dst: int) -> None:
-        """Copy block src's K/V into block dst (every layer)."""
+        """Copy block src's K/V into block dst (every layer of the main pool)."""
         for layer in range(self.n_layers):
+            if self.is_swa[layer]:
+                continue
             self.k[layer][dst].copy_(self.k[layer][src])
             self.v[layer][dst].copy_(self.v[layer][src])
 
@@ -133,6 +183,12 @@ class KVCache:
             self.pool.release(b)
         del seq.blocks[keep:]
         seq.n_tokens = n
+        if self.window:
+            for b in seq.swa_blocks[keep:]:
+                if b != NULL_BLOCK:
+                    self.swa_pool.release(b)
+            del seq.swa_blocks[keep:]
+            seq.swa_start = min(seq.swa_start, n) if seq.swa_blocks else 0
 
     def clear(self, seq: SeqKV) -> None:
         self.truncate(seq, 0)
@@ -143,7 +199,54 @@ class KVCache:
         blocks = src.blocks[: self.blocks_needed(n)]
         for b in blocks:
             self.pool.incref(b)
-        return SeqKV(list(blocks), n)
+        swa = src.swa_blocks[: len(blocks)] if self.window else []
+        for b in swa:
+            if b != NULL_BLOCK:
+                self.swa_pool.incref(b)
+        return SeqKV(list(blocks), n, list(swa), min(src.swa_start, n) if swa else 0)
+
+    # ---- sliding-window layers -------------------------------------------------------------
+    def advance_window(self, seq: SeqKV, n_past: int, n_end: int) -> None:
+        """Before a forward writing positions [n_past, n_end): free the SWA blocks that no query
+        of it can see (all positions < n_past - W + 1), allocate the ones it writes (copying a
+        shared one first). No-op without an SWA pool. Raises OutOfBlocks (not with the pool sized
+        by `swa_blocks_for`)."""
+        if not self.window:
+            return
+        BS, table, pool = self.block_size, seq.swa_blocks, self.swa_pool
+        lo = max(0, n_past - self.window + 1) // BS
+        for j in range(min(lo, len(table))):
+            if table[j] != NULL_BLOCK:
+                pool.release(table[j])
+                table[j] = NULL_BLOCK
+        seq.swa_start = max(seq.swa_start, lo * BS)
+        need = self.blocks_needed(n_end)
+        table.extend([NULL_BLOCK] * (need - len(table)))
+        w = n_past // BS  # the block the first new row goes to may be shared
+        if w < need and table[w] != NULL_BLOCK and pool.refs[table[w]] > 1:
+            dst = pool.alloc()
+            self._copy_swa_data(table[w], dst)
+            pool.release(table[w])
+            table[w] = dst
+        for j in range(w, need):  # (entries in [lo, w) are held unless resumed past the window)
+            if table[j] == NULL_BLOCK:
+                table[j] = pool.alloc()
+        if seq.swa_start > n_past:  # rewritten from n_past on (after a truncation into dropped blocks)
+            seq.swa_start = n_past
+
+    def window_ok(self, seq: SeqKV, n_past: int) -> bool:
+        """Whether a token at position n_past (after truncating to n_past) finds its whole window:
+        every position from n_past - W + 1 is still held by the SWA layers."""
+        return not self.window or n_past == 0 or seq.swa_start <= max(0, n_past - self.window + 1)
+
+    def swa_blocks_in_use(self) -> int:
+        return 0 if not self.window else self.swa_pool.num_blocks - 1 - self.swa_pool.n_free
+
+    def _copy_swa_data(self, src: int, dst: int) -> None:
+        for layer in range(self.n_layers):
+            if self.is_swa[layer]:
+                self.k[layer][dst].copy_(self.k[layer][src])
+                self.v[layer][dst].copy_(self.v[layer][src])
 
     # ---- addressing ----------------------------------------------------------------------
     def slot_mapping(self, seq: SeqKV, start: int, end: int) -> torch.Tensor:
@@ -152,29 +255,48 @@ class KVCache:
         table = torch.tensor(seq.blocks, dtype=torch.int64)
         return table[idx // self.block_size] * self.block_size + idx % self.block_size
 
+    def swa_slot_mapping(self, seq: SeqKV, start: int, end: int, write: bool = True) -> torch.Tensor:
+        """The same in the SWA pool: [end - start] int64; positions in dropped blocks map to -1
+        (`write`: skipped by write_kv) or to the zero block (reads)."""
+        idx = torch.arange(start, end, dtype=torch.int64)
+        table = torch.tensor(seq.swa_blocks, dtype=torch.int64)
+        blk = table[idx // self.block_size]
+        slots = blk * self.block_size + idx % self.block_size
+        return torch.where(blk == NULL_BLOCK, -1, slots) if write else slots
+
     # ---- moving KV data ----------------------------------------------------------------
     def gather(self, seq: SeqKV, start: int, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Copies of K and V of tokens [start, end) per layer: lists of [n, KVH, D]."""
-        return self.gather_slots(self.slot_mapping(seq, start, end))
+        """Copies of K and V of tokens [start, end) per layer: lists of [n, KVH, D] (SWA layers:
+        zeros for dropped positions)."""
+        swa = self.swa_slot_mapping(seq, start, end, write=False) if self.window else None
+        return self.gather_slots(self.slot_mapping(seq, start, end), swa)
 
-    def gather_slots(self, slots: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Copies of K and V at flat slots [n] per layer: lists of [n, KVH, D]."""
+    def gather_slots(self, slots: torch.Tensor, swa_slots: torch.Tensor | None = None
+                     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of K and V at flat slots [n] per layer (SWA layers: at `swa_slots`): lists of [n, KVH, D]."""
         slots = slots.to(self.device)
+        swa_slots = swa_slots.to(self.device) if swa_slots is not None else None
         heads = self.k[0].shape[2]
-        ks = [self.k[l].view(-1, heads, self.head_dim)[slots].clone() for l in range(self.n_layers)]
-        vs = [self.v[l].view(-1, heads, self.head_dim)[slots].clone() for l in range(self.n_layers)]
+        at = [swa_slots if self.is_swa[l] else slots for l in range(self.n_layers)]
+        ks = [self.k[l].view(-1, heads, self.head_dim)[at[l]].clone() for l in range(self.n_layers)]
+        vs = [self.v[l].view(-1, heads, self.head_dim)[at[l]].clone() for l in range(self.n_layers)]
         return ks, vs
 
     def scatter(self, seq: SeqKV, start: int, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
-        """Write per-layer K/V [n, KVH, D] at token positions [start, start + n) (blocks reserved)."""
-        self.scatter_slots(self.slot_mapping(seq, start, start + ks[0].shape[0]), ks, vs)
+        """Write per-layer K/V [n, KVH, D] at token positions [start, start + n) (blocks reserved;
+        SWA layers: positions in dropped blocks are skipped)."""
+        end = start + ks[0].shape[0]
+        swa = self.swa_slot_mapping(seq, start, end) if self.window else None
+        self.scatter_slots(self.slot_mapping(seq, start, end), ks, vs, swa)
 
-    def scatter_slots(self, slots: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
-        """Write per-layer K/V [n, KVH, D] at flat slots [n]."""
+    def scatter_slots(self, slots: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor],
+                      swa_slots: torch.Tensor | None = None) -> None:
+        """Write per-layer K/V [n, KVH, D] at flat slots [n] (SWA layers: at `swa_slots`)."""
         slots = slots.to(self.device)
+        swa_slots = swa_slots.to(self.device) if swa_slots is not None else None
         for l in range(self.n_layers):
             kernels.write_kv(ks[l].to(self.device, self.dtype), vs[l].to(self.device, self.dtype),
-                             self.k[l], self.v[l], slots)
+                             self.k[l], self.v[l], swa_slots if self.is_swa[l] else slots)
 
     def move(self, seq: SeqKV, src: int, dst: int, n: int, inv_freq: torch.Tensor | list[torch.Tensor],
              neox: bool) -> None:
@@ -191,15 +313,27 @@ class KVCache:
         self.scatter(seq, dst, ks, vs)
 
     def export(self, seq: SeqKV, n: int | None = None) -> dict:
-        """Host copy of the first n tokens' KV: {"k": [L, n, KVH, D], "v": [L, n, KVH, D]}."""
+        """Host copy of the first n tokens' KV: {"k": [L, n, KVH, D], "v": [L, n, KVH, D]}; with an
+        SWA pool also "swa_start" (the SWA layers' rows below it are zeros: not held)."""
         n = seq.n_tokens if n is None else n
         ks, vs = self.gather(seq, 0, n)
-        return {"k": torch.stack(ks).cpu(), "v": torch.stack(vs).cpu()}
+        state = {"k": torch.stack(ks).cpu(), "v": torch.stack(vs).cpu()}
+        if self.window:
+            state["swa_start"] = min(seq.swa_start, n)
+        return state
 
     def import_(self, seq: SeqKV, state: dict) -> None:
-        """Replace `seq`'s content with an exported state."""
+        """Replace `seq`'s content with an exported state (SWA layers: only what the window of the
+        next token needs, and only what the state holds)."""
         self.clear(seq)
         n = state["k"].shape[1]
         self.reserve(seq, n)
+        if self.window:
+            # a state without "swa_start" (a slot file) vouches for the next token's window only
+            first = max(int(state.get("swa_start", n - self.window + 1)), n - self.window, 0)
+            seq.swa_blocks = [NULL_BLOCK] * (first // self.block_size)
+            seq.swa_start = first
+            self.advance_window(seq, first, n)  # allocates the blocks of [first, n)
+            seq.swa_start = first
         self.scatter(seq, 0, list(state["k"].unbind(0)), list(state["v"].unbind(0)))
         seq.n_tokens = n

@@ -53,6 +53,8 @@ class StepTensors:
     max_q_len: int
     rows: list[int]
     need_hidden: bool
+    swa_slots: torch.Tensor | None = None  # [T]: the sliding-window layers' slots in the SWA pool
+    swa_tables: torch.Tensor | None = None  # [S, max_blocks] int32: their block tables (kv_cache.py)
 
 
 @dataclass
@@ -249,11 +251,14 @@ class Model:
 
     def _layers(self, kv: KVCache, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
                 tables: torch.Tensor, cu: torch.Tensor, kv_lens_t: torch.Tensor,
-                max_q_len: int | None, lora: RowLora | None = None) -> torch.Tensor:
+                max_q_len: int | None, lora: RowLora | None = None,
+                swa_slot_t: torch.Tensor | None = None, swa_tables: torch.Tensor | None = None) -> torch.Tensor:
         """Embedding and every layer for T new tokens (device tensors: ids/pos/slot [T], tables
         [S, max_blocks] int32, cu [S + 1] int32, kv_lens [S] int32); new K/V are written to their
         slots (negative: skipped). Returns the final residual stream [T, C]. With `max_q_len`
-        given, no op waits on the device (what a CUDA graph capture needs)."""
+        given, no op waits on the device (what a CUDA graph capture needs). `swa_slot_t` /
+        `swa_tables`: the slots and block tables of the sliding-window layers when the cache
+        keeps them in its SWA pool (None: every layer uses `slot_t` / `tables`)."""
         T = ids_t.shape[0]
         H, KVH, D = self.n_head, self.n_head_kv, self.head_dim
         ops = self.ops
@@ -284,8 +289,9 @@ class Model:
                 k = ops.rms_norm(k.reshape(T * KVH, D), L.k_norm, self.eps).view(T, KVH, D)
             q = ops.rope(q, pos_t, L.inv_freq, self.neox)
             k = ops.rope(k, pos_t, L.inv_freq, self.neox)
-            ops.write_kv(k, v, kv.k[li], kv.v[li], slot_t)
-            attn = ops.paged_attention(q, kv.k[li], kv.v[li], tables, cu, kv_lens_t, self.scale,
+            own = swa_tables is not None and kv.is_swa[li]
+            ops.write_kv(k, v, kv.k[li], kv.v[li], swa_slot_t if own else slot_t)
+            attn = ops.paged_attention(q, kv.k[li], kv.v[li], swa_tables if own else tables, cu, kv_lens_t, self.scale,
                                        self.spec.attn_softcap, max_q_len=max_q_len, window=L.window)
             attn = attn.reshape(T, H * D)
             h = ops.qmatmul(attn, L.wo)
@@ -314,11 +320,12 @@ class Model:
         return h + residual  # [T, C] final residual stream
 
     def decode_logits(self, kv: KVCache, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
-                      tables: torch.Tensor, cu: torch.Tensor, kv_lens_t: torch.Tensor) -> torch.Tensor:
+                      tables: torch.Tensor, cu: torch.Tensor, kv_lens_t: torch.Tensor,
+                      swa_slot_t: torch.Tensor | None = None, swa_tables: torch.Tensor | None = None) -> torch.Tensor:
         """One new token per sequence (B rows, cu = arange(B + 1)): full logits [B, V] float32,
         with no host synchronisation and no per-call Python state, so that it can be captured in
         a CUDA graph (`runtime.cuda_graphs`). n_tokens of the sequences is not touched."""
-        h = self._layers(kv, ids_t, pos_t, slot_t, tables, cu, kv_lens_t, 1)
+        h = self._layers(kv, ids_t, pos_t, slot_t, tables, cu, kv_lens_t, 1, None, swa_slot_t, swa_tables)
         return self._head(self.ops.rms_norm(h, self.output_norm, self.eps))
 
     def _embed(self, ids_t: torch.Tensor) -> torch.Tensor:
@@ -362,13 +369,20 @@ class Model:
         tables = torch.zeros((len(batch), max_blocks), dtype=torch.int32)
         for i, b in enumerate(batch):
             tables[i, : len(b.seq.blocks)] = torch.tensor(b.seq.blocks, dtype=torch.int32)
+        swa_slots = swa_tables = None
+        if getattr(kv, "window", 0):  # sliding-window layers in their own pool (runtime/kv_cache.py)
+            swa_slots = torch.cat([kv.swa_slot_mapping(b.seq, b.n_past, b.n_past + len(b.tokens)) for b in batch])
+            swa_tables = torch.zeros((len(batch), max(max_blocks, max(len(b.seq.swa_blocks) for b in batch))),
+                                     dtype=torch.int32)
+            for i, b in enumerate(batch):
+                swa_tables[i, : len(b.seq.swa_blocks)] = torch.tensor(b.seq.swa_blocks, dtype=torch.int32)
         cu = torch.zeros(len(batch) + 1, dtype=torch.int32)
         cu[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int32), 0)
         ends = cu[1:].tolist()
         step = StepTensors(torch.tensor(ids, dtype=torch.int64), torch.cat(pos), torch.cat(slots), tables, cu,
                            torch.tensor(kv_lens, dtype=torch.int32), max(q_lens),
                            rows=[e - 1 for b, e in zip(batch, ends) if b.logits],
-                           need_hidden=any(b.hidden for b in batch))
+                           need_hidden=any(b.hidden for b in batch), swa_slots=swa_slots, swa_tables=swa_tables)
         if self.tp is not None:
             self.tp.group.send(("forward", step))  # the other ranks run the same step on their shards
         wants = [b for b in batch if b.logits]
@@ -390,7 +404,9 @@ class Model:
         dev = self.device
         T = step.ids.shape[0]
         h = self._layers(kv, step.ids.to(dev), step.pos.to(dev), step.slots.to(dev), step.tables.to(dev),
-                         step.cu.to(dev), step.kv_lens.to(dev), step.max_q_len, lora)
+                         step.cu.to(dev), step.kv_lens.to(dev), step.max_q_len, lora,
+                         None if step.swa_slots is None else step.swa_slots.to(dev),
+                         None if step.swa_tables is None else step.swa_tables.to(dev))
         logits = None
         if step.rows:
             hs = h[torch.tensor(step.rows, device=dev)] if len(step.rows) != T else h

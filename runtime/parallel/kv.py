@@ -23,11 +23,14 @@ class TPKVCache(KVCache):
         self.shard.group.send(("kv_copy", src, dst))
         super().copy_data(src, dst)
 
-    def gather_slots(self, slots: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def gather_slots(self, slots: torch.Tensor, swa_slots=None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        assert swa_slots is None, "no SWA pool with -tp"
         self.shard.group.send(("kv_gather", slots.cpu()))
         return assemble(self.shard, self.shard.group.gather(_cpu(super().gather_slots(slots))))
 
-    def scatter_slots(self, slots: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
+    def scatter_slots(self, slots: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor],
+                      swa_slots=None) -> None:
+        assert swa_slots is None, "no SWA pool with -tp"
         ks, vs = [k.cpu() for k in ks], [v.cpu() for v in vs]
         self.shard.group.send(("kv_scatter", slots.cpu(), ks, vs))
         super().scatter_slots(slots, *local_heads(self.shard, ks, vs))

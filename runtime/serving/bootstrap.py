@@ -16,7 +16,7 @@ import torch
 
 import kernels
 from runtime.cuda_graphs import DecodeGraphs
-from runtime.kv_cache import KVCache, SeqKV
+from runtime.kv_cache import KVCache, SeqKV, swa_blocks_for
 from runtime.model import Model, SeqBatch
 from runtime.serving.config import EngineConfig
 from runtime.serving.plan import StepPlan
@@ -176,8 +176,11 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     n_ctx, n_slots, unified, n_ctx_slot = slot_layout(cfg, c.n_ctx_train)
     n_blocks = _n_blocks(cfg, c.n_ctx_train)
     if model.tp is None:
+        windows, n_swa = _swa_pool(cfg, model, n_slots, n_blocks, log)
         kv = KVCache(len(model.layers), model.n_head_kv, model.head_dim, n_blocks, cfg.block_size, _kv_dtype(cfg),
-                     model.device)
+                     model.device, windows, n_swa)
+        log("I", f"srv    load_model: KV cache {kv.nbytes / 2**20:.2f} MiB ({n_blocks} blocks of {cfg.block_size}"
+                 + (f"; sliding-window layers: {n_swa} blocks" if kv.window else "") + ")")
     else:
         from runtime.parallel.kv import TPKVCache
         kv = TPKVCache(model.tp, len(model.layers), model.head_dim, n_blocks, cfg.block_size, _kv_dtype(cfg),
@@ -210,6 +213,21 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     }
     return Loaded(model, kv, runner, tk, chat_template, vocab, prompt_cache, n_ctx, n_slots, n_ctx_slot, unified,
                   model_info)
+
+
+def _swa_pool(cfg: EngineConfig, model: Model, n_slots: int, n_blocks: int, log: Log) -> tuple[list[int] | None, int]:
+    """(windows per layer, SWA pool blocks) for a model with sliding-window layers: they keep only
+    their window plus a micro-batch (runtime/kv_cache.py) unless --swa-full or when that would not
+    be smaller than the full cache (llama.cpp: min(n_ctx, n_swa * n_seq + n_ubatch) cells)."""
+    windows = [L.window for L in model.layers]
+    if not any(windows):
+        if cfg.swa_full:
+            log("W", "srv    load_model: swa_full is not supported by this model, it will be disabled")
+        return None, 0
+    if cfg.swa_full:
+        return None, 0
+    n_swa = swa_blocks_for(max(windows), n_slots, min(cfg.n_batch, cfg.n_ubatch), cfg.block_size)
+    return (windows, n_swa) if n_swa < n_blocks else (None, 0)
 
 
 def tune_kernels(model: Model, n_batch: int, n_slots: int, log: Log) -> None:

@@ -17,6 +17,7 @@ class EngineConfig:
     n_ctx: int = 4096  # 0 = the model's training context
     n_parallel: int = -1  # -1 = auto: 4 slots, unified KV
     kv_unified: bool | None = None
+    swa_full: bool = False  # sliding-window layers keep the whole context (else only their window)
     n_threads: int = -1
     device: str = "cpu"  # cpu | cuda | auto (cuda when available)
     cache_ram_mib: int = 8192  # -1 unlimited, 0 off

@@ -83,7 +83,7 @@ class PromptCache:
         self.entries = [e for e in self.entries
                         if not (len(e.tokens) <= len(tokens) and tokens[: len(e.tokens)] == e.tokens)]
         state = export()
-        size = sum(t.numel() * t.element_size() for t in state.values())
+        size = sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
         self.entries.append(CacheEntry(list(tokens), state, size))
         return True
 
@@ -172,6 +172,8 @@ def reusable_prefix(kv: KVCache, s: Slot, prompt: list[int], n_reuse: int, inv_f
     """How many of the prompt's first tokens the slot already holds: the common prefix, extended by
     moving matching chunks of at least `n_reuse` tokens into place (`--cache-reuse`, keys re-rotated)."""
     n_past = common_prefix(s.tokens, prompt)
+    if kv.window and s.seq.swa_start > 0:  # the sliding-window layers dropped the start: no chunk moves
+        n_reuse = 0
     if n_reuse and n_reuse > 0:
         moves, n_past = cache_reuse_plan(s.tokens, prompt, n_past, n_reuse)
         for src, dst, n in moves:

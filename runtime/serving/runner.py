@@ -36,14 +36,23 @@ class ModelRunner:
         batch = plan.batch
         lora = any(b.lora for b in batch)  # LoRA rows run eagerly (the graphs hold the base model only)
         if graphs and self.graphs is not None and self.graphs.supports(batch) and not lora:
+            self._advance_windows(batch)
             out = StepOutput(self.graphs.run(batch), [None] * len(batch))
         elif sum(len(b.tokens) for b in batch) <= self.n_ubatch:
+            self._advance_windows(batch)
             out = StepOutput(*self.model.forward(self.kv, batch))
         else:
             out = self._run_ubatches(batch)
         for b in batch:
             b.seq.n_tokens = b.n_past + len(b.tokens)
         return out
+
+    def _advance_windows(self, batch: list[SeqBatch]) -> None:
+        """Sliding-window layers with a pool of their own (runtime/kv_cache.py): drop what left the
+        window of each row's first new token, make room for its rows (per micro-batch, so that a
+        long prompt never holds more than its window plus n_ubatch rows there)."""
+        for b in batch:
+            self.kv.advance_window(b.seq, b.n_past, b.n_past + len(b.tokens))
 
     def _run_ubatches(self, batch: list[SeqBatch]) -> StepOutput:
         """The batch as forwards of <= n_ubatch rows, in order (a row's pieces see the KV of the
@@ -63,6 +72,7 @@ class ModelRunner:
             while end < len(pieces) and n + len(pieces[end][1].tokens) <= self.n_ubatch:
                 n += len(pieces[end][1].tokens)
                 end += 1
+            self._advance_windows([p for _, p in pieces[start:end]])  # moved with the earlier pieces
             lg, hid = self.model.forward(self.kv, [p for _, p in pieces[start:end]])
             if lg is not None:
                 logits.append(lg)

@@ -124,6 +124,11 @@ class Scheduler:
             n_past = reusable_prefix(self.kv, s, prompt, n_reuse, self.model.rope_inv_freqs, self.model.neox)
         if n_past >= len(prompt):
             n_past = len(prompt) - 1  # the last prompt token is always evaluated (its logits are needed)
+        if n_past > 0 and not self.kv.window_ok(s.seq, n_past):  # the sliding-window layers dropped it
+            self.log("W", f"slot update_slots: id {s.id:2d} | task {h.id} | forcing full prompt re-processing due to "
+                          "lack of cache data (likely due to SWA or hybrid/recurrent memory, see "
+                          "https://github.com/ggml-org/llama.cpp/pull/13194#issuecomment-2868343055)")
+            n_past = 0
         self.kv.truncate(s.seq, n_past)
         s.tokens = s.tokens[:n_past]
         r.n_past = r.n_cached = n_past
