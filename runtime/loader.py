@@ -15,9 +15,9 @@
   one QWeight of all experts' rows stacked ([n_expert * n_ff_exp, n_embd] / [n_expert * n_embd,
   n_ff_exp]; expert e's rows start at e * rows_per_expert); phi3's fused `attn_qkv` and gate+up
   `ffn_up` come back split into those same names (row views, `runtime/arch/phi3.py`).
-  Matrices are `QWeight` in their file type, sharing memory with the file's copy-on-write mapping, which is never written (`mapped`: a
-  backend that repacks a matrix may drop its pages from memory afterwards);
-  1-D tensors are float32.
+  Matrices are `QWeight` in their file type, sharing memory with the file's copy-on-write mapping,
+  which is never written (`mapped`: a backend that repacks a matrix may drop its pages from memory
+  afterwards); 1-D tensors are float32.
 - `file_type` (llama.cpp's ftype name, e.g. "all F32", "Q4_K - Medium"), `n_params`, `size`
   (bytes of tensor data), `gguf_metadata` (all KV metadata as plain Python values).
 

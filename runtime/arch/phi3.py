@@ -19,7 +19,9 @@
 The fused tensors are split at load (`split_weights`) into the names every architecture uses
 (`attn_q/k/v.weight`, `ffn_gate.weight` = the first half of `ffn_up`, `ffn_up.weight` = the
 second): row views of the mapped file, no copy, whatever the GGUF type (blocks run along a row).
-The forward is then the default llama-style one (`ArchSpec()`).
+The forward is then the default llama-style one (`ArchSpec()`). A LoRA adapter for phi3 names the
+fused tensors (`attn_qkv`), which the split model no longer has: it is refused at load
+("does not exist in base model").
 """
 from __future__ import annotations
 
