@@ -13,10 +13,11 @@
   model has one; also `config.rope_freq_factors`); qwen3moe: `blk.{i}.ffn_gate_inp.weight` (router
   [n_expert, n_embd]) and `ffn_gate_exps/ffn_up_exps/ffn_down_exps.weight`, 3-D in the file, each
   one QWeight of all experts' rows stacked ([n_expert * n_ff_exp, n_embd] / [n_expert * n_embd,
-  n_ff_exp]; expert e's rows start at e * rows_per_expert). Matrices are `QWeight` in their file type,
-  sharing memory with the file's copy-on-write mapping, which is never written (`mapped`: a
-  backend that repacks a matrix may drop its pages from memory afterwards);
-  1-D tensors are float32.
+  n_ff_exp]; expert e's rows start at e * rows_per_expert); phi3's fused `attn_qkv` and gate+up
+  `ffn_up` come back split into those same names (row views, `runtime/arch/phi3.py`).
+  Matrices are `QWeight` in their file type, sharing memory with the file's copy-on-write mapping,
+  which is never written (`mapped`: a backend that repacks a matrix may drop its pages from memory
+  afterwards); 1-D tensors are float32.
 - `file_type` (llama.cpp's ftype name, e.g. "all F32", "Q4_K - Medium"), `n_params`, `size`
   (bytes of tensor data), `gguf_metadata` (all KV metadata as plain Python values).
 
@@ -288,6 +289,7 @@ def _load_gguf(path: Path, _progress=print_progress) -> LoadedModel:
             data = t.reshape(rows, -1)
             weights[info.name] = QWeight(data, info.qtype, rows, cols, mapped=True)
 
+    archs.split_weights(config, weights)  # phi3: fused attn_qkv / gate+up ffn_up -> separate views
     config.rope_freq_factors = weights.get("rope_freqs.weight")
     ft = gf.metadata.get("general.file_type")
     if ft is None:

@@ -1,4 +1,5 @@
-"""Decoder forward for llama / mistral / qwen2 / qwen3 / qwen3moe / gemma / gemma2 / gemma3 over the paged KV cache.
+"""Decoder forward for llama / mistral / qwen2 / qwen3 / qwen3moe / gemma / gemma2 / gemma3 / phi3 over the
+paged KV cache.
 
 One `forward` call processes a batch of sequences of different lengths (prefill chunks and
 single decode tokens mixed): their new tokens are concatenated into one [T] row of tokens, every

@@ -4,7 +4,10 @@
   2 KV heads, FFN 704, context 4096) plus weight type and seed. `qwen3moe`: qwen3 attention and a
   mixture-of-experts FFN (`n_expert` experts of `n_ff_exp` rows, `n_expert_used` per token; router
   `ffn_gate_inp` kept in F32 as llama.cpp's quantizer keeps it; experts as 3-D `ffn_*_exps`).
-  `MOE_SPEC` is the tests' tiny one.
+  `MOE_SPEC` is the tests' tiny one. `phi3`: fused `attn_qkv` (q, k, v rows stacked) and `ffn_up`
+  holding gate and up ([2 n_ff, n_embd]), no `ffn_gate`; `sliding_window` > 0 writes
+  `phi3.attention.sliding_window` (which llama.cpp b1-0c1e570 ignores for phi3). `PHI3_SPEC` is the
+  tests' tiny one.
 - `write_tiny_model(path, spec, vocab=None | path to a vocab-only GGUF | "builtin")` writes the
   file with `gguf.GGUFWriter`. With `/work/shared/vocab/ggml-vocab-qwen2.gguf` and `--type f32`
   it has exactly the lesson's 80,611,584 parameters and 322,446,336 bytes of tensor data.
@@ -32,7 +35,7 @@ from runtime.gguf import KV, read_gguf
 
 __all__ = [
     "TinyModelSpec", "write_tiny_model", "vocab_from_gguf", "ensure_default_model", "quantize",
-    "BUILTIN_SPEC", "MOE_SPEC", "WEIGHT_TYPES", "ARCHS",
+    "BUILTIN_SPEC", "MOE_SPEC", "PHI3_SPEC", "WEIGHT_TYPES", "ARCHS",
 ]
 
 Q = GGMLQuantizationType
@@ -61,6 +64,7 @@ class TinyModelSpec:
     n_expert_used: int = 2  # qwen3moe: experts per token
     n_ff_exp: int = 64  # qwen3moe: rows of each expert's gate / up (cols of its down)
     router_std: float = 0.0  # qwen3moe: std of the router weights (0: init_std)
+    sliding_window: int = 0  # phi3: written as attention.sliding_window when > 0
 
 
 BUILTIN_SPEC = TinyModelSpec(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=352,
@@ -70,7 +74,13 @@ BUILTIN_SPEC = TinyModelSpec(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=
 MOE_SPEC = TinyModelSpec(arch="qwen3moe", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256,
                          n_ctx=512, head_dim=32, name="tiny-random-qwen3moe", seed=3,
                          n_expert=8, n_expert_used=2, n_ff_exp=64, router_std=0.5, init_std=0.05)
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe")
+# the tests' tiny phi3 (2 layers, GQA 4/2 heads of 32, FFN 256); its sliding window of 16 is
+# shorter than the tests' sequences, so that applying it (llama.cpp does not) would show. Its name
+# must not contain "phi3" / "phi-3": llama.cpp then sets phi-3 token attributes and throws
+# (unordered_map::at) when the vocabulary lacks "</s>", "<unk>" or "<s>", as the built-in one does
+PHI3_SPEC = TinyModelSpec(arch="phi3", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256,
+                          n_ctx=512, name="tiny-random-phi", seed=5, init_std=0.05, sliding_window=16)
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3")
 _BUILTIN_VERSION = 1  # bump when the built-in vocab/spec changes (cache file name)
 
 
@@ -239,9 +249,12 @@ def tensor_shapes(spec: TinyModelSpec, n_vocab: int) -> list[tuple[str, tuple[in
     for i in range(spec.n_layer):
         p = f"blk.{i}."
         out.append((p + "attn_norm.weight", (spec.n_embd,)))
-        out.append((p + "attn_q.weight", (q_dim, spec.n_embd)))
-        out.append((p + "attn_k.weight", (kv_dim, spec.n_embd)))
-        out.append((p + "attn_v.weight", (kv_dim, spec.n_embd)))
+        if spec.arch == "phi3":  # q, k, v stacked by rows
+            out.append((p + "attn_qkv.weight", (q_dim + 2 * kv_dim, spec.n_embd)))
+        else:
+            out.append((p + "attn_q.weight", (q_dim, spec.n_embd)))
+            out.append((p + "attn_k.weight", (kv_dim, spec.n_embd)))
+            out.append((p + "attn_v.weight", (kv_dim, spec.n_embd)))
         if spec.arch == "qwen2":
             out += [(p + "attn_q.bias", (q_dim,)), (p + "attn_k.bias", (kv_dim,)),
                     (p + "attn_v.bias", (kv_dim,))]
@@ -254,8 +267,11 @@ def tensor_shapes(spec: TinyModelSpec, n_vocab: int) -> list[tuple[str, tuple[in
             out += [(p + "ffn_gate_inp.weight", (E, spec.n_embd)), (p + "ffn_gate_exps.weight", (E, F, spec.n_embd)),
                     (p + "ffn_up_exps.weight", (E, F, spec.n_embd)), (p + "ffn_down_exps.weight", (E, spec.n_embd, F))]
             continue
-        out.append((p + "ffn_gate.weight", (spec.n_ff, spec.n_embd)))
-        out.append((p + "ffn_up.weight", (spec.n_ff, spec.n_embd)))
+        if spec.arch == "phi3":  # gate and up stacked by rows in ffn_up
+            out.append((p + "ffn_up.weight", (2 * spec.n_ff, spec.n_embd)))
+        else:
+            out.append((p + "ffn_gate.weight", (spec.n_ff, spec.n_embd)))
+            out.append((p + "ffn_up.weight", (spec.n_ff, spec.n_embd)))
         out.append((p + "ffn_down.weight", (spec.n_embd, spec.n_ff)))
     out.append(("output_norm.weight", (spec.n_embd,)))
     if not spec.tie_embeddings:
@@ -304,6 +320,8 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
         w.add_expert_count(spec.n_expert)
         w.add_expert_used_count(spec.n_expert_used)
         w.add_expert_feed_forward_length(spec.n_ff_exp)
+    if spec.sliding_window > 0:
+        w.add_sliding_window(spec.sliding_window)
     if spec.head_dim is not None or spec.arch in ("qwen3", "qwen3moe"):
         w.add_key_length(hd)
         w.add_value_length(hd)

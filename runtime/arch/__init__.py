@@ -3,21 +3,23 @@
 `runtime.model.Model` runs one decoder loop for every supported architecture; an `ArchSpec`
 says what varies: the embedding scale, the FFN activation, the extra norms, the attention scale
 and soft-caps, and per layer the sliding window and the RoPE base. The architecture modules
-(`runtime/arch/gemma.py`, `runtime/arch/qwen3moe.py`) read their GGUF keys into `ModelConfig`
-(`configure`) and derive the spec (`spec_for`); llama / mistral / qwen2 / qwen3 use the default
-spec. `moe`: the FFN of every layer is a mixture of experts (`qwen3moe.MoeFFN`).
+(`runtime/arch/gemma.py`, `runtime/arch/qwen3moe.py`, `runtime/arch/phi3.py`) read their GGUF keys
+into `ModelConfig` (`configure`) and derive the spec (`spec_for`); llama / mistral / qwen2 / qwen3 /
+phi3 use the default spec. `moe`: the FFN of every layer is a mixture of experts
+(`qwen3moe.MoeFFN`). `split_weights`: the loader's hook that turns an architecture's fused tensors
+(phi3's `attn_qkv`, gate+up `ffn_up`) into the separate names the forward reads.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import gemma, qwen3moe
+from . import gemma, phi3, qwen3moe
 
 # arch -> NEOX rope (half-split pairs) or the "normal" pairwise rope (GGUF llama weights are
 # permuted for it); the loader accepts exactly these
 ROPE_NEOX = {"llama": False, "mistral": False, "qwen2": True, "qwen3": True,
-             **{a: True for a in gemma.ARCHS}, **{a: True for a in qwen3moe.ARCHS}}
+             **{a: True for a in gemma.ARCHS}, **{a: True for a in qwen3moe.ARCHS}, **{a: True for a in phi3.ARCHS}}
 
 
 @dataclass
@@ -42,6 +44,14 @@ def configure(md: dict[str, Any], cfg) -> None:
         gemma.configure(md, cfg)
     elif cfg.arch in qwen3moe.ARCHS:
         qwen3moe.configure(md, cfg)
+    elif cfg.arch in phi3.ARCHS:
+        phi3.configure(md, cfg)
+
+
+def split_weights(cfg, weights: dict[str, Any]) -> None:
+    """Split the architecture's fused tensors in place (the loader calls it once the weights are read)."""
+    if cfg.arch in phi3.ARCHS:
+        phi3.split_weights(cfg, weights)
 
 
 def spec_for(cfg) -> ArchSpec:
@@ -52,4 +62,4 @@ def spec_for(cfg) -> ArchSpec:
     return ArchSpec()
 
 
-__all__ = ["ArchSpec", "ROPE_NEOX", "configure", "spec_for"]
+__all__ = ["ArchSpec", "ROPE_NEOX", "configure", "spec_for", "split_weights"]
