@@ -17,7 +17,6 @@ import os
 if os.environ.get("TRITIUM_KERNEL_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import hashlib
 import importlib.util
 import json
 import math
@@ -37,7 +36,7 @@ from runtime.kv_cache import SeqKV
 from runtime.loader import load_model
 from runtime.model import Model, SeqBatch
 from runtime.tiny_model import quantize
-from runtime.tokenizer import load_tokenizer
+from tests.llama_tokens import compare
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "qwen3moe_greedy.json"
@@ -364,26 +363,6 @@ def test_decode_graph_runner_triton_interpreter(model_files):
     torch.testing.assert_close(run(True), run(False), rtol=1e-4, atol=1e-4)
 
 
-def greedy(m: Model, prompt: list[int], n: int, banned: list[int], cache: torch.dtype) -> list[int]:
-    """n greedy tokens, end-of-generation tokens `banned` (llama-server's ignore_eos)."""
-    kv = m.new_cache(len(prompt) + n + 16, dtype=cache)
-    seq = SeqKV()
-    kv.reserve(seq, len(prompt) + n)
-    logits, _ = m.forward(kv, [SeqBatch(seq, prompt, 0)])
-    seq.n_tokens = len(prompt)
-    out = []
-    for _ in range(n):
-        row = logits[0].clone()
-        row[banned] = -math.inf
-        tok = int(row.argmax())
-        out.append(tok)
-        if len(out) == n:
-            break
-        logits, _ = m.forward(kv, [SeqBatch(seq, [tok], seq.n_tokens)])
-        seq.n_tokens += 1
-    return out
-
-
 # prompts (of 8) whose 24 greedy tokens equal llama-server's, per (variant, configuration of
 # scripts/record_moe_reference.py). "f32attn" (float32 attention on both sides) checks the
 # mixture-of-experts computation itself: every prompt on every weight type (Q8_0 only since
@@ -398,20 +377,8 @@ NEED = {("f32", "f32attn"): 8, ("q4_k", "f32attn"): 8, ("q8_0", "f32attn"): 8,
 
 @pytest.mark.parametrize("variant,config", sorted(NEED))
 def test_greedy_matches_llama_server(model_files, recorded, variant, config):
-    path = model_files[variant]
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == recorded["sha256"][variant], \
-        "the generated model differs from the recorded one: rerun scripts/record_moe_reference.py"
-    lm = load_model(path, progress=lambda m: None)
-    m = Model(lm, "cpu")  # the server's path (CPU backend)
-    banned = sorted(load_tokenizer(lm.gguf_metadata).eot_ids)
-    want = recorded["tokens"][variant][config]
-    prompts = recorded["token_prompts"] + want["text_prompt_ids"]
-    expected = want["token_prompts"] + want["text_prompts"]
-    cache = torch.float32 if config == "f32attn" else torch.float16  # as llama-server's -ctk / -ctv
-    got = [greedy(m, p, recorded["n_predict"], banned, cache) for p in prompts]
-    prefix = [next((i for i, (a, b) in enumerate(zip(g, e)) if a != b), len(e)) for g, e in zip(got, expected)]
-    same = sum(g == e for g, e in zip(got, expected))
-    assert len(prompts) == 8 and same >= NEED[(variant, config)], f"{same}/8 identical; matching prefixes {prefix}"
+    same, prefix = compare(model_files[variant], recorded, variant, config, "scripts/record_moe_reference.py")
+    assert same >= NEED[(variant, config)], f"{same}/8 identical; matching prefixes {prefix}"
 
 
 @pytest.mark.parametrize("variant,config,args", [("f32", "default", []),

@@ -1,0 +1,53 @@
+"""Greedy tokens of a tiny generated model against llama-server's, as recorded by the
+scripts/record_*_reference.py scripts (tests/data/*_greedy.json: per variant its sha256 and, per
+server configuration, the tokens of the token prompts and of the text prompts)."""
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+import torch
+
+from runtime.kv_cache import SeqKV
+from runtime.loader import load_model
+from runtime.model import Model, SeqBatch
+from runtime.tokenizer import load_tokenizer
+
+
+def greedy(m: Model, prompt: list[int], n: int, banned: list[int], cache: torch.dtype) -> list[int]:
+    """n greedy tokens, end-of-generation tokens `banned` (llama-server's ignore_eos)."""
+    kv = m.new_cache(len(prompt) + n + 16, dtype=cache)
+    seq = SeqKV()
+    kv.reserve(seq, len(prompt) + n)
+    logits, _ = m.forward(kv, [SeqBatch(seq, prompt, 0)])
+    seq.n_tokens = len(prompt)
+    out = []
+    for _ in range(n):
+        row = logits[0].clone()
+        row[banned] = -math.inf
+        tok = int(row.argmax())
+        out.append(tok)
+        if len(out) == n:
+            break
+        logits, _ = m.forward(kv, [SeqBatch(seq, [tok], seq.n_tokens)])
+        seq.n_tokens += 1
+    return out
+
+
+def compare(path: Path, recorded: dict, variant: str, config: str, script: str) -> tuple[int, list[int]]:
+    """(prompts whose tokens equal llama-server's, matching prefix length per prompt) for one
+    variant of the model under one recorded server configuration ("f32attn": float32 KV cache)."""
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == recorded["sha256"][variant], \
+        f"the generated model differs from the recorded one: rerun {script}"
+    lm = load_model(path, progress=lambda m: None)
+    m = Model(lm, "cpu")  # the server's path (CPU backend)
+    banned = sorted(load_tokenizer(lm.gguf_metadata).eot_ids)
+    want = recorded["tokens"][variant][config]
+    prompts = recorded["token_prompts"] + want["text_prompt_ids"]
+    expected = want["token_prompts"] + want["text_prompts"]
+    cache = torch.float32 if config == "f32attn" else torch.float16  # as llama-server's -ctk / -ctv
+    got = [greedy(m, p, recorded["n_predict"], banned, cache) for p in prompts]
+    assert len(prompts) == 8
+    prefix = [next((i for i, (a, b) in enumerate(zip(g, e)) if a != b), len(e)) for g, e in zip(got, expected)]
+    return sum(g == e for g, e in zip(got, expected)), prefix
