@@ -5,7 +5,9 @@
   tied to the token embeddings, n_head * head_dim != n_embd;
 - greedy tokens equal to llama-server b1-0c1e570's on the same files (tests/data/gemma3_greedy.json,
   recorded by scripts/record_gemma3_reference.py with llama-server's defaults and with float32
-  attention, `-ctk f32 -ctv f32 -fa off`); every sequence but one is longer than the window;
+  attention, `-ctk f32 -ctv f32 -fa off`); every sequence but one is longer than the window, and
+  the same weights without it (or with the global RoPE base on local layers) part from them; the
+  server serving the f32 model (with and without --swa-full);
 - scripts/make_tiny_model.py --arch gemma3.
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
@@ -156,6 +159,23 @@ def test_recorded_tokens_see_window_and_local_rope(tmp_path, recorded, change):
     path = write_tiny_model(tmp_path / "changed.gguf", replace(GEMMA3_SPEC, **change), vocab="builtin")
     same, prefix = run_greedy(path, recorded, "f32", "f32attn")
     assert same <= 2, f"{same}/8 identical; matching prefixes {prefix}"
+
+
+@pytest.mark.parametrize("swa_full", [False, True])
+def test_server_serves_gemma3(start_server, model_files, recorded, swa_full):
+    """/tokenize and /completion on every recorded prompt: llama-server's tokens, with the local
+    layers' cache holding only their window (the default) and with --swa-full."""
+    srv = start_server("-m", str(model_files["f32"]), "-c", "512", "-np", "1", *(["--swa-full"] if swa_full else []))
+    want = recorded["tokens"]["f32"]["default"]
+    for text, ids, toks in zip(recorded["text_prompts"], want["text_prompt_ids"], want["text_prompts"]):
+        r = httpx.post(srv.url + "/tokenize", json={"content": text, "add_special": True}, timeout=60)
+        assert r.json()["tokens"] == ids
+        r = httpx.post(srv.url + "/completion", json=dict(recorded["request"], prompt=text), timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["tokens"] == toks
+    for prompt, toks in zip(recorded["token_prompts"], want["token_prompts"]):
+        r = httpx.post(srv.url + "/completion", json=dict(recorded["request"], prompt=prompt), timeout=120)
+        assert r.json()["tokens"] == toks
 
 
 def test_make_tiny_model_cli(tmp_path):
