@@ -7,7 +7,12 @@
   `MOE_SPEC` is the tests' tiny one. `phi3`: fused `attn_qkv` (q, k, v rows stacked) and `ffn_up`
   holding gate and up ([2 n_ff, n_embd]), no `ffn_gate`; `sliding_window` > 0 writes
   `phi3.attention.sliding_window` (which llama.cpp b1-0c1e570 ignores for phi3). `PHI3_SPEC` is the
-  tests' tiny one.
+  tests' tiny one. `gemma3`: q/k RMSNorms (`attn_q_norm`, `attn_k_norm`), post-attention and
+  post-FFN RMSNorms (`post_attention_norm`, `post_ffw_norm`), `key_length` / `value_length` always
+  written; `sliding_window` > 0 makes every layer but each sixth local (llama.cpp's default pattern
+  of 6), `rope_freq_base_swa` > 0 is written as `gemma3.rope.freq_base_swa` (otherwise llama.cpp's
+  default 10000). `GEMMA3_SPEC` is the tests' tiny one (6 layers: 5 local, 1 global).
+- `norm_std` > 0: norm weights 1 + N(0, norm_std) instead of ones (gemma's GGUF norms hold 1 + w).
 - `write_tiny_model(path, spec, vocab=None | path to a vocab-only GGUF | "builtin")` writes the
   file with `gguf.GGUFWriter`. With `/work/shared/vocab/ggml-vocab-qwen2.gguf` and `--type f32`
   it has exactly the lesson's 80,611,584 parameters and 322,446,336 bytes of tensor data.
@@ -35,7 +40,7 @@ from runtime.gguf import KV, read_gguf
 
 __all__ = [
     "TinyModelSpec", "write_tiny_model", "vocab_from_gguf", "ensure_default_model", "quantize",
-    "BUILTIN_SPEC", "MOE_SPEC", "PHI3_SPEC", "WEIGHT_TYPES", "ARCHS",
+    "BUILTIN_SPEC", "MOE_SPEC", "PHI3_SPEC", "GEMMA3_SPEC", "WEIGHT_TYPES", "ARCHS",
 ]
 
 Q = GGMLQuantizationType
@@ -64,7 +69,9 @@ class TinyModelSpec:
     n_expert_used: int = 2  # qwen3moe: experts per token
     n_ff_exp: int = 64  # qwen3moe: rows of each expert's gate / up (cols of its down)
     router_std: float = 0.0  # qwen3moe: std of the router weights (0: init_std)
-    sliding_window: int = 0  # phi3: written as attention.sliding_window when > 0
+    sliding_window: int = 0  # phi3 / gemma3: written as attention.sliding_window when > 0
+    rope_freq_base_swa: float = 0.0  # gemma3: rope.freq_base_swa when > 0 (local layers' RoPE base)
+    norm_std: float = 0.0  # > 0: norm weights 1 + N(0, norm_std) (0: ones)
 
 
 BUILTIN_SPEC = TinyModelSpec(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=352,
@@ -80,7 +87,15 @@ MOE_SPEC = TinyModelSpec(arch="qwen3moe", n_layer=2, n_embd=128, n_head=4, n_hea
 # (unordered_map::at) when the vocabulary lacks "</s>", "<unk>" or "<s>", as the built-in one does
 PHI3_SPEC = TinyModelSpec(arch="phi3", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256,
                           n_ctx=512, name="tiny-random-phi", seed=5, init_std=0.05, sliding_window=16)
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3")
+# the tests' tiny gemma3 (6 layers: 0-4 local with a window of 8, 5 global; 4 query heads and one KV
+# head of 64, so that n_head * head_dim = 256 != n_embd = 128 as in the real gemma3s; FFN 256; tied
+# output). Global RoPE base 1e6, local the default 10000 (no rope.freq_base_swa key); norm weights
+# around 1 as gemma's GGUF stores them (1 + w)
+GEMMA3_SPEC = TinyModelSpec(arch="gemma3", n_layer=6, n_embd=128, n_head=4, n_head_kv=1, n_ff=256,
+                            n_ctx=512, head_dim=64, rope_freq_base=1e6, rms_eps=1e-6,
+                            name="tiny-random-gemma3", seed=7, init_std=0.02, tie_embeddings=True,
+                            sliding_window=8, norm_std=0.3)
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3")
 _BUILTIN_VERSION = 1  # bump when the built-in vocab/spec changes (cache file name)
 
 
@@ -258,9 +273,11 @@ def tensor_shapes(spec: TinyModelSpec, n_vocab: int) -> list[tuple[str, tuple[in
         if spec.arch == "qwen2":
             out += [(p + "attn_q.bias", (q_dim,)), (p + "attn_k.bias", (kv_dim,)),
                     (p + "attn_v.bias", (kv_dim,))]
-        if spec.arch in ("qwen3", "qwen3moe"):
+        if spec.arch in ("qwen3", "qwen3moe", "gemma3"):
             out += [(p + "attn_q_norm.weight", (hd,)), (p + "attn_k_norm.weight", (hd,))]
         out.append((p + "attn_output.weight", (spec.n_embd, q_dim)))
+        if spec.arch == "gemma3":
+            out.append((p + "post_attention_norm.weight", (spec.n_embd,)))
         out.append((p + "ffn_norm.weight", (spec.n_embd,)))
         if spec.arch == "qwen3moe":  # numpy shapes [n_expert, rows, cols] (GGUF ne reversed)
             E, F = spec.n_expert, spec.n_ff_exp
@@ -273,6 +290,8 @@ def tensor_shapes(spec: TinyModelSpec, n_vocab: int) -> list[tuple[str, tuple[in
             out.append((p + "ffn_gate.weight", (spec.n_ff, spec.n_embd)))
             out.append((p + "ffn_up.weight", (spec.n_ff, spec.n_embd)))
         out.append((p + "ffn_down.weight", (spec.n_embd, spec.n_ff)))
+        if spec.arch == "gemma3":
+            out.append((p + "post_ffw_norm.weight", (spec.n_embd,)))
     out.append(("output_norm.weight", (spec.n_embd,)))
     if not spec.tie_embeddings:
         out.append(("output.weight", (n_vocab, spec.n_embd)))
@@ -322,7 +341,9 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
         w.add_expert_feed_forward_length(spec.n_ff_exp)
     if spec.sliding_window > 0:
         w.add_sliding_window(spec.sliding_window)
-    if spec.head_dim is not None or spec.arch in ("qwen3", "qwen3moe"):
+    if spec.rope_freq_base_swa > 0:
+        w.add_key_value(f"{spec.arch}.rope.freq_base_swa", float(spec.rope_freq_base_swa), GGUFValueType.FLOAT32)
+    if spec.head_dim is not None or spec.arch in ("qwen3", "qwen3moe", "gemma3"):
         w.add_key_length(hd)
         w.add_value_length(hd)
     w.add_vocab_size(n_vocab)
@@ -341,6 +362,8 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
         if len(shape) == 1:
             if name.endswith(".bias"):
                 arr = (rng.standard_normal(shape, dtype=np.float32) * spec.init_std).astype(np.float32)
+            elif spec.norm_std > 0:  # norm weights around 1
+                arr = (1.0 + rng.standard_normal(shape, dtype=np.float32) * spec.norm_std).astype(np.float32)
             else:
                 arr = np.ones(shape, dtype=np.float32)  # norm weights
             w.add_tensor(name, arr)

@@ -12,6 +12,9 @@ vocabulary unless --vocab is given):
 The tests' tiny phi3 (runtime.tiny_model.PHI3_SPEC: 2 layers, fused attn_qkv and gate+up ffn_up,
 sliding window 16; the built-in vocabulary unless --vocab is given):
     python scripts/make_tiny_model.py --arch phi3 --out tiny-phi3.gguf [--type q8_0]
+The tests' tiny gemma3 (runtime.tiny_model.GEMMA3_SPEC: 6 layers, 5 local with a window of 8 and
+a global one, q/k norms and post-norms, tied output; the built-in vocabulary unless --vocab is given):
+    python scripts/make_tiny_model.py --arch gemma3 --out tiny-gemma3.gguf [--type q8_0]
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.tiny_model import (  # noqa: E402
-    ARCHS, BUILTIN_SPEC, MOE_SPEC, PHI3_SPEC, WEIGHT_TYPES, TinyModelSpec, write_tiny_model)
+    ARCHS, BUILTIN_SPEC, GEMMA3_SPEC, MOE_SPEC, PHI3_SPEC, WEIGHT_TYPES, TinyModelSpec, write_tiny_model)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--experts", type=int, help="qwen3moe: experts per layer")
     ap.add_argument("--experts-used", type=int, help="qwen3moe: experts per token")
     ap.add_argument("--ff-exp", type=int, help="qwen3moe: FFN length of each expert")
-    ap.add_argument("--sliding-window", type=int, help="phi3: attention.sliding_window (0: none)")
+    ap.add_argument("--sliding-window", type=int, help="phi3 / gemma3: attention.sliding_window (0: none)")
+    ap.add_argument("--rope-base-swa", type=float, help="gemma3: rope.freq_base_swa (0: not written)")
     ap.add_argument("--rope-base", type=float)
     ap.add_argument("--rms-eps", type=float)
     ap.add_argument("--n-vocab", type=int, help="vocabulary rows when no vocabulary is given")
@@ -59,12 +63,12 @@ def main(argv: list[str] | None = None) -> int:
                          "random floats (seconds instead of hours for an 8B shape)")
     a = ap.parse_args(argv)
 
-    own = {"qwen3moe": MOE_SPEC, "phi3": PHI3_SPEC}.get(a.arch)  # arch with its own tiny shape
+    own = {"qwen3moe": MOE_SPEC, "phi3": PHI3_SPEC, "gemma3": GEMMA3_SPEC}.get(a.arch)  # arch with its own tiny shape
     base = own or (BUILTIN_SPEC if a.builtin else TinyModelSpec())
     builtin = a.builtin or (own is not None and not a.vocab)
     overrides = dict(n_expert=a.experts, n_expert_used=a.experts_used, n_ff_exp=a.ff_exp, arch=a.arch, n_layer=a.layers, n_embd=a.embd, n_head=a.heads,
                      n_head_kv=a.kv_heads, head_dim=a.head_dim, n_ff=a.ff, n_ctx=a.ctx,
-                     rope_freq_base=a.rope_base, sliding_window=a.sliding_window, rms_eps=a.rms_eps, seed=a.seed,
+                     rope_freq_base=a.rope_base, sliding_window=a.sliding_window, rope_freq_base_swa=a.rope_base_swa, rms_eps=a.rms_eps, seed=a.seed,
                      n_vocab=a.n_vocab, name=a.name, tie_embeddings=a.tied, random_blocks=a.random_blocks)
     spec = replace(base, wtype=a.type, **{k: v for k, v in overrides.items() if v is not None})
     t0 = time.perf_counter()

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Records llama-server's greedy tokens on the tiny random gemma3 models into
+tests/data/gemma3_greedy.json (tests/test_gemma3_tiny.py compares tritium's with them).
+
+The models are generated here, deterministically (`gemma3_variants`: runtime.tiny_model.GEMMA3_SPEC
+in F32 and Q8_0, the Q8_0 one with an explicit `gemma3.rope.freq_base_swa` of 5000, and a 256-dim
+Q4_K one), so that the tests regenerate the very same files (their sha256 are recorded and
+checked) without the reference binary. Their sliding window (8) is shorter than every sequence but
+one (prompt + 24 generated tokens), so the five local layers' window and RoPE base and the global
+layer's are all exercised. Prompts, request and the two recorded configurations ("default":
+llama-server's float16 KV cache and flash attention; "f32attn": `-ctk f32 -ctv f32 -fa off`) are
+those of scripts/record_moe_reference.py (its docstring says why both).
+
+    python scripts/record_gemma3_reference.py --server /work/lsb/llama-server \\
+        --out tests/data/gemma3_greedy.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import record_moe_reference as moe_ref  # noqa: E402
+from runtime.tiny_model import GEMMA3_SPEC, TinyModelSpec, write_tiny_model  # noqa: E402
+
+
+def gemma3_variants() -> dict[str, TinyModelSpec]:
+    """name -> the spec of one recorded model (all on the built-in vocabulary)."""
+    return {"f32": GEMMA3_SPEC, "q8_0": replace(GEMMA3_SPEC, wtype="q8_0", rope_freq_base_swa=5000.0),
+            "q4_k": replace(GEMMA3_SPEC, wtype="q4_k", n_embd=256, n_ff=512, head_dim=256, seed=8)}
+
+
+def write_variant(name: str, out_dir: Path) -> Path:
+    path = out_dir / f"tiny-gemma3-{name}.gguf"
+    write_tiny_model(path, gemma3_variants()[name], vocab="builtin")
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--server", default="/work/lsb/llama-server")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "tests/data/gemma3_greedy.json"))
+    ap.add_argument("--port", type=int, default=8700)
+    a = ap.parse_args()
+    out = {"reference": "llama-server b1-0c1e570", "command": " ".join(["python", *sys.argv]),
+           "server_args": moe_ref.server_args(Path("MODEL")), "configs": moe_ref.CONFIGS,
+           "request": moe_ref.request("PROMPT"), "token_prompts": moe_ref.TOKEN_PROMPTS,
+           "text_prompts": moe_ref.TEXT_PROMPTS, "n_predict": moe_ref.N_PREDICT, "sha256": {}, "tokens": {}}
+    with tempfile.TemporaryDirectory() as d:
+        for name in gemma3_variants():
+            model = write_variant(name, Path(d))
+            out["sha256"][name] = moe_ref.sha256(model)
+            out["tokens"][name] = {c: moe_ref.record(a.server, model, a.port, c) for c in moe_ref.CONFIGS}
+    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
