@@ -36,10 +36,16 @@ def greedy(m: Model, prompt: list[int], n: int, banned: list[int], cache: torch.
 
 
 def compare(path: Path, recorded: dict, variant: str, config: str, script: str) -> tuple[int, list[int]]:
-    """(prompts whose tokens equal llama-server's, matching prefix length per prompt) for one
-    variant of the model under one recorded server configuration ("f32attn": float32 KV cache)."""
+    """`agreement` for the recorded variant's file (its sha256 checked first: `script` records it)."""
     assert hashlib.sha256(path.read_bytes()).hexdigest() == recorded["sha256"][variant], \
         f"the generated model differs from the recorded one: rerun {script}"
+    return agreement(path, recorded, variant, config)
+
+
+def agreement(path: Path, recorded: dict, variant: str, config: str) -> tuple[int, list[int]]:
+    """(prompts whose tokens equal llama-server's, matching prefix length per prompt) for the model
+    at `path` against the recorded tokens of `variant` under one server configuration ("f32attn":
+    float32 KV cache)."""
     lm = load_model(path, progress=lambda m: None)
     m = Model(lm, "cpu")  # the server's path (CPU backend)
     banned = sorted(load_tokenizer(lm.gguf_metadata).eot_ids)

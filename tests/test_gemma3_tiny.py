@@ -17,24 +17,19 @@ import os
 if os.environ.get("TRITIUM_KERNEL_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import hashlib
 import importlib.util
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
-import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 
-from runtime.kv_cache import SeqKV
 from runtime.loader import load_model
-from runtime.model import Model, SeqBatch
-from runtime.tokenizer import load_tokenizer
+from tests.llama_tokens import agreement, compare
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "gemma3_greedy.json"
@@ -92,40 +87,6 @@ def test_file_and_config(model_files):
 # llama-server's tokens
 
 
-def greedy(m: Model, prompt: list[int], n: int, banned: list[int], cache: torch.dtype) -> list[int]:
-    """n greedy tokens, end-of-generation tokens `banned` (llama-server's ignore_eos)."""
-    kv = m.new_cache(len(prompt) + n + 16, dtype=cache)
-    seq = SeqKV()
-    kv.reserve(seq, len(prompt) + n)
-    logits, _ = m.forward(kv, [SeqBatch(seq, prompt, 0)])
-    seq.n_tokens = len(prompt)
-    out = []
-    for _ in range(n):
-        row = logits[0].clone()
-        row[banned] = -math.inf
-        tok = int(row.argmax())
-        out.append(tok)
-        if len(out) == n:
-            break
-        logits, _ = m.forward(kv, [SeqBatch(seq, [tok], seq.n_tokens)])
-        seq.n_tokens += 1
-    return out
-
-
-def run_greedy(path: Path, recorded: dict, variant: str, config: str) -> tuple[int, list[int]]:
-    """(prompts of 8 whose tokens equal llama-server's, each prompt's matching prefix length)."""
-    lm = load_model(path, progress=lambda m: None)
-    m = Model(lm, "cpu")  # the server's path (CPU backend)
-    banned = sorted(load_tokenizer(lm.gguf_metadata).eot_ids)
-    want = recorded["tokens"][variant][config]
-    prompts = recorded["token_prompts"] + want["text_prompt_ids"]
-    expected = want["token_prompts"] + want["text_prompts"]
-    cache = torch.float32 if config == "f32attn" else torch.float16  # as llama-server's -ctk / -ctv
-    got = [greedy(m, p, recorded["n_predict"], banned, cache) for p in prompts]
-    prefix = [next((i for i, (a, b) in enumerate(zip(g, e)) if a != b), len(e)) for g, e in zip(got, expected)]
-    return sum(g == e for g, e in zip(got, expected)), prefix
-
-
 # prompts (of 8) whose 24 greedy tokens must equal llama-server's, per (variant, configuration of
 # scripts/record_gemma3_reference.py), as measured (2026-12-04). F32 weights: every prompt in both
 # configurations (the gemma3 graph itself: window, per-layer RoPE bases, q/k norms, post-norms,
@@ -141,10 +102,7 @@ NEED = {("f32", "f32attn"): 8, ("q8_0", "f32attn"): 6, ("q4_k", "f32attn"): 6,
 
 @pytest.mark.parametrize("variant,config", sorted(NEED))
 def test_greedy_matches_llama_server(model_files, recorded, variant, config):
-    path = model_files[variant]
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == recorded["sha256"][variant], \
-        "the generated model differs from the recorded one: rerun scripts/record_gemma3_reference.py"
-    same, prefix = run_greedy(path, recorded, variant, config)
+    same, prefix = compare(model_files[variant], recorded, variant, config, "scripts/record_gemma3_reference.py")
     assert same >= NEED[(variant, config)], f"{same}/8 identical; matching prefixes {prefix}"
 
 
@@ -157,7 +115,7 @@ def test_recorded_tokens_see_window_and_local_rope(tmp_path, recorded, change):
     from runtime.tiny_model import GEMMA3_SPEC, write_tiny_model
 
     path = write_tiny_model(tmp_path / "changed.gguf", replace(GEMMA3_SPEC, **change), vocab="builtin")
-    same, prefix = run_greedy(path, recorded, "f32", "f32attn")
+    same, prefix = agreement(path, recorded, "f32", "f32attn")
     assert same <= 2, f"{same}/8 identical; matching prefixes {prefix}"
 
 
