@@ -103,24 +103,31 @@ def record(server: str, model: Path, port: int, config: str) -> dict:
         proc.wait()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def record_main(doc: str, out_name: str, port: int, variants, write) -> int:
+    """The command line of a recording script: --server, --out (default tests/data/OUT_NAME), --port;
+    every variant (`variants()`: name -> spec) written by `write(name, dir)`, its sha256 and its
+    tokens under both CONFIGS, into one JSON file."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--server", default="/work/lsb/llama-server")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "tests/data/qwen3moe_greedy.json"))
-    ap.add_argument("--port", type=int, default=8260)
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "tests/data" / out_name))
+    ap.add_argument("--port", type=int, default=port)
     a = ap.parse_args()
     out = {"reference": "llama-server b1-0c1e570", "command": " ".join(["python", *sys.argv]),
            "server_args": server_args(Path("MODEL")), "configs": CONFIGS, "request": request("PROMPT"),
            "token_prompts": TOKEN_PROMPTS, "text_prompts": TEXT_PROMPTS, "n_predict": N_PREDICT,
            "sha256": {}, "tokens": {}}
     with tempfile.TemporaryDirectory() as d:
-        for name in moe_variants():
-            model = write_variant(name, Path(d))
+        for name in variants():
+            model = write(name, Path(d))
             out["sha256"][name] = sha256(model)
             out["tokens"][name] = {c: record(a.server, model, a.port, c) for c in CONFIGS}
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {a.out}")
     return 0
+
+
+def main() -> int:
+    return record_main(__doc__, "qwen3moe_greedy.json", 8260, moe_variants, write_variant)
 
 
 if __name__ == "__main__":

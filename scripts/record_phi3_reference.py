@@ -15,10 +15,7 @@ scripts/record_moe_reference.py (its docstring says why both).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,23 +39,7 @@ def write_variant(name: str, out_dir: Path) -> Path:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--server", default="/work/lsb/llama-server")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "tests/data/phi3_greedy.json"))
-    ap.add_argument("--port", type=int, default=8650)
-    a = ap.parse_args()
-    out = {"reference": "llama-server b1-0c1e570", "command": " ".join(["python", *sys.argv]),
-           "server_args": moe_ref.server_args(Path("MODEL")), "configs": moe_ref.CONFIGS,
-           "request": moe_ref.request("PROMPT"), "token_prompts": moe_ref.TOKEN_PROMPTS,
-           "text_prompts": moe_ref.TEXT_PROMPTS, "n_predict": moe_ref.N_PREDICT, "sha256": {}, "tokens": {}}
-    with tempfile.TemporaryDirectory() as d:
-        for name in phi3_variants():
-            model = write_variant(name, Path(d))
-            out["sha256"][name] = moe_ref.sha256(model)
-            out["tokens"][name] = {c: moe_ref.record(a.server, model, a.port, c) for c in moe_ref.CONFIGS}
-    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {a.out}")
-    return 0
+    return moe_ref.record_main(__doc__, "phi3_greedy.json", 8650, phi3_variants, write_variant)
 
 
 if __name__ == "__main__":
