@@ -73,6 +73,7 @@ def _rank_main(rank: int, world: int, port: int, path: str, out: dict) -> None:
         kv = KVCache(len(model.layers), model.n_head_kv, model.head_dim, 64, 16, torch.float32)
         out[f"kv_heads_{rank}"] = kv.k[0].shape[2]
         serve(model, kv)
+        group.close()  # a rank leaving with gloo's threads alive may die in std::terminate at exit
         return
     kv = TPKVCache(shard, len(model.layers), model.head_dim, 64, 16, torch.float32, "cpu")
     out["kv_heads_0"] = kv.k[0].shape[2]
@@ -93,6 +94,7 @@ def _rank_main(rank: int, world: int, port: int, path: str, out: dict) -> None:
     out.update(logits1=logits1, logits2=logits2, export=exported, reimport=kv.export(b),
                copied=kv.export(share, 8))
     group.send(("stop",))
+    group.close()
 
 
 def _one_rank(path: str) -> dict:
