@@ -138,7 +138,10 @@ def serve_worker(cfg: EngineConfig, log: Log) -> None:
                  cfg.block_size, _kv_dtype(cfg), model.device)
     log("I", f"srv    load_model: KV cache of rank {model.tp.group.rank}: {model.n_head_kv} of "
              f"{model.tp.heads.n_head_kv} KV heads, {kv.k[0].numel() * kv.k[0].element_size() * 2 * len(kv.k) / 2**20:.1f} MiB")
-    serve(model, kv)
+    try:
+        serve(model, kv)
+    finally:  # leaving with gloo's threads alive can end the process in std::terminate
+        model.tp.group.close()
 
 
 def load(cfg: EngineConfig, log: Log) -> Loaded:
