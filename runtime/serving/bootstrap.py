@@ -6,6 +6,7 @@ size the slots and the KV cache, set up CUDA graphs and warm up.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 import time
@@ -214,8 +215,17 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
         "n_layer": c.n_layer,
         "path": path,
     }
+    trim_heap()  # the tokenizer's build and the repack leave freed heap pages behind (~33 MiB for Gemma 3)
     return Loaded(model, kv, runner, tk, chat_template, vocab, prompt_cache, n_ctx, n_slots, n_ctx_slot, unified,
                   model_info)
+
+
+def trim_heap() -> None:
+    """Hand the free pages of the C heap back to the system (glibc's malloc_trim; nothing elsewhere)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _swa_pool(cfg: EngineConfig, model: Model, n_slots: int, n_blocks: int, log: Log) -> tuple[list[int] | None, int]:

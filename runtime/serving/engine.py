@@ -16,7 +16,6 @@ forward) -> `Scheduler.postprocess(plan, out)` (books, sampling, stop rules, eve
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import gc
 import itertools
 import queue
@@ -216,10 +215,7 @@ class Engine:
         self.model = self.kv = self.runner = self.prompt_cache = self.scheduler = None
         self.slots = []
         gc.collect()
-        try:  # hand the freed heap back to the system
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
+        bootstrap.trim_heap()  # hand the freed heap back to the system
 
     def _exit_sleep(self) -> None:
         if not self.sleeping:
