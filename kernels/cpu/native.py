@@ -165,16 +165,21 @@ _FROM_ENV = {"avx512vnni": "avx512", "avxvnni": "avx2", "avx2": "avx2", "vnni-em
 
 
 @functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((frozenset(ln.split(":", 1)[1].split()) for ln in f if ln.startswith("flags")), frozenset())
+    except OSError:
+        return frozenset()
+
+
+@functools.cache
 def supported_isas() -> tuple[str, ...]:
     """The builds of KERNELS this CPU runs, best first."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return ("scalar",)
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((set(ln.split(":", 1)[1].split()) for ln in f if ln.startswith("flags")), set())
-    except OSError:
-        flags = set()
-    return tuple(isa for isa in ISA_OPT_FLAGS if _ISA_CPU_FLAGS[isa] <= flags)
+    return tuple(isa for isa in ISA_OPT_FLAGS if _ISA_CPU_FLAGS[isa] <= cpu_flags())
 
 
 def float_isa() -> str:

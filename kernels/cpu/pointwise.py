@@ -4,8 +4,6 @@ compiler) through the reference. Same arithmetic as the reference up to float32 
 mean of squares is summed in float64; cos/sin from the C library)."""
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from .. import ref
@@ -76,15 +74,9 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                      k.shape[0], KVH * D, int(k_cache.dtype == torch.float16))
 
 
-@functools.cache
 def _ggml_swiglu_is_avx512() -> bool:
     """Whether llama.cpp's CPU build on this machine takes the AVX-512 SwiGLU (AVX-512F and DQ)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((set(ln.split(":", 1)[1].split()) for ln in f if ln.startswith("flags")), set())
-    except OSError:
-        return False
-    return {"avx512f", "avx512dq"} <= flags
+    return {"avx512f", "avx512dq"} <= native.cpu_flags()
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -78,22 +78,10 @@ _CODES_SCALES = {2: (128, 16), 3: (128, 32), 6: (160, 16), 7: (160, 32), 8: (256
 
 
 @functools.lru_cache(maxsize=1)
-def _cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-@functools.lru_cache(maxsize=1)
 def _supported() -> tuple[str, ...]:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return ("scalar",)
-    flags = _cpu_flags()
+    flags = native.cpu_flags()
     return tuple(isa for isa in ("avx512vnni", "avxvnni", "avx2", "vnni-emu", "scalar") if _ISA_CPU_FLAGS[isa] <= flags)
 
 
