@@ -161,19 +161,26 @@ class KVCache:
             raise
         seq.blocks.extend(new)
 
-    def _copy_block(self, src: int) -> int:
-        dst = self.pool.alloc()
-        self.copy_data(src, dst)
-        self.pool.release(src)
+    def _copy_block(self, src: int, swa: bool = False) -> int:
+        """Copy on write: a fresh block of the main (or SWA) pool holding block src's K/V, src released."""
+        pool = self.swa_pool if swa else self.pool
+        dst = pool.alloc()
+        if swa:
+            self._copy_layers(src, dst, swa=True)
+        else:
+            self.copy_data(src, dst)
+        pool.release(src)
         return dst
 
     def copy_data(self, src: int, dst: int) -> None:
         """Copy block src's K/V into block dst (every layer of the main pool)."""
+        self._copy_layers(src, dst, swa=False)
+
+    def _copy_layers(self, src: int, dst: int, swa: bool) -> None:
         for layer in range(self.n_layers):
-            if self.is_swa[layer]:
-                continue
-            self.k[layer][dst].copy_(self.k[layer][src])
-            self.v[layer][dst].copy_(self.v[layer][src])
+            if self.is_swa[layer] == swa:
+                self.k[layer][dst].copy_(self.k[layer][src])
+                self.v[layer][dst].copy_(self.v[layer][src])
 
     def truncate(self, seq: SeqKV, n: int) -> None:
         """Keep the first n tokens of `seq`, releasing blocks past them."""
@@ -224,10 +231,7 @@ class KVCache:
         table.extend([NULL_BLOCK] * (need - len(table)))
         w = n_past // BS  # the block the first new row goes to may be shared
         if w < need and table[w] != NULL_BLOCK and pool.refs[table[w]] > 1:
-            dst = pool.alloc()
-            self._copy_swa_data(table[w], dst)
-            pool.release(table[w])
-            table[w] = dst
+            table[w] = self._copy_block(table[w], swa=True)
         for j in range(w, need):  # (entries in [lo, w) are held unless resumed past the window)
             if table[j] == NULL_BLOCK:
                 table[j] = pool.alloc()
@@ -241,12 +245,6 @@ class KVCache:
 
     def swa_blocks_in_use(self) -> int:
         return 0 if not self.window else self.swa_pool.num_blocks - 1 - self.swa_pool.n_free
-
-    def _copy_swa_data(self, src: int, dst: int) -> None:
-        for layer in range(self.n_layers):
-            if self.is_swa[layer]:
-                self.k[layer][dst].copy_(self.k[layer][src])
-                self.v[layer][dst].copy_(self.v[layer][src])
 
     # ---- addressing ----------------------------------------------------------------------
     def slot_mapping(self, seq: SeqKV, start: int, end: int) -> torch.Tensor:
