@@ -247,19 +247,20 @@ class KVCache:
         return 0 if not self.window else self.swa_pool.num_blocks - 1 - self.swa_pool.n_free
 
     # ---- addressing ----------------------------------------------------------------------
+    def _slots(self, blocks: list[int], start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block, flat slot = block * block_size + offset) of tokens [start, end) through a block table."""
+        idx = torch.arange(start, end, dtype=torch.int64)
+        blk = torch.tensor(blocks, dtype=torch.int64)[idx // self.block_size]
+        return blk, blk * self.block_size + idx % self.block_size
+
     def slot_mapping(self, seq: SeqKV, start: int, end: int) -> torch.Tensor:
         """Flat slot index (block * block_size + offset) of tokens [start, end): [end - start] int64."""
-        idx = torch.arange(start, end, dtype=torch.int64)
-        table = torch.tensor(seq.blocks, dtype=torch.int64)
-        return table[idx // self.block_size] * self.block_size + idx % self.block_size
+        return self._slots(seq.blocks, start, end)[1]
 
     def swa_slot_mapping(self, seq: SeqKV, start: int, end: int, write: bool = True) -> torch.Tensor:
         """The same in the SWA pool: [end - start] int64; positions in dropped blocks map to -1
         (`write`: skipped by write_kv) or to the zero block (reads)."""
-        idx = torch.arange(start, end, dtype=torch.int64)
-        table = torch.tensor(seq.swa_blocks, dtype=torch.int64)
-        blk = table[idx // self.block_size]
-        slots = blk * self.block_size + idx % self.block_size
+        blk, slots = self._slots(seq.swa_blocks, start, end)
         return torch.where(blk == NULL_BLOCK, -1, slots) if write else slots
 
     # ---- moving KV data ----------------------------------------------------------------

@@ -83,6 +83,14 @@ def _matmul_rows(ops: kernels.Backend, x: torch.Tensor, ws: list[QWeight]) -> to
     return torch.cat([ops.qmatmul(x, w) for w in ws], dim=1)
 
 
+def _block_tables(tables: list[list[int]], min_width: int = 0) -> torch.Tensor:
+    """Per-sequence block tables as one int32 [S, max(len, min_width)] tensor, zero-padded."""
+    out = torch.zeros((len(tables), max(min_width, max(map(len, tables)))), dtype=torch.int32)
+    for i, t in enumerate(tables):
+        out[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    return out
+
+
 def rope_inv_freq(cfg) -> torch.Tensor:
     """inv_freq [D/2] float32 including linear scaling, llama3 frequency factors and YaRN.
 
@@ -366,17 +374,11 @@ class Model:
             slots.append(kv.slot_mapping(b.seq, b.n_past, b.n_past + n))
             q_lens.append(n)
             kv_lens.append(b.n_past + n)
-        max_blocks = max(len(b.seq.blocks) for b in batch)
-        tables = torch.zeros((len(batch), max_blocks), dtype=torch.int32)
-        for i, b in enumerate(batch):
-            tables[i, : len(b.seq.blocks)] = torch.tensor(b.seq.blocks, dtype=torch.int32)
+        tables = _block_tables([b.seq.blocks for b in batch])
         swa_slots = swa_tables = None
         if getattr(kv, "window", 0):  # sliding-window layers in their own pool (runtime/kv_cache.py)
             swa_slots = torch.cat([kv.swa_slot_mapping(b.seq, b.n_past, b.n_past + len(b.tokens)) for b in batch])
-            swa_tables = torch.zeros((len(batch), max(max_blocks, max(len(b.seq.swa_blocks) for b in batch))),
-                                     dtype=torch.int32)
-            for i, b in enumerate(batch):
-                swa_tables[i, : len(b.seq.swa_blocks)] = torch.tensor(b.seq.swa_blocks, dtype=torch.int32)
+            swa_tables = _block_tables([b.seq.swa_blocks for b in batch], tables.shape[1])
         cu = torch.zeros(len(batch) + 1, dtype=torch.int32)
         cu[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int32), 0)
         ends = cu[1:].tolist()
