@@ -147,7 +147,7 @@ KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "pool.c", 
     # pointwise.c (kernels/cpu/pointwise.py)
     "add_rms_norm_f32": ([_p, _p, _p, _p, _p, _i, _i, _f], None),
     "rope_f32": ([_p, _p, _p, _p, _i, _i, _i, _i, _i], None),
-    "write_kv_f32": ([_p, _p, _p, _p, _p, _i, _i, _i], None),
+    "write_kv_f32": ([_p, _p, _p, _p, _p, _i, _i, _i, _l], _l),
     "swiglu_f32": ([_p, _p, _p, _l, _l, _l, _l, _i], None),
 })
 

@@ -56,9 +56,11 @@ void rope_f32(const float *restrict x, const long *restrict pos, const float *re
 
 /* k, v: [T, W] float32 (W = KVH * D) -> rows slot[t] of k_cache / v_cache ([NB * BS, W] float16 when
    f16, else float32); negative slots are skipped (padding). The conversion rounds to nearest even,
-   as torch's .to(torch.float16). */
-void write_kv_f32(const float *restrict k, const float *restrict v, void *restrict kc, void *restrict vc,
-                  const long *restrict slot, int T, int W, int f16) {
+   as torch's .to(torch.float16). Returns -1, or the first slot >= n_slots (nothing written then). */
+long write_kv_f32(const float *restrict k, const float *restrict v, void *restrict kc, void *restrict vc,
+                  const long *restrict slot, int T, int W, int f16, long n_slots) {
+    for (int t = 0; t < T; ++t)
+        if (slot[t] >= n_slots) return slot[t];
     for (int t = 0; t < T; ++t) {
         if (slot[t] < 0) continue;
         const float *kt = k + (size_t)t * W, *vt = v + (size_t)t * W;
@@ -73,6 +75,7 @@ void write_kv_f32(const float *restrict k, const float *restrict v, void *restri
             for (int i = 0; i < W; ++i) vd[i] = vt[i];
         }
     }
+    return -1;
 }
 
 /* SwiGLU as llama.cpp's CPU backend computes it on an AVX-512F + DQ machine: ggml-cpu/vec.cpp

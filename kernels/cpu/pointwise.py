@@ -68,10 +68,10 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         return ref.write_kv(k, v, k_cache, v_cache, slot_mapping)
     kc, vc = k.contiguous(), v.contiguous()
     slots = slot_mapping.to(torch.int64).contiguous()
-    if slots.numel() and int(slots.max()) >= NB * BS:
-        raise IndexError(f"write_kv: slot {int(slots.max())} is outside the cache ({NB * BS} slots)")
-    lib.write_kv_f32(kc.data_ptr(), vc.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
-                     k.shape[0], KVH * D, int(k_cache.dtype == torch.float16))
+    bad = lib.write_kv_f32(kc.data_ptr(), vc.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+                           k.shape[0], KVH * D, int(k_cache.dtype == torch.float16), NB * BS)
+    if bad >= 0:
+        raise IndexError(f"write_kv: slot {bad} is outside the cache ({NB * BS} slots)")
 
 
 def _ggml_swiglu_is_avx512() -> bool:
