@@ -66,6 +66,17 @@ def rms_norm_oracle(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * weight.double()
 
 
+def rope_neox_f64(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
+    """NEOX RoPE of x [T, NH, D] at positions [T] with frequencies base^(-2i/D), all in float64
+    (the whole-model float64 references of the architecture tests)."""
+    D = x.shape[-1]
+    inv = 1.0 / base ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    ang = pos[:, None].double() * inv[None, :]
+    cos, sin = torch.cos(ang)[:, None], torch.sin(ang)[:, None]
+    a, b = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
+
+
 def rope_oracle(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, neox: bool) -> torch.Tensor:
     """Complex-number formulation in float64; the angle pos * inv_freq is rounded to float32 first
     (as llama.cpp and the kernels compute it), everything after it is float64."""

@@ -4,6 +4,8 @@ server configuration, the tokens of the token prompts and of the text prompts)."
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -13,6 +15,21 @@ from runtime.kv_cache import SeqKV
 from runtime.loader import load_model
 from runtime.model import Model, SeqBatch
 from runtime.tokenizer import load_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def recording_script(name: str):
+    """scripts/<name>.py as a module: it writes the tiny models (`write_variant`) whose tokens it recorded."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def recorded_tokens(data_name: str) -> dict:
+    """tests/data/<data_name>: llama-server's recorded tokens."""
+    return json.loads((REPO / "tests" / "data" / data_name).read_text())
 
 
 def greedy(m: Model, prompt: list[int], n: int, banned: list[int], cache: torch.dtype) -> list[int]:

@@ -17,8 +17,6 @@ import os
 if os.environ.get("TRITIUM_KERNEL_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import importlib.util
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -29,30 +27,21 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 
 from runtime.loader import load_model
-from tests.llama_tokens import agreement, compare
+from tests.llama_tokens import agreement, compare, recorded_tokens, recording_script
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "tests" / "data" / "gemma3_greedy.json"
-SCRIPT = REPO / "scripts" / "record_gemma3_reference.py"
-
-
-def _script():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("record_gemma3_reference", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+SCRIPT = "record_gemma3_reference"  # scripts/record_gemma3_reference.py wrote tests/data/gemma3_greedy.json
 
 
 @pytest.fixture(scope="module")
 def recorded() -> dict:
-    return json.loads(DATA.read_text())
+    return recorded_tokens("gemma3_greedy.json")
 
 
 @pytest.fixture(scope="module")
 def model_files(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("gemma3")
-    script = _script()
+    script = recording_script(SCRIPT)
     return {name: script.write_variant(name, d) for name in script.gemma3_variants()}
 
 

@@ -15,6 +15,7 @@ import torch
 from kernels import ref
 from kernels.qweight import QWeight
 from runtime.model_files import FETCH_HINT, GEMMA, cached_path
+from tests.kernel_oracles import rms_norm_oracle, rope_neox_f64
 
 PROMPT = [2, 818, 5279, 529, 7001, 563, 506, 5279, 529, 9079, 563, 496]  # 12 tokens, BOS first
 WINDOW = 5
@@ -36,19 +37,6 @@ def _dq(w) -> torch.Tensor:
     return w.double() if isinstance(w, torch.Tensor) else ref.dequantize(w, torch.float32).double()
 
 
-def _rms(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def _rope_neox(x, pos, base):  # x [T, NH, D]
-    D = x.shape[-1]
-    inv = 1.0 / base ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
-    ang = pos[:, None].double() * inv[None, :]
-    cos, sin = torch.cos(ang)[:, None], torch.sin(ang)[:, None]
-    a, b = x[..., : D // 2], x[..., D // 2:]
-    return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
-
-
 def reference_logits(lm, ids: list[int], rows: torch.Tensor) -> torch.Tensor:
     """float64 logits [T, len(rows)] of the vocabulary rows `rows`."""
     c, w = lm.config, lm.weights
@@ -59,24 +47,24 @@ def reference_logits(lm, ids: list[int], rows: torch.Tensor) -> torch.Tensor:
     for il in range(c.n_layer):
         p = f"blk.{il}."
         local = il % 6 < 5
-        h = _rms(x, _dq(w[p + "attn_norm.weight"]), eps)
+        h = rms_norm_oracle(x, _dq(w[p + "attn_norm.weight"]), eps)
         q = (h @ _dq(w[p + "attn_q.weight"]).T).view(T, H, D)
         k = (h @ _dq(w[p + "attn_k.weight"]).T).view(T, KVH, D)
         v = (h @ _dq(w[p + "attn_v.weight"]).T).view(T, KVH, D)
-        q = _rope_neox(_rms(q, _dq(w[p + "attn_q_norm.weight"]), eps), pos, 10000.0 if local else 1e6)
-        k = _rope_neox(_rms(k, _dq(w[p + "attn_k_norm.weight"]), eps), pos, 10000.0 if local else 1e6)
+        q = rope_neox_f64(rms_norm_oracle(q, _dq(w[p + "attn_q_norm.weight"]), eps), pos, 10000.0 if local else 1e6)
+        k = rope_neox_f64(rms_norm_oracle(k, _dq(w[p + "attn_k_norm.weight"]), eps), pos, 10000.0 if local else 1e6)
         k, v = k.repeat_interleave(H // KVH, 1), v.repeat_interleave(H // KVH, 1)
         s = torch.einsum("thd,shd->hts", q, k) / math.sqrt(D)
         hidden = pos[None, :] > pos[:, None]
         if local:
             hidden |= pos[:, None] - pos[None, :] >= WINDOW
         o = torch.einsum("hts,shd->thd", torch.softmax(s.masked_fill(hidden, -math.inf), -1), v).reshape(T, H * D)
-        x = x + _rms(o @ _dq(w[p + "attn_output.weight"]).T, _dq(w[p + "post_attention_norm.weight"]), eps)
-        h = _rms(x, _dq(w[p + "ffn_norm.weight"]), eps)
+        x = x + rms_norm_oracle(o @ _dq(w[p + "attn_output.weight"]).T, _dq(w[p + "post_attention_norm.weight"]), eps)
+        h = rms_norm_oracle(x, _dq(w[p + "ffn_norm.weight"]), eps)
         g = torch.nn.functional.gelu(h @ _dq(w[p + "ffn_gate.weight"]).T, approximate="tanh")
         f = (g * (h @ _dq(w[p + "ffn_up.weight"]).T)) @ _dq(w[p + "ffn_down.weight"]).T
-        x = x + _rms(f, _dq(w[p + "post_ffw_norm.weight"]), eps)
-    x = _rms(x, _dq(w["output_norm.weight"]), eps)
+        x = x + rms_norm_oracle(f, _dq(w[p + "post_ffw_norm.weight"]), eps)
+    x = rms_norm_oracle(x, _dq(w["output_norm.weight"]), eps)
     head = _dq(QWeight(emb.data[rows], emb.qtype, len(rows), emb.cols))
     return x @ head.T
 

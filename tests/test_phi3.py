@@ -17,8 +17,6 @@ import os
 if os.environ.get("TRITIUM_KERNEL_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import importlib.util
-import json
 import math
 import subprocess
 import sys
@@ -36,30 +34,22 @@ from runtime import tiny_model
 from runtime.kv_cache import SeqKV
 from runtime.loader import load_model
 from runtime.model import Model, SeqBatch
-from tests.llama_tokens import compare
+from tests.llama_tokens import compare, recorded_tokens, recording_script
+from tests.kernel_oracles import rms_norm_oracle, rope_neox_f64
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "tests" / "data" / "phi3_greedy.json"
-SCRIPT = REPO / "scripts" / "record_phi3_reference.py"
-
-
-def _script():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("record_phi3_reference", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+SCRIPT = "record_phi3_reference"  # scripts/record_phi3_reference.py wrote tests/data/phi3_greedy.json
 
 
 @pytest.fixture(scope="module")
 def recorded() -> dict:
-    return json.loads(DATA.read_text())
+    return recorded_tokens("phi3_greedy.json")
 
 
 @pytest.fixture(scope="module")
 def model_files(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("phi3")
-    script = _script()
+    script = recording_script(SCRIPT)
     return {name: script.write_variant(name, d) for name in script.phi3_variants()}
 
 
@@ -87,19 +77,6 @@ def read_file(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return hp, ts
 
 
-def _rms(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def _rope_neox(x, pos, base):  # x [T, NH, D]
-    D = x.shape[-1]
-    inv = 1.0 / base ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
-    ang = pos[:, None].double() * inv[None, :]
-    cos, sin = torch.cos(ang)[:, None], torch.sin(ang)[:, None]
-    a, b = x[..., : D // 2], x[..., D // 2:]
-    return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
-
-
 def reference_logits(hp: dict, w: dict[str, torch.Tensor], ids: list[int], window: int = 0) -> torch.Tensor:
     """float64 logits [T, V] of a whole sequence, llama.cpp's phi3 graph. `window` > 0: attend to the
     last `window` positions only (what llama.cpp does NOT do for phi3; to show the test would see it)."""
@@ -115,20 +92,20 @@ def reference_logits(hp: dict, w: dict[str, torch.Tensor], ids: list[int], windo
         masked |= pos[None, :] <= pos[:, None] - window
     for il in range(L):
         p = f"blk.{il}."
-        h = _rms(x, w[p + "attn_norm.weight"], eps)
+        h = rms_norm_oracle(x, w[p + "attn_norm.weight"], eps)
         qkv = h @ w[p + "attn_qkv.weight"].T  # [T, C + 2 KVH D]: q, k, v side by side
         q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=1)
-        q = _rope_neox(q.reshape(T, H, D), pos, base) / math.sqrt(D)
-        k = _rope_neox(k.reshape(T, KVH, D), pos, base)
+        q = rope_neox_f64(q.reshape(T, H, D), pos, base) / math.sqrt(D)
+        k = rope_neox_f64(k.reshape(T, KVH, D), pos, base)
         k, v = k.repeat_interleave(H // KVH, 1), v.reshape(T, KVH, D).repeat_interleave(H // KVH, 1)
         s = torch.einsum("thd,shd->hts", q, k).masked_fill(masked, -math.inf)
         o = torch.einsum("hts,shd->thd", torch.softmax(s, -1), v).reshape(T, H * D)
         x = x + o @ w[p + "attn_output.weight"].T
-        h = _rms(x, w[p + "ffn_norm.weight"], eps)
+        h = rms_norm_oracle(x, w[p + "ffn_norm.weight"], eps)
         gu = h @ w[p + "ffn_up.weight"].T  # [T, 2F]: ggml_swiglu = silu(first half) * second half
         g, u = gu[:, :F], gu[:, F:]
         x = x + (g * torch.sigmoid(g) * u) @ w[p + "ffn_down.weight"].T
-    x = _rms(x, w["output_norm.weight"], eps)
+    x = rms_norm_oracle(x, w["output_norm.weight"], eps)
     return x @ w.get("output.weight", w["token_embd.weight"]).T
 
 

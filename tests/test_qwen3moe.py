@@ -17,8 +17,6 @@ import os
 if os.environ.get("TRITIUM_KERNEL_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import importlib.util
-import json
 import math
 import subprocess
 import sys
@@ -36,29 +34,22 @@ from runtime.kv_cache import SeqKV
 from runtime.loader import load_model
 from runtime.model import Model, SeqBatch
 from runtime.tiny_model import quantize
-from tests.llama_tokens import compare
+from tests.llama_tokens import compare, recorded_tokens, recording_script
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "tests" / "data" / "qwen3moe_greedy.json"
-SCRIPT = REPO / "scripts" / "record_moe_reference.py"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("record_moe_reference", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+SCRIPT = "record_moe_reference"  # scripts/record_moe_reference.py wrote tests/data/qwen3moe_greedy.json
 
 
 @pytest.fixture(scope="module")
 def recorded() -> dict:
-    return json.loads(DATA.read_text())
+    return recorded_tokens("qwen3moe_greedy.json")
 
 
 @pytest.fixture(scope="module")
 def model_files(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("qwen3moe")
-    return {name: _script().write_variant(name, d) for name in _script().moe_variants()}
+    script = recording_script(SCRIPT)
+    return {name: script.write_variant(name, d) for name in script.moe_variants()}
 
 
 # ---------------------------------------------------------------------------------------------
