@@ -34,6 +34,7 @@ from runtime.kv_cache import SeqKV
 from runtime.loader import load_model
 from runtime.model import Model, SeqBatch
 from runtime.tiny_model import quantize
+from tests.kernel_oracles import rms_norm_oracle, rope_neox_f64
 from tests.llama_tokens import compare, recorded_tokens, recording_script
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,19 +59,6 @@ def model_files(tmp_path_factory) -> dict[str, Path]:
 
 def _dq(w) -> torch.Tensor:
     return w.double() if isinstance(w, torch.Tensor) else ref.dequantize(w, torch.float32).double()
-
-
-def _rms(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def _rope_neox(x, pos, base):  # x [T, NH, D]
-    D = x.shape[-1]
-    inv = 1.0 / base ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
-    ang = pos[:, None].double() * inv[None, :]
-    cos, sin = torch.cos(ang)[:, None], torch.sin(ang)[:, None]
-    a, b = x[..., : D // 2], x[..., D // 2:]
-    return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
 
 
 def moe64(h: torch.Tensor, router, gate, up, down, E: int, k: int) -> torch.Tensor:
@@ -99,22 +87,22 @@ def reference_logits(lm, ids: list[int]) -> torch.Tensor:
     pos = torch.arange(T)
     for il in range(c.n_layer):
         p = f"blk.{il}."
-        h = _rms(x, _dq(w[p + "attn_norm.weight"]), eps)
+        h = rms_norm_oracle(x, _dq(w[p + "attn_norm.weight"]), eps)
         q = (h @ _dq(w[p + "attn_q.weight"]).T).view(T, H, D)
         k = (h @ _dq(w[p + "attn_k.weight"]).T).view(T, KVH, D)
         v = (h @ _dq(w[p + "attn_v.weight"]).T).view(T, KVH, D)
-        q = _rope_neox(_rms(q, _dq(w[p + "attn_q_norm.weight"]), eps), pos, c.rope_freq_base)
-        k = _rope_neox(_rms(k, _dq(w[p + "attn_k_norm.weight"]), eps), pos, c.rope_freq_base)
+        q = rope_neox_f64(rms_norm_oracle(q, _dq(w[p + "attn_q_norm.weight"]), eps), pos, c.rope_freq_base)
+        k = rope_neox_f64(rms_norm_oracle(k, _dq(w[p + "attn_k_norm.weight"]), eps), pos, c.rope_freq_base)
         k, v = k.repeat_interleave(H // KVH, 1), v.repeat_interleave(H // KVH, 1)
         s = torch.einsum("thd,shd->hts", q, k) / math.sqrt(D)
         s = s.masked_fill(pos[None, :] > pos[:, None], -math.inf)
         o = torch.einsum("hts,shd->thd", torch.softmax(s, -1), v).reshape(T, H * D)
         x = x + o @ _dq(w[p + "attn_output.weight"]).T
-        h = _rms(x, _dq(w[p + "ffn_norm.weight"]), eps)
+        h = rms_norm_oracle(x, _dq(w[p + "ffn_norm.weight"]), eps)
         x = x + moe64(h, _dq(w[p + "ffn_gate_inp.weight"]), _dq(w[p + "ffn_gate_exps.weight"]),
                       _dq(w[p + "ffn_up_exps.weight"]), _dq(w[p + "ffn_down_exps.weight"]),
                       c.n_expert, c.n_expert_used)
-    x = _rms(x, _dq(w["output_norm.weight"]), eps)
+    x = rms_norm_oracle(x, _dq(w["output_norm.weight"]), eps)
     return x @ _dq(w.get("output.weight", w["token_embd.weight"])).T
 
 
