@@ -40,10 +40,6 @@ def configure(md: dict[str, Any], cfg) -> None:
     cfg.swa_layers = None
 
 
-def spec_fields(cfg) -> dict[str, Any]:
-    return {}
-
-
 def _rows(w: QWeight, r0: int, r1: int) -> QWeight:
     """Rows r0..r1 of a file-layout matrix (a view: same storage, same type)."""
     return QWeight(w.data[r0:r1], w.qtype, r1 - r0, w.cols, mapped=w.mapped)
