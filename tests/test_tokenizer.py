@@ -311,3 +311,81 @@ def test_encode_empty():
 def test_lone_surrogates_become_replacement_char():
     tok = _tok("gpt-2")
     assert tok.encode("a\ud83db") == tok.encode("a\ufffdb")
+
+
+# ---------------------------------------------------------------------------------------------
+# start-up fast paths: whole-vocabulary passes equal the per-token code they shortcut
+
+def _per_token_pieces(texts, attrs, vocab_type):
+    from runtime.tokenizer import vocab as v
+    saved = v._byte_level_pieces
+    v._byte_level_pieces = lambda *a: None
+    try:
+        return v.token_pieces(texts, attrs, vocab_type)
+    finally:
+        v._byte_level_pieces = saved
+
+
+def _per_token_texts_and_vocab(raw):
+    from runtime.tokenizer import from_gguf as f
+    saved = f._texts_and_vocab_fast
+    f._texts_and_vocab_fast = lambda raw: None
+    try:
+        return f._texts_and_vocab(raw)
+    finally:
+        f._texts_and_vocab_fast = saved
+
+
+def _per_merge_split(lines):
+    out = []
+    for m in lines:
+        if m[:1] == " ":
+            p = m.find(" ", 1)
+            if p >= 0:
+                out.append((m[:p], m[p + 1:]))
+            continue
+        ab = m.split(" ", 1)
+        if len(ab) == 2:
+            out.append((ab[0], ab[1]))
+    return out
+
+
+@pytest.mark.parametrize("name", VOCAB_NAMES)
+def test_load_fast_paths_equal_per_token_paths(name):
+    from runtime.gguf import read_gguf_metadata
+    from runtime.tokenizer import from_gguf as f
+    from runtime.tokenizer.vocab import ATTR_UNDEFINED, TYPE_TO_ATTR, token_pieces
+
+    md = read_gguf_metadata(_need_vocab(name))
+    raw = md["tokenizer.ggml.tokens"]
+    texts, vocab = f._texts_and_vocab(raw)
+    assert f._texts_and_vocab_fast(raw) is not None or not all(type(t) is str and t for t in raw)
+    slow_texts, slow_vocab = _per_token_texts_and_vocab(raw)
+    assert texts == slow_texts and vocab == slow_vocab
+    types = md["tokenizer.ggml.token_type"]
+    attrs = f._attrs_of_types(types)
+    assert attrs == [TYPE_TO_ATTR.get(int(t), ATTR_UNDEFINED) for t in types]
+    pieces = token_pieces(texts, attrs, _tok(name).vocab_type)
+    assert pieces == _per_token_pieces(texts, attrs, _tok(name).vocab_type)
+    merges = md.get("tokenizer.ggml.merges", [])
+    assert f._parse_merges(merges) == _per_merge_split(list(merges))
+
+
+def test_load_fast_paths_odd_inputs():
+    """The cases the fast paths hand back to the per-token code: repeated texts keep their first id,
+    an empty text, merges with a leading space or none, types outside the table, a text with a
+    char outside the byte alphabet."""
+    from runtime.tokenizer import from_gguf as f
+    from runtime.tokenizer.vocab import ATTR_NORMAL, ATTR_UNDEFINED, VOCAB_TYPE_BPE, token_pieces
+
+    texts, vocab = f._texts_and_vocab(["a", "b", "a", "c"])
+    assert texts == [b"a", b"b", b"a", b"c"] and vocab == {"a": 0, "b": 1, "c": 3}
+    texts, vocab = f._texts_and_vocab(["a", "", "c"])
+    assert texts == [b"a", b"[EMPTY_1]", b"c"] and vocab["[EMPTY_1]"] == 1
+    merges = ["a b", " x y", "nospace", "c d e"]
+    assert f._parse_merges(merges) == _per_merge_split(merges) == [("a", "b"), (" x", "y"), ("c", "d e")]
+    assert f._parse_merges(["a b", "c\nd e"]) == [("a", "b"), ("c\nd", "e")]
+    assert f._attrs_of_types([1, 99, -3, 3]) == [ATTR_NORMAL, ATTR_UNDEFINED, ATTR_UNDEFINED, 1 << 3]
+    odd = [b"ab", "x\u4e00".encode(), "\u010a".encode(), b"c\nd"]
+    attrs = [ATTR_NORMAL] * 4
+    assert token_pieces(odd, attrs, VOCAB_TYPE_BPE) == _per_token_pieces(odd, attrs, VOCAB_TYPE_BPE)

@@ -122,12 +122,45 @@ def byte_level_decode(text: str) -> bytes:
         return bytes(out)
 
 
+def _byte_level_pieces(texts: Sequence[bytes], attrs: Sequence[int]) -> list[bytes] | None:
+    """`token_pieces` of a byte-level vocabulary, its normal tokens decoded in whole-vocabulary
+    passes (one join, translate and encode instead of 150k calls; ~0.17 s less at start-up). None
+    when a text holds a char outside the byte alphabet (the per-token path renders those) or a
+    byte token occurs."""
+    normal = [not a & ATTR_SPECIAL and bool(a & ATTR_NORMAL) for a in attrs]
+    if any(a & ATTR_BYTE and not a & (ATTR_SPECIAL | ATTR_NORMAL) for a in attrs):
+        return None
+    joined = b"\n".join(t for t, n in zip(texts, normal) if n).decode("utf-8", errors="replace")
+    parts = joined.split("\n")  # "\n" is outside the byte alphabet: a separator, or a text to render
+    if len(parts) != sum(normal):
+        return None
+    try:
+        flat = joined.translate(_UNICODE_TO_LATIN1).encode("latin-1")  # one char -> one byte
+    except UnicodeEncodeError:
+        return None
+    out: list[bytes] = []
+    pos = 0
+    it = iter(parts)
+    for t, a, n in zip(texts, attrs, normal):
+        if n:
+            k = len(next(it))
+            out.append(flat[pos:pos + k])
+            pos += k + 1
+        else:
+            out.append(t if a & ATTR_SPECIAL else b"")
+    return out
+
+
 def token_pieces(texts: Sequence[bytes], attrs: Sequence[int], vocab_type: int) -> list[bytes]:
     """token_to_piece(id, special=True) of every token: special tokens as their text, normal ones
     byte-level decoded (BPE) or with U+2581 as a space (others), byte tokens `<0xXX>` as the byte,
     the rest (unused, undefined) empty."""
     byte_level = vocab_type == VOCAB_TYPE_BPE
     esc = SPACE_ESC.encode("utf-8")
+    if byte_level:
+        fast = _byte_level_pieces(texts, attrs)
+        if fast is not None:
+            return fast
     pieces = []
     for t, a in zip(texts, attrs):
         if a & ATTR_SPECIAL:
