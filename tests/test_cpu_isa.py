@@ -103,7 +103,7 @@ def _decode(case, softcap):
 
 @needs_cc
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-@pytest.mark.parametrize("head_dim,heads", [(32, (8, 2)), (64, (14, 2)), (40, (6, 6)), (8, (4, 1))])
+@pytest.mark.parametrize("head_dim,heads", [(32, (8, 2)), (64, (14, 2)), (40, (6, 6)), (8, (4, 1)), (24, (24, 2))])
 def test_paged_decode_on_every_build(isa, dtype, head_dim, heads, monkeypatch):
     """Within float32 rounding of float64 on every build, and the same bits as the others."""
     H, KVH = heads

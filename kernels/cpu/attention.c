@@ -6,7 +6,7 @@
 #include "pool.h"
 
 #define LV (16 / VW)  /* vectors per 16 floats */
-#define GB 4          /* query heads per pass over the V rows */
+#define GB 8          /* query heads side by side: per K row, and per pass over the V rows */
 #define PF_AHEAD 16   /* K rows prefetched ahead */
 
 /* Lanes 0..15 of s[0 .. LV-1] summed as: for h = 8, 4, 2, 1: s[i] += s[i + h] (i < h); s[0]. */
@@ -63,6 +63,48 @@ static inline void ld16(const void *cache, size_t off, int f16, vf *out) {
 }
 static inline float ld1(const void *cache, size_t off, int f16) {
     return f16 ? (float)((const _Float16 *)cache)[off] : ((const float *)cache)[off];
+}
+
+/* The helpers below are inlined at call sites with a constant head count n (a switch over n),
+   so that their n accumulators live in registers: with a run-time count they were kept in memory,
+   one store and reload per fma (the 430-key decode of a 1.5B model spent ~3x its arithmetic). */
+#define INLINE static inline __attribute__((always_inline))
+
+/* dots[g] = q[g] . kf for g < n (q rows D floats apart): lanes of 16 partial sums by fma in order,
+   reduced by sum16, then the D % 16 tail by fma in order. */
+INLINE void dot_heads(const int n, const float *q, const float *kf, int D, int D16, float *dots) {
+    vf a[GB][LV];
+    for (int g = 0; g < n; ++g)
+        for (int j = 0; j < LV; ++j) a[g][j] = splat(0.0f);
+    for (int c = 0; c < D16; c += 16) {
+        vf k[LV];
+        for (int j = 0; j < LV; ++j) k[j] = ldv(kf + c + j * VW);
+        for (int g = 0; g < n; ++g)
+            for (int j = 0; j < LV; ++j) a[g][j] = fma_v(ldv(q + (size_t)g * D + c + j * VW), k[j], a[g][j]);
+    }
+    for (int g = 0; g < n; ++g) {
+        float acc = D16 ? sum16(a[g]) : 0.0f;
+        for (int d = D16; d < D; ++d) acc = __builtin_fmaf(q[(size_t)g * D + d], kf[d], acc);
+        dots[g] = acc;
+    }
+}
+
+/* out[g][c .. c+15] = sum over t in [t0, L) of p[g][t] * V[t][c .. c+15], by fma in order of t. */
+INLINE void v_heads(const int n, const float *p, int maxL, const void *vc, int kv_f16, const int *tab,
+                    int bs_shift, int BS, int KVH, int kh, int D, int c, int t0, int L, float *out) {
+    vf a[GB][LV];
+    for (int g = 0; g < n; ++g)
+        for (int j = 0; j < LV; ++j) a[g][j] = splat(0.0f);
+    for (int t = t0; t < L; ++t) {
+        const size_t row = (((size_t)tab[t >> bs_shift] << bs_shift) + (t & (BS - 1))) * KVH * D + (size_t)kh * D;
+        vf v[LV];
+        ld16(vc, row + c, kv_f16, v);
+        for (int g = 0; g < n; ++g) {
+            const vf w = splat(p[(size_t)g * maxL + t]);
+            for (int j = 0; j < LV; ++j) a[g][j] = fma_v(w, v[j], a[g][j]);
+        }
+    }
+    for (int g = 0; g < n; ++g) memcpy(out + (size_t)g * D + c, a[g], 16 * sizeof(float));
 }
 
 struct att_args {
@@ -131,20 +173,26 @@ static void attend_item(void *args, int item) {
             memcpy(kf + c, k, sizeof k);
         }
         for (int d = D16; d < D; ++d) kf[d] = ld1(kc, row + d, kv_f16);
-        for (int g = 0; g < G; ++g) {
-            const float *qg = qs + (size_t)g * D;
-            float acc;
-            if (D16) {
-                vf a[LV];
-                for (int j = 0; j < LV; ++j) a[j] = splat(0.0f);
-                for (int c = 0; c < D16; c += 16)
-                    for (int j = 0; j < LV; ++j) a[j] = fma_v(ldv(qg + c + j * VW), ldv(kf + c + j * VW), a[j]);
-                acc = sum16(a);
-            } else acc = 0.0f;
-            for (int d = D16; d < D; ++d) acc = __builtin_fmaf(qg[d], kf[d], acc);
-            acc *= scale;
-            if (softcap > 0.0f) acc = softcap * tanhf(acc / softcap);
-            sc[(size_t)g * maxL + t] = acc;
+        /* the dot products of up to GB query heads side by side: each head's chain of fmas is
+           the same as alone (same bits), but independent chains keep the FMA units busy */
+        for (int g0 = 0; g0 < G; g0 += GB) {
+            float dots[GB];
+            const float *qg = qs + (size_t)g0 * D;
+            switch (G - g0 < GB ? G - g0 : GB) {
+            case 8: dot_heads(8, qg, kf, D, D16, dots); break;
+            case 7: dot_heads(7, qg, kf, D, D16, dots); break;
+            case 6: dot_heads(6, qg, kf, D, D16, dots); break;
+            case 5: dot_heads(5, qg, kf, D, D16, dots); break;
+            case 4: dot_heads(4, qg, kf, D, D16, dots); break;
+            case 3: dot_heads(3, qg, kf, D, D16, dots); break;
+            case 2: dot_heads(2, qg, kf, D, D16, dots); break;
+            default: dot_heads(1, qg, kf, D, D16, dots); break;
+            }
+            for (int g = 0; g < GB && g0 + g < G; ++g) {
+                float acc = dots[g] * scale;
+                if (softcap > 0.0f) acc = softcap * tanhf(acc / softcap);
+                sc[(size_t)(g0 + g) * maxL + t] = acc;
+            }
         }
     }
     for (int g = 0; g < G; ++g) {
@@ -167,23 +215,19 @@ static void attend_item(void *args, int item) {
     }
     for (int g0 = 0; g0 < G; g0 += GB) {
         const int gn = G - g0 < GB ? G - g0 : GB;
+        const float *pg = sc + (size_t)g0 * maxL;
+        float *og = os + (size_t)g0 * D;
         for (int c = 0; c < D16; c += 16) {
-            vf a[GB][LV];
-            for (int g = 0; g < GB; ++g)
-                for (int j = 0; j < LV; ++j) a[g][j] = splat(0.0f);
-            for (int t = t0; t < L; ++t) {
-                const size_t row = ROW(t);
-                vf v[LV];
-                ld16(vc, row + c, kv_f16, v);
-                _Pragma("GCC unroll 4")
-                for (int g = 0; g < GB; ++g) {
-                    if (g < gn) {
-                        const vf p = splat(sc[(size_t)(g0 + g) * maxL + t]);
-                        for (int j = 0; j < LV; ++j) a[g][j] = fma_v(p, v[j], a[g][j]);
-                    }
-                }
+            switch (gn) {
+            case 8: v_heads(8, pg, maxL, vc, kv_f16, tab, bs_shift, BS, KVH, kh, D, c, t0, L, og); break;
+            case 7: v_heads(7, pg, maxL, vc, kv_f16, tab, bs_shift, BS, KVH, kh, D, c, t0, L, og); break;
+            case 6: v_heads(6, pg, maxL, vc, kv_f16, tab, bs_shift, BS, KVH, kh, D, c, t0, L, og); break;
+            case 5: v_heads(5, pg, maxL, vc, kv_f16, tab, bs_shift, BS, KVH, kh, D, c, t0, L, og); break;
+            case 4: v_heads(4, pg, maxL, vc, kv_f16, tab, bs_shift, BS, KVH, kh, D, c, t0, L, og); break;
+            case 3: v_heads(3, pg, maxL, vc, kv_f16, tab, bs_shift, BS, KVH, kh, D, c, t0, L, og); break;
+            case 2: v_heads(2, pg, maxL, vc, kv_f16, tab, bs_shift, BS, KVH, kh, D, c, t0, L, og); break;
+            default: v_heads(1, pg, maxL, vc, kv_f16, tab, bs_shift, BS, KVH, kh, D, c, t0, L, og); break;
             }
-            for (int g = 0; g < gn; ++g) memcpy(os + (size_t)(g0 + g) * D + c, a[g], 16 * sizeof(float));
         }
         for (int d = D16; d < D; ++d)
             for (int g = g0; g < g0 + gn; ++g) {
