@@ -292,6 +292,173 @@ static void run_panel(int type, int fused, int MR, const uint8_t *c, int cbytes,
     }
 }
 
+/* ---- prefill on AVX-512: two panels (16 weight rows) per 512-bit vector ----------------------
+   Where the build has AVX-512 VNNI, prefill (weights decoded into scratch) runs the panels of an
+   item in pairs: their decoded codes are interleaved once per item ([K / 4] k-groups of 64 bytes:
+   panel A's 32, then panel B's 32), so that one 512-bit load feeds 16 weight rows and every
+   activation broadcast two panels' dot products (the 256-bit kernels above: half the width).
+   Each output lane does exactly the operations of mk_a / mk_k, in the same order: same bits. */
+#if defined(QD_VNNI) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define QD_ZMM 1
+
+ALWAYS __m512i z_ld2i(const int32_t *a, const int32_t *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+ALWAYS __m512 z_ld2f(const float *a, const float *b) {
+    return _mm512_castsi512_ps(z_ld2i((const int32_t *)a, (const int32_t *)b));
+}
+ALWAYS __m512i z_bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
+
+/* codes of panels A and B ([K / 4][32] each) -> dst [K / 4][64] */
+static void z_interleave(const uint8_t *A, const uint8_t *B, int K, uint8_t *dst) {
+    for (int k = 0; k < K / 4; ++k) {
+        _mm256_storeu_si256((__m256i *)(dst + 64 * (size_t)k), _mm256_loadu_si256((const __m256i *)(A + 32 * (size_t)k)));
+        _mm256_storeu_si256((__m256i *)(dst + 64 * (size_t)k + 32), _mm256_loadu_si256((const __m256i *)(B + 32 * (size_t)k)));
+    }
+}
+
+/* 32-block types (mk_a): out [MR][16] */
+ALWAYS void z_mk_a(const int type, const int MR, int off, const int has_m, const uint8_t *c2,
+                   const qd_scratch *sA, const qd_scratch *sB, int nb, const qd_acts *a, int m0, float *out) {
+    __m512 accf[MRMAX];
+    const size_t K = (size_t)a->K;
+    const int8_t *const xq0 = a->xq + (size_t)m0 * K;
+    const int s8 = type == QD_Q8_0;
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    if (s8) off = 128;
+    #pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) accf[m] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+        __m512i acc[MRMAX];
+        #pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_si512();
+        #pragma GCC unroll 8
+        for (int kg = 0; kg < 8; ++kg) {
+            __m512i w = _mm512_loadu_si512((const void *)(c2 + ((size_t)b * 256 + 32 * kg) * 2));
+            if (s8) w = _mm512_xor_si512(w, bias);
+            #pragma GCC unroll 4
+            for (int m = 0; m < MR; ++m) acc[m] = _mm512_dpbusd_epi32(acc[m], w, z_bcast4(xq0 + m * K + 32 * b + 4 * kg));
+        }
+        const __m512 dw = z_ld2f(sA->d + 8 * b, sB->d + 8 * b);
+        #pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m) {
+            const size_t i = (size_t)(m0 + m) * nb + b;
+            const float xd = a->xd[i];
+            __m512i isum = acc[m];
+            if (off) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(off * a->xs[i]));
+            accf[m] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xd)), _mm512_cvtepi32_ps(isum), accf[m]);
+            if (has_m)
+                accf[m] = _mm512_fmadd_ps(z_ld2f(sA->dm + 8 * b, sB->dm + 8 * b), _mm512_set1_ps(xd * (float)a->xs[i]), accf[m]);
+        }
+    }
+    #pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + 16 * m, accf[m]);
+}
+
+/* K-quants (mk_k): out [MR][16] */
+ALWAYS void z_mk_k(const int type, const int MR, const int nsub, const int fold, const uint8_t *c2,
+                   const qd_scratch *sA, const qd_scratch *sB, int nb, const qd_acts *a, int m0, float *out) {
+    (void)type;
+    __m512 accf[MRMAX];
+    const size_t K = (size_t)a->K, K16 = K / 16;
+    const int8_t *const xq0 = a->xq + (size_t)m0 * K;
+    const int16_t *const bs0 = a->bsum + (size_t)m0 * K16;
+    const int kgs = 64 / nsub;
+    #pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) accf[m] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+        __m512i acc[MRMAX];
+        #pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_si512();
+        for (int j = 0; j < nsub; ++j) {
+            __m512i t[MRMAX];
+            #pragma GCC unroll 4
+            for (int m = 0; m < MR; ++m) t[m] = _mm512_setzero_si512();
+            #pragma GCC unroll 8
+            for (int kg = 0; kg < kgs; ++kg) {
+                const int k = j * kgs + kg;
+                const __m512i w = _mm512_loadu_si512((const void *)(c2 + ((size_t)b * 2048 + 32 * k) * 2));
+                #pragma GCC unroll 4
+                for (int m = 0; m < MR; ++m) t[m] = _mm512_dpbusd_epi32(t[m], w, z_bcast4(xq0 + m * K + 256 * b + 4 * k));
+            }
+            const __m512i scv = z_ld2i(sA->sc + (size_t)b * nsub * 8 + 8 * j, sB->sc + (size_t)b * nsub * 8 + 8 * j);
+            #pragma GCC unroll 4
+            for (int m = 0; m < MR; ++m) acc[m] = _mm512_add_epi32(acc[m], _mm512_mullo_epi32(t[m], scv));
+        }
+        const __m512 dw = z_ld2f(sA->d + 8 * b, sB->d + 8 * b);
+        __m512i mn[8];
+        #pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) mn[i] = z_ld2i(sA->mn + (size_t)b * 64 + 8 * i, sB->mn + (size_t)b * 64 + 8 * i);
+        #pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m) {
+            const float xd = a->xd[(size_t)(m0 + m) * nb + b];
+            const int16_t *bs = bs0 + m * K16 + 16 * b;
+            __m512i mins = _mm512_setzero_si512();
+            #pragma GCC unroll 8
+            for (int i = 0; i < 8; ++i) {
+                int32_t q; memcpy(&q, bs + 2 * i, 4);
+                mins = _mm512_add_epi32(mins, _mm512_madd_epi16(mn[i], _mm512_set1_epi32(q)));
+            }
+            const __m512 xdv = _mm512_set1_ps(xd);
+            if (fold) {
+                accf[m] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xdv), _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m], mins)), accf[m]);
+            } else {
+                accf[m] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xdv), _mm512_cvtepi32_ps(acc[m]), accf[m]);
+                accf[m] = _mm512_fnmadd_ps(_mm512_mul_ps(z_ld2f(sA->dm + 8 * b, sB->dm + 8 * b), xdv),
+                                           _mm512_cvtepi32_ps(mins), accf[m]);
+            }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + 16 * m, accf[m]);
+}
+
+#define ZD(CALL) do { switch (MR) { case 1: CALL(1); break; case 2: CALL(2); break; \
+                                   case 3: CALL(3); break; default: CALL(4); } } while (0)
+
+/* A pair of panels: interleaved codes c2, scratch sA / sB -> out [MR][16]. */
+static void run_pair(int type, int MR, const uint8_t *c2, const qd_scratch *sA, const qd_scratch *sB, int nb,
+                     const qd_acts *a, int m0, float *out) {
+    switch (type) {
+#define ZA(T, n, off, hm) z_mk_a(T, n, off, hm, c2, sA, sB, nb, a, m0, out)
+#define ZK(T, n, nsub, fold) z_mk_k(T, n, nsub, fold, c2, sA, sB, nb, a, m0, out)
+#define C(n) ZA(QD_Q4_0, n, 8, 0)
+    case QD_Q4_0: ZD(C); break;
+#undef C
+#define C(n) ZA(QD_Q4_1, n, 0, 1)
+    case QD_Q4_1: ZD(C); break;
+#undef C
+#define C(n) ZA(QD_Q5_0, n, 16, 0)
+    case QD_Q5_0: ZD(C); break;
+#undef C
+#define C(n) ZA(QD_Q5_1, n, 0, 1)
+    case QD_Q5_1: ZD(C); break;
+#undef C
+#define C(n) ZA(QD_Q8_0, n, 0, 0)
+    case QD_Q8_0: ZD(C); break;
+#undef C
+#define C(n) ZK(QD_Q2_K, n, 16, 0)
+    case QD_Q2_K: ZD(C); break;
+#undef C
+#define C(n) ZK(QD_Q3_K, n, 16, 1)
+    case QD_Q3_K: ZD(C); break;
+#undef C
+#define C(n) ZK(QD_Q4_K, n, 8, 0)
+    case QD_Q4_K: ZD(C); break;
+#undef C
+#define C(n) ZK(QD_Q5_K, n, 8, 0)
+    case QD_Q5_K: ZD(C); break;
+#undef C
+#define C(n) ZK(QD_Q6_K, n, 16, 1)
+    case QD_Q6_K: ZD(C); break;
+#undef C
+#undef ZA
+#undef ZK
+    }
+}
+#endif  /* QD_ZMM */
+
 #else  /* ------------------------------------------------------------------ portable */
 
 static void run_panel(int type, int fused, int MR, const uint8_t *c, int cbytes, const qd_scratch *s, int nb,
@@ -341,8 +508,8 @@ static void run_panel(int type, int fused, int MR, const uint8_t *c, int cbytes,
 #endif
 
 /* thread-local scratch, grown on demand */
-static __thread uint8_t *tl_buf, *tl_act;
-static __thread size_t tl_cap, tl_act_cap;
+static __thread uint8_t *tl_buf, *tl_act, *tl_pair;
+static __thread size_t tl_cap, tl_act_cap, tl_pair_cap;
 
 static void *tl_grow(uint8_t **buf, size_t *cap, size_t need) {
     if (*cap < need) {
@@ -382,7 +549,12 @@ typedef struct {
 static int panels_per_item(int M, int K, int nb) {
     if (M <= QD_FUSED_MAX) return 1;
     int G = (int)((192 * 1024) / scratch_bytes(K, nb));
+#if defined(QD_ZMM)
+    G = G / 2 * 2;  /* whole pairs (plus their interleaved codes: ~1.5x the scratch in L2) */
+    return G < 2 ? 2 : G > 16 ? 16 : G;
+#else
     return G < 1 ? 1 : G > 16 ? 16 : G;
+#endif
 }
 
 /* Runs inside a parallel region: this thread's share of the work items of all jobs, split by
@@ -441,9 +613,29 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
                 if (fused) { qd_decode_scales(t, panel, K, &sc[p - p0]); codes[p - p0] = qd_codes_of(t, panel, K); }
                 else codes[p - p0] = qd_decode_panel(t, panel, K, &sc[p - p0]);
             }
+#if defined(QD_ZMM)
+            uint8_t *pairs = NULL;
+            if (!fused && p1 - p0 >= 2) {
+                pairs = (uint8_t *)tl_grow(&tl_pair, &tl_pair_cap, (size_t)(G / 2) * K * 16 + 64);
+                for (int p = p0; p + 1 < p1; p += 2)
+                    z_interleave(codes[p - p0], codes[p + 1 - p0], K, pairs + (size_t)((p - p0) / 2) * K * 16);
+            }
+#endif
             for (int m0 = 0; m0 < M; m0 += MRMAX) {
                 const int MR = M - m0 < MRMAX ? M - m0 : MRMAX;
-                for (int p = p0; p < p1; ++p) {
+                int p = p0;
+#if defined(QD_ZMM)
+                for (; pairs && p + 1 < p1; p += 2) {
+                    float out[MRMAX * 16];
+                    run_pair(jb->type, MR, pairs + (size_t)((p - p0) / 2) * K * 16, &sc[p - p0], &sc[p + 1 - p0], nb, a, m0, out);
+                    for (int q = 0; q < 2; ++q) {
+                        const int n0 = 8 * (p + q), nn = jb->N - n0 < 8 ? jb->N - n0 : 8;
+                        for (int m = 0; m < MR; ++m)
+                            memcpy(jb->y + (size_t)(m0 + m) * jb->ldy + n0, out + 16 * m + 8 * q, sizeof(float) * nn);
+                    }
+                }
+#endif
+                for (; p < p1; ++p) {
                     float out[MRMAX * 8];
                     run_panel(jb->type, fused, MR, codes[p - p0], t->codes, &sc[p - p0], nb, a, m0, out);
                     const int n0 = 8 * p, nn = jb->N - n0 < 8 ? jb->N - n0 : 8;
