@@ -226,70 +226,29 @@ ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, 
     for (int m = 0; m < MR; ++m) _mm256_storeu_ps(out + 8 * m, accf[m]);
 }
 
-#define DISPATCH(CALL) do { \
-    if (fused) { switch (MR) { case 1: CALL(1, 1); break; case 2: CALL(1, 2); break; \
-                               case 3: CALL(1, 3); break; default: CALL(1, 4); } } \
-    else { switch (MR) { case 1: CALL(0, 1); break; case 2: CALL(0, 2); break; \
-                         case 3: CALL(0, 3); break; default: CALL(0, 4); } } } while (0)
+/* Every type's micro-kernel parameters, once for both drivers below:
+   32-blocks A(type, chunk, off, has_m), K-quants K(type, nsub, chunk, fold) (see mk_a / mk_k). */
+#define QD_TYPE_TABLE(A, K) \
+    A(QD_Q4_0, 8, 8, 0) A(QD_Q4_1, 8, 0, 1) A(QD_Q5_0, 4, 16, 0) A(QD_Q5_1, 4, 0, 1) A(QD_Q8_0, 1, 0, 0) \
+    K(QD_Q2_K, 16, 4, 0) K(QD_Q3_K, 16, 4, 1) K(QD_Q4_K, 8, 8, 0) K(QD_Q5_K, 8, 4, 0) K(QD_Q6_K, 16, 2, 1)
+
+/* F(n, ...) with the row count n = MR as a constant (1..4) */
+#define MR_SWITCH(F, ...) switch (MR) { case 1: F(1, __VA_ARGS__); break; case 2: F(2, __VA_ARGS__); break; \
+                                        case 3: F(3, __VA_ARGS__); break; default: F(4, __VA_ARGS__); }
 
 static void run_panel(int type, int fused, int MR, const uint8_t *c, int cbytes, const qd_scratch *s, int nb,
                       const qd_acts *a, int m0, float *out) {
-    switch (type) {
-#define A(T, f, MRc, chunk, off, hm) mk_a(T, f, MRc, chunk, off, hm, c, cbytes, s, nb, a, m0, out)
-#define KQ(T, f, MRc, nsub, chunk, fold) mk_k(T, f, MRc, nsub, chunk, fold, c, cbytes, s, nb, a, m0, out)
-    case QD_Q4_0: {
-#define C(f, n) A(QD_Q4_0, f, n, 8, 8, 0)
-        DISPATCH(C); break;
-#undef C
-    }
-    case QD_Q4_1: {
-#define C(f, n) A(QD_Q4_1, f, n, 8, 0, 1)
-        DISPATCH(C); break;
-#undef C
-    }
-    case QD_Q5_0: {
-#define C(f, n) A(QD_Q5_0, f, n, 4, 16, 0)
-        DISPATCH(C); break;
-#undef C
-    }
-    case QD_Q5_1: {
-#define C(f, n) A(QD_Q5_1, f, n, 4, 0, 1)
-        DISPATCH(C); break;
-#undef C
-    }
-    case QD_Q8_0: {
-#define C(f, n) A(QD_Q8_0, f, n, 1, 0, 0)
-        DISPATCH(C); break;
-#undef C
-    }
-    case QD_Q2_K: {
-#define C(f, n) KQ(QD_Q2_K, f, n, 16, 4, 0)
-        DISPATCH(C); break;
-#undef C
-    }
-    case QD_Q3_K: {
-#define C(f, n) KQ(QD_Q3_K, f, n, 16, 4, 1)
-        DISPATCH(C); break;
-#undef C
-    }
-    case QD_Q4_K: {
-#define C(f, n) KQ(QD_Q4_K, f, n, 8, 8, 0)
-        DISPATCH(C); break;
-#undef C
-    }
-    case QD_Q5_K: {
-#define C(f, n) KQ(QD_Q5_K, f, n, 8, 4, 0)
-        DISPATCH(C); break;
-#undef C
-    }
-    case QD_Q6_K: {
-#define C(f, n) KQ(QD_Q6_K, f, n, 16, 2, 1)
-        DISPATCH(C); break;
-#undef C
-    }
-#undef A
-#undef KQ
-    }
+#define MKA(n, T, f, chunk, off, hm) mk_a(T, f, n, chunk, off, hm, c, cbytes, s, nb, a, m0, out)
+#define MKK(n, T, f, nsub, chunk, fold) mk_k(T, f, n, nsub, chunk, fold, c, cbytes, s, nb, a, m0, out)
+#define A_CASE(T, chunk, off, hm) \
+    case T: if (fused) MR_SWITCH(MKA, T, 1, chunk, off, hm) else MR_SWITCH(MKA, T, 0, chunk, off, hm) break;
+#define K_CASE(T, nsub, chunk, fold) \
+    case T: if (fused) MR_SWITCH(MKK, T, 1, nsub, chunk, fold) else MR_SWITCH(MKK, T, 0, nsub, chunk, fold) break;
+    switch (type) { QD_TYPE_TABLE(A_CASE, K_CASE) }
+#undef MKA
+#undef MKK
+#undef A_CASE
+#undef K_CASE
 }
 
 /* ---- prefill on AVX-512: two panels (16 weight rows) per 512-bit vector ----------------------
@@ -414,48 +373,18 @@ ALWAYS void z_mk_k(const int type, const int MR, const int nsub, const int fold,
     for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + 16 * m, accf[m]);
 }
 
-#define ZD(CALL) do { switch (MR) { case 1: CALL(1); break; case 2: CALL(2); break; \
-                                   case 3: CALL(3); break; default: CALL(4); } } while (0)
-
 /* A pair of panels: interleaved codes c2, scratch sA / sB -> out [MR][16]. */
 static void run_pair(int type, int MR, const uint8_t *c2, const qd_scratch *sA, const qd_scratch *sB, int nb,
                      const qd_acts *a, int m0, float *out) {
-    switch (type) {
-#define ZA(T, n, off, hm) z_mk_a(T, n, off, hm, c2, sA, sB, nb, a, m0, out)
-#define ZK(T, n, nsub, fold) z_mk_k(T, n, nsub, fold, c2, sA, sB, nb, a, m0, out)
-#define C(n) ZA(QD_Q4_0, n, 8, 0)
-    case QD_Q4_0: ZD(C); break;
-#undef C
-#define C(n) ZA(QD_Q4_1, n, 0, 1)
-    case QD_Q4_1: ZD(C); break;
-#undef C
-#define C(n) ZA(QD_Q5_0, n, 16, 0)
-    case QD_Q5_0: ZD(C); break;
-#undef C
-#define C(n) ZA(QD_Q5_1, n, 0, 1)
-    case QD_Q5_1: ZD(C); break;
-#undef C
-#define C(n) ZA(QD_Q8_0, n, 0, 0)
-    case QD_Q8_0: ZD(C); break;
-#undef C
-#define C(n) ZK(QD_Q2_K, n, 16, 0)
-    case QD_Q2_K: ZD(C); break;
-#undef C
-#define C(n) ZK(QD_Q3_K, n, 16, 1)
-    case QD_Q3_K: ZD(C); break;
-#undef C
-#define C(n) ZK(QD_Q4_K, n, 8, 0)
-    case QD_Q4_K: ZD(C); break;
-#undef C
-#define C(n) ZK(QD_Q5_K, n, 8, 0)
-    case QD_Q5_K: ZD(C); break;
-#undef C
-#define C(n) ZK(QD_Q6_K, n, 16, 1)
-    case QD_Q6_K: ZD(C); break;
-#undef C
-#undef ZA
-#undef ZK
-    }
+#define ZMKA(n, T, off, hm) z_mk_a(T, n, off, hm, c2, sA, sB, nb, a, m0, out)
+#define ZMKK(n, T, nsub, fold) z_mk_k(T, n, nsub, fold, c2, sA, sB, nb, a, m0, out)
+#define A_CASE(T, chunk, off, hm) case T: MR_SWITCH(ZMKA, T, off, hm) break;
+#define K_CASE(T, nsub, chunk, fold) case T: MR_SWITCH(ZMKK, T, nsub, fold) break;
+    switch (type) { QD_TYPE_TABLE(A_CASE, K_CASE) }
+#undef ZMKA
+#undef ZMKK
+#undef A_CASE
+#undef K_CASE
 }
 #endif  /* QD_ZMM */
 
