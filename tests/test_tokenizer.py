@@ -337,17 +337,8 @@ def _per_token_texts_and_vocab(raw):
 
 
 def _per_merge_split(lines):
-    out = []
-    for m in lines:
-        if m[:1] == " ":
-            p = m.find(" ", 1)
-            if p >= 0:
-                out.append((m[:p], m[p + 1:]))
-            continue
-        ab = m.split(" ", 1)
-        if len(ab) == 2:
-            out.append((ab[0], ab[1]))
-    return out
+    from runtime.tokenizer.from_gguf import _split_merges
+    return _split_merges(lines)
 
 
 @pytest.mark.parametrize("name", VOCAB_NAMES)

@@ -110,6 +110,11 @@ def _parse_merges(raw: Sequence[bytes | str]) -> list[tuple[str, str]]:
             lines = [bytes(m).decode("utf-8", errors="replace") for m in raw]
     if joined.count("\n") == len(lines) - 1 and not joined.startswith(" ") and "\n " not in joined:
         return _MERGE.findall(joined)  # no newline inside a merge, none starts with a space: one pass
+    return _split_merges(lines)
+
+
+def _split_merges(lines: Sequence[str]) -> list[tuple[str, str]]:
+    """Merge by merge: split at the first space after position 0; a merge without one is skipped."""
     out = []
     for m in lines:
         if m[:1] == " ":
