@@ -203,25 +203,26 @@ def test_prefill_sizes_match_integer_reference(isa, qtype, M):
 
 @pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
 def test_prefill_same_bits_on_every_vector_build(qtype, monkeypatch):
-    """The vector builds agree bit for bit at prefill sizes: AVX-512 VNNI runs pairs of panels in
-    512-bit vectors (an odd panel and the decode sizes in 256-bit ones), AVX2 sums in int16
-    first; every output lane does the same integer sums and the same float operations in the
-    same order."""
+    """The vector builds agree bit for bit at decode and prefill sizes: AVX-512 VNNI runs prefill's
+    pairs of panels in 512-bit vectors (an odd panel, and decode, in 256-bit ones), AVX2 sums in
+    int16 first; every output lane does the same integer sums and the same float operations in
+    the same order."""
     vector = [i for i in qdot.supported_isas() if i != "scalar"]
     if len(vector) < 2 or qdot.build("avx2") is None:
         pytest.skip("fewer than two vector builds on this CPU (or no C compiler)")
     gen = torch.Generator().manual_seed(300 + int(qtype))
     bs = GGML_QUANT_SIZES[qtype][0]
     w = random_qweight(qtype, 75, bs * (3 if bs == 256 else 9), gen)  # 10 panels: pairs, items, a rest
-    x = random_x(130, w.cols, gen)
-    got = {}
-    for name in vector:
-        monkeypatch.setenv("TRITIUM_CPU_ISA", name)
-        h = qdot.prepare(w.data, int(w.qtype), w.rows, w.cols)
-        got[name] = qdot.matmul(x, h, n_threads=2)
-    first = vector[0]
-    for name in vector[1:]:
-        assert torch.equal(got[name], got[first]), (first, name)
+    for M in (1, 3, 8, 130):  # decode sizes (codes decoded in registers) and prefill (scratch)
+        x = random_x(M, w.cols, gen)
+        got = {}
+        for name in vector:
+            monkeypatch.setenv("TRITIUM_CPU_ISA", name)
+            h = qdot.prepare(w.data, int(w.qtype), w.rows, w.cols)
+            got[name] = qdot.matmul(x, h, n_threads=2)
+        first = vector[0]
+        for name in vector[1:]:
+            assert torch.equal(got[name], got[first]), (M, first, name)
 
 
 @pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
