@@ -34,10 +34,15 @@ MODELS = {m.key: m for m in (QWEN, GEMMA)}
 FETCH_HINT = "run `python scripts/fetch_models.py` to fetch the real models into the cache"
 
 
+def cache_root() -> Path:
+    """$TRITIUM_CACHE, else ~/.cache/tritium: models, the built-in model, derived tokenizer data."""
+    env = os.environ.get("TRITIUM_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "tritium"
+
+
 def models_dir() -> Path:
     """$TRITIUM_CACHE/models, else ~/.cache/tritium/models."""
-    env = os.environ.get("TRITIUM_CACHE")
-    return (Path(env) if env else Path.home() / ".cache" / "tritium") / "models"
+    return cache_root() / "models"
 
 
 def file_digest(path: Path, algo: str) -> str:

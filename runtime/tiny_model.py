@@ -391,8 +391,8 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
 
 
 def _cache_dir() -> Path:
-    env = os.environ.get("TRITIUM_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "tritium"
+    from runtime.model_files import cache_root
+    return cache_root()
 
 
 def ensure_default_model() -> Path:
