@@ -405,7 +405,9 @@ def test_spm_merges_are_cached_and_reused(tmp_path, monkeypatch):
     files[0].write_bytes(b"not an array")
     assert f._spm_merges(vocab, scores, texts) == first and calls == [1]  # recomputed
     assert f._spm_merges(vocab, scores, texts) == first and calls == [1]  # and rewritten
+    np.save(files[0], np.array([[0, len(texts)]], dtype=np.int32))  # an array, but an id past the end
+    assert f._spm_merges(vocab, scores, texts) == first and calls == [1, 1]
     other = scores.copy()
     other[100] += 1.0
     f._spm_merges(vocab, other, texts)
-    assert calls == [1, 1] and len(list((tmp_path / "tokenizers").glob("spm-merges-*.npy"))) == 2
+    assert calls == [1, 1, 1] and len(list((tmp_path / "tokenizers").glob("spm-merges-*.npy"))) == 2

@@ -122,7 +122,10 @@ def _spm_merge_ids(vocab: dict[str, int], scores: np.ndarray, texts: list[bytes]
         ab = np.load(path, allow_pickle=False)
         if ab.dtype == np.int32 and ab.ndim == 2 and ab.shape[1] == 2 and (
                 ab.size == 0 or (int(ab.min()) >= 0 and int(ab.max()) < len(texts))):
-            return ab
+            known = np.zeros(len(texts), dtype=bool)  # every id one of the vocabulary's strings
+            known[np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))] = True
+            if bool(known[ab].all()):
+                return ab
     except (OSError, ValueError):
         pass
     ab = _spm_search(vocab, scores)
