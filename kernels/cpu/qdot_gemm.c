@@ -48,14 +48,21 @@ ALWAYS __m256i nib_kg(const uint8_t *g, int kg) {
     const __m256i n = ldv(g + 32 * (kg % 4)), m4 = _mm256_set1_epi8(15);
     return kg < 4 ? _mm256_and_si256(n, m4) : _mm256_and_si256(_mm256_srli_epi16(n, 4), m4);
 }
+/* lo | (hi & mask): one vpternlogd where AVX-512VL has it (a K-quant's high bits onto its nibbles) */
+ALWAYS __m256i or_masked(__m256i lo, __m256i hi, int mask) {
+#if defined(__AVX512VL__)
+    return _mm256_ternarylogic_epi32(lo, hi, _mm256_set1_epi8((char)mask), 0xF8);
+#else
+    return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8((char)mask)));
+#endif
+}
 ALWAYS __m256i code_kg(const int type, const uint8_t *g, int kg) {
     switch (type) {
     case QD_Q4_0: case QD_Q4_1: case QD_Q4_K: return nib_kg(g, kg);
     case QD_Q5_0: case QD_Q5_1: case QD_Q5_K:
-        return _mm256_or_si256(nib_kg(g, kg), _mm256_and_si256(mvb(ldv(g + 128), kg, 4), _mm256_set1_epi8(0x10)));
+        return or_masked(nib_kg(g, kg), mvb(ldv(g + 128), kg, 4), 0x10);
     case QD_Q6_K:
-        return _mm256_or_si256(nib_kg(g, kg), _mm256_and_si256(mvb(ldv(g + 128 + 32 * (kg / 4)), 2 * (kg % 4), 4),
-                                                                _mm256_set1_epi8(0x30)));
+        return or_masked(nib_kg(g, kg), mvb(ldv(g + 128 + 32 * (kg / 4)), 2 * (kg % 4), 4), 0x30);
     case QD_Q3_K:
         return _mm256_or_si256(_mm256_and_si256(mvb(ldv(g + 32 * (kg / 4)), 2 * (kg % 4), 0), _mm256_set1_epi8(3)),
                                _mm256_and_si256(mvb(ldv(g + 64), kg, 2), _mm256_set1_epi8(4)));
