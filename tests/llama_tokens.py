@@ -1,6 +1,7 @@
 """Greedy tokens of a tiny generated model against llama-server's, as recorded by the
 scripts/record_*_reference.py scripts (tests/data/*_greedy.json: per variant its sha256 and, per
-server configuration, the tokens of the token prompts and of the text prompts)."""
+server configuration, the tokens of the token prompts and of the text prompts); and the real
+models' files for the tests that use them (`real_model_path`)."""
 from __future__ import annotations
 
 import hashlib
@@ -9,6 +10,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 
 from runtime.kv_cache import SeqKV
@@ -25,6 +27,17 @@ def recording_script(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def real_model_path(m) -> Path:
+    """The cached file of a real model (runtime.model_files.QWEN / GEMMA), or skip the test with the
+    fetch script's name."""
+    from runtime.model_files import FETCH_HINT, cached_path
+
+    p = cached_path(m)
+    if p is None:
+        pytest.skip(f"{m.filename} is not in the model cache: {FETCH_HINT}")
+    return p
 
 
 def recorded_tokens(data_name: str) -> dict:

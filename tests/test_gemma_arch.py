@@ -14,8 +14,9 @@ import torch
 
 from kernels import ref
 from kernels.qweight import QWeight
-from runtime.model_files import FETCH_HINT, GEMMA, cached_path
+from runtime.model_files import GEMMA
 from tests.kernel_oracles import rms_norm_oracle, rope_neox_f64
+from tests.llama_tokens import real_model_path
 
 PROMPT = [2, 818, 5279, 529, 7001, 563, 506, 5279, 529, 9079, 563, 496]  # 12 tokens, BOS first
 WINDOW = 5
@@ -25,9 +26,7 @@ WINDOW = 5
 def loaded():
     from runtime.loader import load_model
 
-    path = cached_path(GEMMA)
-    if path is None:
-        pytest.skip(f"{GEMMA.filename} is not in the model cache: {FETCH_HINT}")
+    path = real_model_path(GEMMA)
     lm = load_model(path, progress=lambda m: None)
     lm.config.sliding_window = WINDOW
     return lm

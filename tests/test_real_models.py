@@ -13,17 +13,11 @@ import httpx
 import jsonschema
 import pytest
 
-from runtime.model_files import FETCH_HINT, GEMMA, QWEN, cached_path
+from runtime.model_files import GEMMA, QWEN
+from tests.llama_tokens import real_model_path
 
 REFERENCE = Path(__file__).parent / "data" / "real_models_reference.json"
 N_PREDICT = 32
-
-
-def _model(m) -> Path:
-    p = cached_path(m)
-    if p is None:
-        pytest.skip(f"{m.filename} is not in the model cache: {FETCH_HINT}")
-    return p
 
 
 def _reference(key: str) -> dict:
@@ -41,7 +35,7 @@ def servers(start_server):
 
     def get(m):
         if m.key not in started:  # one server per model for the whole module
-            path = _model(m)
+            path = real_model_path(m)
             started[m.key] = start_server("-m", str(path), "-np", "4", "-c", "4096", wait=False).wait_ready(900)
         return started[m.key]
 
@@ -55,7 +49,7 @@ def servers(start_server):
 def test_tokenizer_round_trips_and_matches_llama_server(real):
     from runtime.tokenizer import load_tokenizer
 
-    tk = load_tokenizer(_model(real))
+    tk = load_tokenizer(real_model_path(real))
     ref = _reference(real.key)["tokenize"]
     assert len(ref) == 8
     for item in ref:

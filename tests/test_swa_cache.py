@@ -102,12 +102,10 @@ WINDOW = 16
 
 @pytest.fixture(scope="module")
 def gemma_path():
-    from runtime.model_files import FETCH_HINT, GEMMA, cached_path
+    from runtime.model_files import GEMMA
+    from tests.llama_tokens import real_model_path
 
-    path = cached_path(GEMMA)
-    if path is None:
-        pytest.skip(f"{GEMMA.filename} is not in the model cache: {FETCH_HINT}")
-    return str(path)
+    return str(real_model_path(GEMMA))
 
 
 def test_model_logits_equal_with_the_swa_pool_and_match_the_reference(gemma_path):
