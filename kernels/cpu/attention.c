@@ -65,6 +65,11 @@ static inline float ld1(const void *cache, size_t off, int f16) {
     return f16 ? (float)((const _Float16 *)cache)[off] : ((const float *)cache)[off];
 }
 
+struct att_args {
+    const float *q; const void *kc, *vc; const int *bt, *lens; float *out, *scratch;
+    int maxb, H, KVH, D, BS, bs_shift, maxL, kv_f16; float scale, softcap; int window;
+};
+
 /* The helpers below are inlined at call sites with a constant head count n (a switch over n),
    so that their n accumulators live in registers: with a run-time count they were kept in memory,
    one store and reload per fma (the 430-key decode of a 1.5B model spent ~3x its arithmetic). */
@@ -89,28 +94,34 @@ INLINE void dot_heads(const int n, const float *q, const float *kf, int D, int D
     }
 }
 
-/* out[g][c .. c+15] = sum over t in [t0, L) of p[g][t] * V[t][c .. c+15], by fma in order of t. */
-INLINE void v_heads(const int n, const float *p, int maxL, const void *vc, int kv_f16, const int *tab,
-                    int bs_shift, int BS, int KVH, int kh, int D, int c, int t0, int L, float *out) {
+/* Element offset of position t's row of KV head kh in a [NB, BS, KVH, D] cache: one block-table
+   entry per block (a shift: BS is a power of 2). */
+static inline size_t kv_row(const struct att_args *A, const int *tab, int kh, int t) {
+    return ((((size_t)tab[t >> A->bs_shift] << A->bs_shift) + (t & (A->BS - 1))) * A->KVH + kh) * A->D;
+}
+
+/* out[g][c .. c+15] = sum over t in [t0, L) of p[g][t] * V[t][c .. c+15] (p rows maxL apart), by
+   fma in order of t, for the n query heads of KV head kh (sequence block table tab). */
+INLINE void v_heads(const int n, const struct att_args *A, const int *tab, int kh, const float *p, int c,
+                    int t0, int L, float *out) {
     vf a[GB][LV];
     for (int g = 0; g < n; ++g)
         for (int j = 0; j < LV; ++j) a[g][j] = splat(0.0f);
     for (int t = t0; t < L; ++t) {
-        const size_t row = (((size_t)tab[t >> bs_shift] << bs_shift) + (t & (BS - 1))) * KVH * D + (size_t)kh * D;
         vf v[LV];
-        ld16(vc, row + c, kv_f16, v);
+        ld16(A->vc, kv_row(A, tab, kh, t) + c, A->kv_f16, v);
         for (int g = 0; g < n; ++g) {
-            const vf w = splat(p[(size_t)g * maxL + t]);
+            const vf w = splat(p[(size_t)g * A->maxL + t]);
             for (int j = 0; j < LV; ++j) a[g][j] = fma_v(w, v[j], a[g][j]);
         }
     }
-    for (int g = 0; g < n; ++g) memcpy(out + (size_t)g * D + c, a[g], 16 * sizeof(float));
+    for (int g = 0; g < n; ++g) memcpy(out + (size_t)g * A->D + c, a[g], 16 * sizeof(float));
 }
 
-struct att_args {
-    const float *q; const void *kc, *vc; const int *bt, *lens; float *out, *scratch;
-    int maxb, H, KVH, D, BS, bs_shift, maxL, kv_f16; float scale, softcap; int window;
-};
+/* CALL(n) with the head count n = `count` (1 .. GB) as a constant */
+#define PER_HEADS(count, CALL) switch (count) { \
+    case 8: CALL(8); break; case 7: CALL(7); break; case 6: CALL(6); break; case 5: CALL(5); break; \
+    case 4: CALL(4); break; case 3: CALL(3); break; case 2: CALL(2); break; default: CALL(1); break; }
 
 /* One (sequence, KV head) pair: item = s * KVH + kh. Denormals are flushed to zero while it runs
    (FTZ + DAZ, every build the same): the softmax terms of keys far below the maximum are ~1e-38,
@@ -130,7 +141,7 @@ static void attend(void *args, int item) {
 
 static void attend_item(void *args, int item) {
     const struct att_args *A = args;
-    const int KVH = A->KVH, H = A->H, D = A->D, BS = A->BS, bs_shift = A->bs_shift, maxL = A->maxL;
+    const int KVH = A->KVH, H = A->H, D = A->D, maxL = A->maxL;
     const int G = H / KVH, D16 = D / 16 * 16, kv_f16 = A->kv_f16;
     const int s = item / KVH, kh = item % KVH;
     const float scale = A->scale, softcap = A->softcap;
@@ -145,9 +156,9 @@ static void attend_item(void *args, int item) {
     float *sc = scratch + ((size_t)s * KVH + kh) * G * maxL;
     const float *qs = q + ((size_t)s * H + (size_t)kh * G) * D;
     float *os = out + ((size_t)s * H + (size_t)kh * G) * D;
-    /* offset of position t's row: one table entry per block (a shift when BS is a power of 2) */
+    /* bytes of a cache at element offset off; ROW(t): the element offset of position t's row */
 #define KROW(cache, off) ((const char *)(cache) + (off) * (kv_f16 ? 2 : 4))
-#define ROW(t) ((((size_t)tab[(t) >> bs_shift] << bs_shift) + ((t) & (BS - 1))) * KVH + kh) * D
+#define ROW(t) kv_row(A, tab, kh, (t))
     float kf[D];  /* one K row widened once for the G query heads */
     const int row_bytes = D * (kv_f16 ? 2 : 4);
     for (int t = t0; t < L && t < t0 + PF_AHEAD; ++t) {
@@ -178,16 +189,9 @@ static void attend_item(void *args, int item) {
         for (int g0 = 0; g0 < G; g0 += GB) {
             float dots[GB];
             const float *qg = qs + (size_t)g0 * D;
-            switch (G - g0 < GB ? G - g0 : GB) {
-            case 8: dot_heads(8, qg, kf, D, D16, dots); break;
-            case 7: dot_heads(7, qg, kf, D, D16, dots); break;
-            case 6: dot_heads(6, qg, kf, D, D16, dots); break;
-            case 5: dot_heads(5, qg, kf, D, D16, dots); break;
-            case 4: dot_heads(4, qg, kf, D, D16, dots); break;
-            case 3: dot_heads(3, qg, kf, D, D16, dots); break;
-            case 2: dot_heads(2, qg, kf, D, D16, dots); break;
-            default: dot_heads(1, qg, kf, D, D16, dots); break;
-            }
+#define DOTS(n) dot_heads(n, qg, kf, D, D16, dots)
+            PER_HEADS(G - g0 < GB ? G - g0 : GB, DOTS)
+#undef DOTS
             for (int g = 0; g < GB && g0 + g < G; ++g) {
                 float acc = dots[g] * scale;
                 if (softcap > 0.0f) acc = softcap * tanhf(acc / softcap);
@@ -218,16 +222,9 @@ static void attend_item(void *args, int item) {
         const float *pg = sc + (size_t)g0 * maxL;
         float *og = os + (size_t)g0 * D;
         for (int c = 0; c < D16; c += 16) {
-            switch (gn) {
-            case 8: v_heads(8, pg, maxL, vc, kv_f16, tab, bs_shift, BS, KVH, kh, D, c, t0, L, og); break;
-            case 7: v_heads(7, pg, maxL, vc, kv_f16, tab, bs_shift, BS, KVH, kh, D, c, t0, L, og); break;
-            case 6: v_heads(6, pg, maxL, vc, kv_f16, tab, bs_shift, BS, KVH, kh, D, c, t0, L, og); break;
-            case 5: v_heads(5, pg, maxL, vc, kv_f16, tab, bs_shift, BS, KVH, kh, D, c, t0, L, og); break;
-            case 4: v_heads(4, pg, maxL, vc, kv_f16, tab, bs_shift, BS, KVH, kh, D, c, t0, L, og); break;
-            case 3: v_heads(3, pg, maxL, vc, kv_f16, tab, bs_shift, BS, KVH, kh, D, c, t0, L, og); break;
-            case 2: v_heads(2, pg, maxL, vc, kv_f16, tab, bs_shift, BS, KVH, kh, D, c, t0, L, og); break;
-            default: v_heads(1, pg, maxL, vc, kv_f16, tab, bs_shift, BS, KVH, kh, D, c, t0, L, og); break;
-            }
+#define VSUMS(n) v_heads(n, A, tab, kh, pg, c, t0, L, og)
+            PER_HEADS(gn, VSUMS)
+#undef VSUMS
         }
         for (int d = D16; d < D; ++d)
             for (int g = g0; g < g0 + gn; ++g) {
