@@ -323,9 +323,8 @@ ALWAYS void z_mk_a(const int type, const int MR, int off, const int has_m, const
 }
 
 /* K-quants (mk_k): out [MR][16] */
-ALWAYS void z_mk_k(const int type, const int MR, const int nsub, const int fold, const uint8_t *c2,
+ALWAYS void z_mk_k(const int MR, const int nsub, const int fold, const uint8_t *c2,
                    const qd_scratch *sA, const qd_scratch *sB, int nb, const qd_acts *a, int m0, float *out) {
-    (void)type;
     __m512 accf[MRMAX];
     const size_t K = (size_t)a->K, K16 = K / 16;
     const int8_t *const xq0 = a->xq + (size_t)m0 * K;
@@ -384,9 +383,9 @@ ALWAYS void z_mk_k(const int type, const int MR, const int nsub, const int fold,
 static void run_pair(int type, int MR, const uint8_t *c2, const qd_scratch *sA, const qd_scratch *sB, int nb,
                      const qd_acts *a, int m0, float *out) {
 #define ZMKA(n, T, off, hm) z_mk_a(T, n, off, hm, c2, sA, sB, nb, a, m0, out)
-#define ZMKK(n, T, nsub, fold) z_mk_k(T, n, nsub, fold, c2, sA, sB, nb, a, m0, out)
+#define ZMKK(n, nsub, fold) z_mk_k(n, nsub, fold, c2, sA, sB, nb, a, m0, out)
 #define A_CASE(T, chunk, off, hm) case T: MR_SWITCH(ZMKA, T, off, hm) break;
-#define K_CASE(T, nsub, chunk, fold) case T: MR_SWITCH(ZMKK, T, nsub, fold) break;
+#define K_CASE(T, nsub, chunk, fold) case T: MR_SWITCH(ZMKK, nsub, fold) break;
     switch (type) { QD_TYPE_TABLE(A_CASE, K_CASE) }
 #undef ZMKA
 #undef ZMKK

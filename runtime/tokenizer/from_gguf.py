@@ -14,6 +14,8 @@
 """
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -23,6 +25,7 @@ import numpy as np
 import tokenizers
 from tokenizers import models
 
+from runtime.model_files import cache_root
 from runtime.tokenizer.core import Tokenizer
 from runtime.tokenizer.pretokenizers import PRE_TYPES, PreSpec, hf_pre_tokenizer
 from runtime.tokenizer.vocab import (ATTR_CONTROL, ATTR_NORMAL, ATTR_RSTRIP, ATTR_SPECIAL, ATTR_UNDEFINED,
@@ -108,11 +111,6 @@ def _spm_merge_ids(vocab: dict[str, int], scores: np.ndarray, texts: list[bytes]
     scores (best effort: a cache that cannot be read or written is recomputed / skipped)."""
     if texts is None:
         return _spm_search(vocab, scores)
-    import hashlib
-    import os
-
-    from runtime.model_files import cache_root
-
     h = hashlib.sha256(b"tritium spm merges v1\0")
     h.update(np.asarray(scores, dtype="<f4").tobytes())
     h.update(np.fromiter(map(len, texts), dtype="<i8", count=len(texts)).tobytes())
