@@ -2,7 +2,7 @@
 """Records llama-server's greedy tokens on the tiny random qwen3moe models into
 tests/data/qwen3moe_greedy.json (tests/test_qwen3moe.py compares tritium's with them).
 
-The models are generated here, deterministically (`moe_variants`: runtime.tiny_model.MOE_SPEC in
+The models are generated here, deterministically (`variants`: runtime.tiny_model.MOE_SPEC in
 F32 and Q8_0, and a 256-dim Q4_K one), so that the tests regenerate the very same files (their
 sha256 are recorded and checked) without the reference binary. Each model is recorded twice:
 with llama-server's defaults ("default": float16 KV cache, flash attention on), and with float32
@@ -43,16 +43,21 @@ TEXT_PROMPTS = ["Hello, my name is", "def fibonacci(n):", "The quick brown fox j
 N_PREDICT = 24
 
 
-def moe_variants() -> dict[str, TinyModelSpec]:
+def variants() -> dict[str, TinyModelSpec]:
     """name -> the spec of one recorded model (all on the built-in vocabulary)."""
     return {"f32": MOE_SPEC, "q8_0": replace(MOE_SPEC, wtype="q8_0"),
             "q4_k": replace(MOE_SPEC, wtype="q4_k", n_embd=256, n_ff_exp=256, head_dim=64, seed=4)}
 
 
-def write_variant(name: str, out_dir: Path) -> Path:
-    path = out_dir / f"tiny-qwen3moe-{name}.gguf"
-    write_tiny_model(path, moe_variants()[name], vocab="builtin")
+def write_spec(arch: str, name: str, spec: TinyModelSpec, out_dir: Path) -> Path:
+    """out_dir/tiny-<arch>-<name>.gguf: one recorded model, on the built-in vocabulary."""
+    path = out_dir / f"tiny-{arch}-{name}.gguf"
+    write_tiny_model(path, spec, vocab="builtin")
     return path
+
+
+def write_variant(name: str, out_dir: Path) -> Path:
+    return write_spec("qwen3moe", name, variants()[name], out_dir)
 
 
 def sha256(path: Path) -> str:
@@ -127,7 +132,7 @@ def record_main(doc: str, out_name: str, port: int, variants, write) -> int:
 
 
 def main() -> int:
-    return record_main(__doc__, "qwen3moe_greedy.json", 8260, moe_variants, write_variant)
+    return record_main(__doc__, "qwen3moe_greedy.json", 8260, variants, write_variant)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,12 @@ def real_model_path(m) -> Path:
     return p
 
 
+def variant_files(script_name: str, out_dir: Path) -> dict[str, Path]:
+    """Every tiny model scripts/<script_name>.py recorded (its `variants()`), written into out_dir."""
+    script = recording_script(script_name)
+    return {name: script.write_variant(name, out_dir) for name in script.variants()}
+
+
 def recorded_tokens(data_name: str) -> dict:
     """tests/data/<data_name>: llama-server's recorded tokens."""
     return json.loads((REPO / "tests" / "data" / data_name).read_text())

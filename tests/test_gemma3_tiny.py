@@ -27,7 +27,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 
 from runtime.loader import load_model
-from tests.llama_tokens import agreement, compare, recorded_tokens, recording_script
+from tests.llama_tokens import agreement, compare, recorded_tokens, variant_files
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = "record_gemma3_reference"  # scripts/record_gemma3_reference.py wrote tests/data/gemma3_greedy.json
@@ -40,9 +40,7 @@ def recorded() -> dict:
 
 @pytest.fixture(scope="module")
 def model_files(tmp_path_factory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("gemma3")
-    script = recording_script(SCRIPT)
-    return {name: script.write_variant(name, d) for name in script.gemma3_variants()}
+    return variant_files(SCRIPT, tmp_path_factory.mktemp("gemma3"))
 
 
 def test_file_and_config(model_files):

@@ -34,7 +34,7 @@ from runtime import tiny_model
 from runtime.kv_cache import SeqKV
 from runtime.loader import load_model
 from runtime.model import Model, SeqBatch
-from tests.llama_tokens import compare, recorded_tokens, recording_script
+from tests.llama_tokens import compare, recorded_tokens, variant_files
 from tests.kernel_oracles import rms_norm_oracle, rope_neox_f64
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,9 +48,7 @@ def recorded() -> dict:
 
 @pytest.fixture(scope="module")
 def model_files(tmp_path_factory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("phi3")
-    script = recording_script(SCRIPT)
-    return {name: script.write_variant(name, d) for name in script.phi3_variants()}
+    return variant_files(SCRIPT, tmp_path_factory.mktemp("phi3"))
 
 
 # ---------------------------------------------------------------------------------------------

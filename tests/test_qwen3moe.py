@@ -35,7 +35,7 @@ from runtime.loader import load_model
 from runtime.model import Model, SeqBatch
 from runtime.tiny_model import quantize
 from tests.kernel_oracles import rms_norm_oracle, rope_neox_f64
-from tests.llama_tokens import compare, recorded_tokens, recording_script
+from tests.llama_tokens import compare, recorded_tokens, variant_files
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = "record_moe_reference"  # scripts/record_moe_reference.py wrote tests/data/qwen3moe_greedy.json
@@ -48,9 +48,7 @@ def recorded() -> dict:
 
 @pytest.fixture(scope="module")
 def model_files(tmp_path_factory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("qwen3moe")
-    script = recording_script(SCRIPT)
-    return {name: script.write_variant(name, d) for name in script.moe_variants()}
+    return variant_files(SCRIPT, tmp_path_factory.mktemp("qwen3moe"))
 
 
 # ---------------------------------------------------------------------------------------------
