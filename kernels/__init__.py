@@ -24,6 +24,7 @@ import importlib
 
 import torch
 
+from .decoder import DecoderLayer, DecoderShape
 from .qweight import Experts, QWeight
 
 NAMES = ("torch", "cpu", "triton")
@@ -31,9 +32,9 @@ _MODULES = {"torch": "kernels.ref", "cpu": "kernels.cpu", "triton": "kernels.tri
 OPS = (
     "prepare_weight", "prepare_weights", "packs_quantized", "dequantize", "qmatmul", "embedding", "rms_norm",
     "add_rms_norm", "rope", "silu_mul", "gelu_mul", "write_kv", "paged_attention", "topk", "prepare_topk_head",
-    "topk_logits", "moe_route", "prepare_experts", "moe_ffn",
+    "topk_logits", "moe_route", "prepare_experts", "moe_ffn", "fused_decoder",
 )
-__all__ = ["Backend", "Experts", "QWeight", "NAMES", "OPS", *OPS]
+__all__ = ["Backend", "DecoderLayer", "DecoderShape", "Experts", "QWeight", "NAMES", "OPS", *OPS]
 
 
 class Backend:
@@ -183,6 +184,14 @@ def moe_ffn(x: torch.Tensor, experts: Experts, weights: torch.Tensor, ids: torch
     """sum_j weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j]: x [T, C], weights /
     ids [T, k] -> [T, C] in x.dtype (each used expert's weights read once for all its tokens)."""
     return _on(x.device).moe_ffn(x, experts, weights, ids)
+
+
+def fused_decoder(layers: list[DecoderLayer], shape: DecoderShape):
+    """Once at load: a callable running a decode step's layers as one loop (`kernels.cpu.decoder`:
+    `decoder(h, k_caches, v_caches, pos, slots, tables, kv_lens)` -> final residual stream, with
+    `decoder.supports(k_caches, v_caches)`), bit-identical to the per-op path; None where the
+    backend has none or the layers do not qualify (the reference and Triton: always None)."""
+    return _on(layers[0].attn_norm.device).fused_decoder(layers, shape)
 
 
 def tune(backend: Backend, weights: list[QWeight], dtype: torch.dtype, max_rows: int,

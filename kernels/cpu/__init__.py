@@ -11,6 +11,7 @@ fastest path this machine has and falling back to the torch reference (`kernels.
 | `qdot.py` + `qdot*.c` | integer-dot quantized matmul: GGUF blocks regrouped into 8-row panels (same size), activations quantized to 8 bits per block, one ISA build each (scalar, AVX2, AVX-VNNI, AVX-512 VNNI) |
 | `qgemv.py` + `qgemv.c` | the fallback for quantized types qdot lacks: repacked exactly into affine-integer tiles, float32 GEMV |
 | `attention.c` | the paged decode attention kernel |
+| `decoder.py` | `fused_decoder`: a decode step's layers as one loop of direct C calls (the per-op wrappers' torch calls cost more than the work once the weight stream has evicted them) |
 | `common.h` | the vector type and loads the C files share |
 | `pointwise.py` + `pointwise.c` | `rms_norm`, `add_rms_norm`, `rope` on float32 rows, else the reference |
 | `pool.c` | the C kernels' thread pool (never waits for a thread that has not started) |
@@ -23,6 +24,7 @@ Nothing here imports triton.
 from ..ref import gelu_mul, moe_route  # noqa: F401
 from .pointwise import add_rms_norm, rms_norm, rope, silu_mul, write_kv  # noqa: F401
 from .attention import paged_attention  # noqa: F401
+from .decoder import fused_decoder  # noqa: F401
 from .matmul import dequantize, embedding, packs_quantized, prepare_weight, prepare_weights, qmatmul  # noqa: F401
 from .moe import moe_ffn, prepare_experts  # noqa: F401
 from .topk import prepare_topk_head, topk, topk_logits  # noqa: F401

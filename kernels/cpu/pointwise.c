@@ -7,13 +7,20 @@
 #include <immintrin.h>
 #endif
 
-/* out[t] = (s[t] * rsqrt(mean(s[t]^2) + eps)) * w with s = x (+ r, stored to sum when r is given);
-   x, r, out, sum: [T, C]. The squares (float) are summed in double, in order, as ggml_compute_forward_rms_norm_f32. */
+/* o = (s * rsqrt(mean(s^2) + eps)) * w over C floats. The squares (float) are summed in double, in
+   order, as ggml_compute_forward_rms_norm_f32. */
+static inline void rms_row(const float *restrict s, const float *restrict w, float *restrict o, int C, float eps) {
+    double ss = 0.0;
+    for (int c = 0; c < C; ++c) ss += (double)(s[c] * s[c]);  /* as ggml: the square in float */
+    const float inv = 1.0f / sqrtf((float)(ss / C) + eps);
+    for (int c = 0; c < C; ++c) o[c] = (s[c] * inv) * w[c];
+}
+
+/* out[t] = rms_row(s[t]) with s = x (+ r, stored to sum when r is given); x, r, out, sum: [T, C]. */
 void add_rms_norm_f32(const float *restrict x, const float *restrict r, const float *restrict w,
                       float *restrict out, float *restrict sum, int T, int C, float eps) {
     for (int t = 0; t < T; ++t) {
         const float *xt = x + (size_t)t * C;
-        float *ot = out + (size_t)t * C;
         const float *st = xt;
         if (r) {
             const float *rt = r + (size_t)t * C;
@@ -21,36 +28,51 @@ void add_rms_norm_f32(const float *restrict x, const float *restrict r, const fl
             for (int c = 0; c < C; ++c) su[c] = xt[c] + rt[c];
             st = su;
         }
-        double ss = 0.0;
-        for (int c = 0; c < C; ++c) ss += (double)(st[c] * st[c]);  /* as ggml: the square in float */
-        const float inv = 1.0f / sqrtf((float)(ss / C) + eps);
-        for (int c = 0; c < C; ++c) ot[c] = (st[c] * inv) * w[c];
+        rms_row(st, w, out + (size_t)t * C, C, eps);
     }
 }
 
-/* x, out: [T, NH, D]; pairs (2i, 2i + 1) (neox = 0) or (i, i + R) (neox = 1) rotated by the angle
-   (float)pos[t] * inv_freq[i], i < R; dimensions past 2R copied. */
+/* The RoPE angles of one position: cs[i], sn[i] = cos, sin of (float)pos * inv_freq[i], i < R. */
+static inline void rope_angles(long pos, const float *restrict inv_freq, int R, float *restrict cs, float *restrict sn) {
+    for (int i = 0; i < R; ++i) {
+        const float a = (float)pos * inv_freq[i];
+        cs[i] = cosf(a);
+        sn[i] = sinf(a);
+    }
+}
+
+/* One head of D floats: pairs (2i, 2i + 1) (neox = 0) or (i, i + R) (neox = 1) rotated, i < R;
+   dimensions past 2R copied. */
+static inline void rope_head(const float *restrict xh, float *restrict oh, const float *restrict cs,
+                             const float *restrict sn, int D, int R, int neox) {
+    for (int d = 2 * R; d < D; ++d) oh[d] = xh[d];
+    for (int i = 0; i < R; ++i) {
+        const int i0 = neox ? i : 2 * i, i1 = neox ? i + R : 2 * i + 1;
+        const float x0 = xh[i0], x1 = xh[i1];
+        oh[i0] = x0 * cs[i] - x1 * sn[i];
+        oh[i1] = x0 * sn[i] + x1 * cs[i];
+    }
+}
+
+/* x, out: [T, NH, D]; every head rotated by the angles of pos[t] (rope_head). */
 void rope_f32(const float *restrict x, const long *restrict pos, const float *restrict inv_freq,
               float *restrict out, int T, int NH, int D, int R, int neox) {
     float cs[512], sn[512];
     if (R > 512) return;  /* pointwise.py checks */
     for (int t = 0; t < T; ++t) {
-        for (int i = 0; i < R; ++i) {
-            const float a = (float)pos[t] * inv_freq[i];
-            cs[i] = cosf(a);
-            sn[i] = sinf(a);
-        }
-        for (int h = 0; h < NH; ++h) {
-            const float *xh = x + ((size_t)t * NH + h) * D;
-            float *oh = out + ((size_t)t * NH + h) * D;
-            for (int d = 2 * R; d < D; ++d) oh[d] = xh[d];
-            for (int i = 0; i < R; ++i) {
-                const int i0 = neox ? i : 2 * i, i1 = neox ? i + R : 2 * i + 1;
-                const float x0 = xh[i0], x1 = xh[i1];
-                oh[i0] = x0 * cs[i] - x1 * sn[i];
-                oh[i1] = x0 * sn[i] + x1 * cs[i];
-            }
-        }
+        rope_angles(pos[t], inv_freq, R, cs, sn);
+        for (int h = 0; h < NH; ++h)
+            rope_head(x + ((size_t)t * NH + h) * D, out + ((size_t)t * NH + h) * D, cs, sn, D, R, neox);
+    }
+}
+
+static inline void store_row(const float *restrict x, void *restrict cache, size_t off, int W, int f16) {
+    if (f16) {
+        _Float16 *d = (_Float16 *)cache + off;
+        for (int i = 0; i < W; ++i) d[i] = (_Float16)x[i];
+    } else {
+        float *d = (float *)cache + off;
+        for (int i = 0; i < W; ++i) d[i] = x[i];
     }
 }
 
@@ -63,16 +85,53 @@ long write_kv_f32(const float *restrict k, const float *restrict v, void *restri
         if (slot[t] >= n_slots) return slot[t];
     for (int t = 0; t < T; ++t) {
         if (slot[t] < 0) continue;
-        const float *kt = k + (size_t)t * W, *vt = v + (size_t)t * W;
-        const size_t off = (size_t)slot[t] * W;
-        if (f16) {
-            _Float16 *kd = (_Float16 *)kc + off, *vd = (_Float16 *)vc + off;
-            for (int i = 0; i < W; ++i) kd[i] = (_Float16)kt[i];
-            for (int i = 0; i < W; ++i) vd[i] = (_Float16)vt[i];
-        } else {
-            float *kd = (float *)kc + off, *vd = (float *)vc + off;
-            for (int i = 0; i < W; ++i) kd[i] = kt[i];
-            for (int i = 0; i < W; ++i) vd[i] = vt[i];
+        store_row(k + (size_t)t * W, kc, (size_t)slot[t] * W, W, f16);
+        store_row(v + (size_t)t * W, vc, (size_t)slot[t] * W, W, f16);
+    }
+    return -1;
+}
+
+/* A decode step's attention inputs from the qkv matmul's rows, in one call (decoder.py): qkv [T,
+   (H + 2 KVH) D] with row stride ldq, + bias [(H + 2 KVH) D] (or NULL); q and k heads RMS-normed
+   by qn / kn [D] when given (qwen3); q and k rotated at pos[t] (rope_head); q -> q_out [T, H, D],
+   k and v -> rows slot[t] of the caches (as write_kv_f32). The same operations in the same order
+   as the bias add, rms_norm, rope_f32 and write_kv_f32 calls it replaces. D <= 1024, R <= 512.
+   Returns -1, -2 for sizes out of range, or the first slot >= n_slots (nothing written then). */
+long qkv_rope_store_f32(const float *restrict qkv, long ldq, const float *restrict bias,
+                        const float *restrict qn, const float *restrict kn, float eps,
+                        const long *restrict pos, const float *restrict inv_freq, int R, int neox,
+                        int T, int H, int KVH, int D, float *restrict q_out, void *restrict kc,
+                        void *restrict vc, const long *restrict slot, int f16, long n_slots) {
+    float cs[512], sn[512], a[1024], b[1024];
+    if (R > 512 || D > 1024 || 2 * R > D) return -2;
+    for (int t = 0; t < T; ++t)
+        if (slot[t] >= n_slots) return slot[t];
+    const int W = KVH * D;
+    for (int t = 0; t < T; ++t) {
+        const float *row = qkv + (size_t)t * ldq;
+        rope_angles(pos[t], inv_freq, R, cs, sn);
+        for (int h = 0; h < H + 2 * KVH; ++h) {
+            const float *src = row + (size_t)h * D;
+            if (bias) {
+                for (int d = 0; d < D; ++d) a[d] = src[d] + bias[(size_t)h * D + d];
+                src = a;
+            }
+            if (h >= H + KVH) {  /* v */
+                if (slot[t] >= 0) store_row(src, vc, (size_t)slot[t] * W + (size_t)(h - H - KVH) * D, D, f16);
+                continue;
+            }
+            const float *nw = h < H ? qn : kn;
+            if (nw) {
+                rms_row(src, nw, b, D, eps);
+                src = b;
+            }
+            if (h < H) {
+                rope_head(src, q_out + ((size_t)t * H + h) * D, cs, sn, D, R, neox);
+            } else if (slot[t] >= 0) {
+                float *o = src == a ? b : a;
+                rope_head(src, o, cs, sn, D, R, neox);
+                store_row(o, kc, (size_t)slot[t] * W + (size_t)(h - H) * D, D, f16);
+            }
         }
     }
     return -1;

@@ -79,6 +79,11 @@ def _ggml_swiglu_is_avx512() -> bool:
     return {"avx512f", "avx512dq"} <= native.cpu_flags()
 
 
+def swiglu_in_c() -> bool:
+    """Whether `silu_mul` of float32 rows is `pointwise.c`'s swiglu_f32 here (else the reference)."""
+    return native.lib() is not None and _ggml_swiglu_is_avx512()
+
+
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up [T, F]: on a CPU where llama.cpp computes SwiGLU with its AVX-512 exp
     (pointwise.c swiglu_f32, the same bits; one C call), else the reference (torch's silu)."""

@@ -33,6 +33,7 @@ import torch
 from ..qweight import QWeight
 from ..ref import cat_rows, gelu_mul, moe_route, packs_quantized, prepare_topk_head, topk  # noqa: F401  (device-agnostic torch)
 from ..ref import prepare_experts  # noqa: F401  (the stacked GGUF layout, as the kernels read it)
+from ..ref import fused_decoder  # noqa: F401  (none: CUDA graphs cut the per-op cost instead)
 from .moe_gemm import moe_ffn  # noqa: F401
 from .dequant import dequantize, embedding  # noqa: F401
 from .norm import add_rms_norm, rms_norm  # noqa: F401

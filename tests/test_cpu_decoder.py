@@ -1,0 +1,122 @@
+"""kernels/cpu/decoder.py: the fused decode loop gives the per-op path's bits, and is taken exactly
+where the model qualifies."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu import native, qdot
+from runtime.kv_cache import SeqKV
+from runtime.loader import load_model
+from runtime.model import Model, SeqBatch
+from runtime.tiny_model import GEMMA3_SPEC, TinyModelSpec, write_tiny_model
+
+pytestmark = pytest.mark.skipif(native.lib() is None or not qdot.available(),
+                                reason="the fused decoder needs the compiled CPU kernels")
+
+CASES = {  # arch, weight type: qwen2 has q/k/v biases, qwen3 q/k norms, llama neither
+    "qwen2-q4_k": TinyModelSpec(arch="qwen2", n_layer=3, n_embd=256, n_head=8, n_head_kv=2, n_ff=512,
+                                wtype="q4_k", seed=3, norm_std=0.1, n_vocab=300),
+    "qwen3-q8_0": TinyModelSpec(arch="qwen3", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, head_dim=64,
+                                n_ff=256, wtype="q8_0", seed=4, norm_std=0.1, n_vocab=300),
+    "llama-q6_k": TinyModelSpec(arch="llama", n_layer=2, n_embd=256, n_head=4, n_head_kv=4, n_ff=512,
+                                wtype="q6_k", seed=5, n_vocab=300),
+}
+
+
+def _model(tmp_path_factory, key: str) -> Model:
+    path = tmp_path_factory.mktemp("dec") / f"{key}.gguf"
+    write_tiny_model(path, CASES[key])
+    return Model(load_model(path), "cpu")
+
+
+def _decode(m: Model, prompts: list[list[int]], steps: int, kv_dtype: torch.dtype) -> list[torch.Tensor]:
+    """Logits of every decode step (all sequences in one batch), greedy, after a prefill each."""
+    kv = m.new_cache(sum(len(p) + steps + 16 for p in prompts), dtype=kv_dtype)
+    seqs = [SeqKV() for _ in prompts]
+    last = []
+    for s, p in zip(seqs, prompts):
+        kv.reserve(s, len(p))
+        logits, _ = m.forward(kv, [SeqBatch(s, p, 0)])
+        s.n_tokens = len(p)
+        last.append(int(logits[-1].argmax()))
+    out = []
+    for _ in range(steps):
+        for s in seqs:
+            kv.reserve(s, s.n_tokens + 1)
+        logits, _ = m.forward(kv, [SeqBatch(s, [t], s.n_tokens) for s, t in zip(seqs, last)])
+        for s in seqs:
+            s.n_tokens += 1
+        last = logits.argmax(-1).tolist()
+        out.append(logits.clone())
+    return out
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_fused_decode_is_bit_identical_to_the_per_op_path(tmp_path_factory, key, kv_dtype):
+    m = _model(tmp_path_factory, key)
+    assert m.decoder is not None  # these models qualify
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (5, 19, 33)]
+    for batch in (prompts[:1], prompts):  # one sequence, and three of different lengths
+        fused = _decode(m, batch, 6, kv_dtype)
+        dec, m.decoder = m.decoder, None
+        try:
+            per_op = _decode(m, batch, 6, kv_dtype)
+        finally:
+            m.decoder = dec
+        for a, b in zip(fused, per_op):
+            assert torch.equal(a, b)
+
+
+def test_fused_decode_is_taken_for_decode_steps_only(tmp_path_factory, monkeypatch):
+    m = _model(tmp_path_factory, "qwen2-q4_k")
+    calls = []
+    real = m.decoder
+
+    class Spy:
+        def supports(self, k, v):
+            return real.supports(k, v)
+
+        def __call__(self, *a):
+            calls.append(a[0].shape[0])
+            return real(*a)
+
+    m.decoder = Spy()
+    kv = m.new_cache(64)
+    s = SeqKV()
+    kv.reserve(s, 4)
+    m.forward(kv, [SeqBatch(s, [1, 2, 3, 4], 0)])  # prefill: per-op path
+    s.n_tokens = 4
+    assert calls == []
+    kv.reserve(s, 5)
+    m.forward(kv, [SeqBatch(s, [5], 4)])
+    assert calls == [1]
+
+
+def test_models_outside_its_scope_keep_the_per_op_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dec") / "gemma3.gguf"
+    write_tiny_model(path, GEMMA3_SPEC)  # post-norms, GeGLU, sliding windows
+    assert Model(load_model(path), "cpu").decoder is None
+    f32 = tmp_path_factory.mktemp("dec") / "f32.gguf"
+    write_tiny_model(f32, TinyModelSpec(n_layer=1, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_vocab=300))
+    assert Model(load_model(f32), "cpu").decoder is None  # float weights: not qdot groups
+    q = CASES["qwen2-q4_k"]
+    assert Model(load_model(write_tiny_model(tmp_path_factory.mktemp("dec") / "q.gguf", q)), "cpu",
+                 backend="torch").decoder is None  # the reference backend has no fused loop
+
+
+def test_a_slot_outside_the_cache_is_an_error_not_a_write(tmp_path_factory):
+    m = _model(tmp_path_factory, "llama-q6_k")
+    kv = m.new_cache(32)
+    s = SeqKV()
+    kv.reserve(s, 3)
+    m.forward(kv, [SeqBatch(s, [1, 2, 3], 0)])
+    h = torch.zeros((1, m.n_embd))
+    n_slots = kv.k[0].shape[0] * kv.k[0].shape[1]
+    before = [t.clone() for t in kv.k]
+    with pytest.raises(IndexError, match="outside the cache"):
+        m.decoder(h, kv.k, kv.v, torch.tensor([3]), torch.tensor([n_slots]),
+                  torch.zeros((1, 2), dtype=torch.int32), torch.tensor([4], dtype=torch.int32))
+    assert all(torch.equal(a, b) for a, b in zip(before, kv.k))
