@@ -3,7 +3,11 @@ the config, and the slot / context layout of -c, -np and -kvu."""
 from __future__ import annotations
 
 from runtime.serving import EngineConfig
-from runtime.serving.bootstrap import resolve_config, slot_layout
+from types import SimpleNamespace
+
+import torch
+
+from runtime.serving.bootstrap import CPU_UBATCH_MAX, resolve_config, runner_ubatch, slot_layout
 
 
 def test_cuda_graph_mode_comes_from_the_config_else_the_environment(monkeypatch):
@@ -25,3 +29,10 @@ def test_slot_layout():
     assert slot_layout(EngineConfig(n_ctx=4096, n_parallel=2), 32768) == (4096, 2, False, 2048)
     assert slot_layout(EngineConfig(n_ctx=4096, n_parallel=2, kv_unified=True), 32768) == (4096, 2, True, 4096)
     assert slot_layout(EngineConfig(n_ctx=0, n_parallel=0), 2048) == (2048, 1, False, 2048)
+
+
+def test_cpu_micro_batches_are_capped_whatever_ub_says():
+    cpu, cuda = SimpleNamespace(device=torch.device("cpu")), SimpleNamespace(device=torch.device("cuda"))
+    assert runner_ubatch(EngineConfig(n_ubatch=512), cpu) == CPU_UBATCH_MAX == 256
+    assert runner_ubatch(EngineConfig(n_ubatch=64), cpu) == 64
+    assert runner_ubatch(EngineConfig(n_ubatch=512), cuda) == 512  # the device's memory is not the host's

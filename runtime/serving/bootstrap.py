@@ -193,7 +193,7 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     mode = cfg.cuda_graphs  # "0": off; "eager": static buffers, no capture
     if model.tp is None and (mode == "eager" or (mode != "0" and model.device.type == "cuda")):
         graphs = DecodeGraphs(model, kv, n_slots, kv.blocks_needed(n_ctx_slot) + 1, capture=mode != "eager")
-    runner = ModelRunner(model, kv, graphs, cfg.n_ubatch)
+    runner = ModelRunner(model, kv, graphs, runner_ubatch(cfg, model))
     if cfg.warmup:
         tune_kernels(model, min(cfg.n_batch, cfg.n_ubatch), n_slots, log)
         warm_up(runner, log)
@@ -218,6 +218,21 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     trim_heap()  # the tokenizer's build and the repack leave freed heap pages behind (~33 MiB for Gemma 3)
     return Loaded(model, kv, runner, tk, chat_template, vocab, prompt_cache, n_ctx, n_slots, n_ctx_slot, unified,
                   model_info)
+
+
+# On the CPU a prompt is computed in micro-batches of at most this many rows, whatever -ub says: the
+# activations of a micro-batch (qwen05b at 512 rows: ~60 MiB of transient tensors, which glibc's
+# arenas then keep) are most of the serving peak RSS above the model, and the weights a CPU
+# micro-batch re-reads are cheap next to its arithmetic. Measured (bench_servers.py --preset
+# qwen05b, same run): -ub 512 peak RSS 892-930 MiB (1.18-1.23x llama-server), TTFT 0.45x;
+# 256: 853 MiB (1.13x), TTFT 0.46x; 128: 820 MiB, TTFT 0.52x. A prompt cut into micro-batches gives
+# the logits of one forward up to float32 rounding (tests/test_runner.py).
+CPU_UBATCH_MAX = 256
+
+
+def runner_ubatch(cfg: EngineConfig, model: Model) -> int:
+    """Rows per forward of the model runner: -ub, capped on the CPU (CPU_UBATCH_MAX)."""
+    return cfg.n_ubatch if model.device.type != "cpu" else min(cfg.n_ubatch, CPU_UBATCH_MAX)
 
 
 def trim_heap() -> None:
