@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from runtime.serving.bootstrap import CPU_UBATCH_MAX, resolve_config, runner_ubatch, slot_layout
+from runtime.serving.bootstrap import CPU_UBATCH_MIN, resolve_config, runner_ubatch, slot_layout
 
 
 def test_cuda_graph_mode_comes_from_the_config_else_the_environment(monkeypatch):
@@ -31,8 +31,11 @@ def test_slot_layout():
     assert slot_layout(EngineConfig(n_ctx=0, n_parallel=0), 2048) == (2048, 1, False, 2048)
 
 
-def test_cpu_micro_batches_are_capped_whatever_ub_says():
+def test_cpu_micro_batches_are_capped_by_the_model_size_whatever_ub_says():
     cpu, cuda = SimpleNamespace(device=torch.device("cpu")), SimpleNamespace(device=torch.device("cuda"))
-    assert runner_ubatch(EngineConfig(n_ubatch=512), cpu) == CPU_UBATCH_MAX == 256
-    assert runner_ubatch(EngineConfig(n_ubatch=64), cpu) == 64
-    assert runner_ubatch(EngineConfig(n_ubatch=512), cuda) == 512  # the device's memory is not the host's
+    qwen05b, q15b = 491_400_064, 1_117_318_368
+    assert runner_ubatch(EngineConfig(n_ubatch=512), cpu, qwen05b) == CPU_UBATCH_MIN == 256
+    assert runner_ubatch(EngineConfig(n_ubatch=512), cpu, q15b) == 512
+    assert runner_ubatch(EngineConfig(n_ubatch=2048), cpu, q15b) == 512  # one row per 2 MiB, in 64s
+    assert runner_ubatch(EngineConfig(n_ubatch=64), cpu, qwen05b) == 64
+    assert runner_ubatch(EngineConfig(n_ubatch=512), cuda, qwen05b) == 512  # the device's memory is not the host's

@@ -193,7 +193,7 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     mode = cfg.cuda_graphs  # "0": off; "eager": static buffers, no capture
     if model.tp is None and (mode == "eager" or (mode != "0" and model.device.type == "cuda")):
         graphs = DecodeGraphs(model, kv, n_slots, kv.blocks_needed(n_ctx_slot) + 1, capture=mode != "eager")
-    runner = ModelRunner(model, kv, graphs, runner_ubatch(cfg, model))
+    runner = ModelRunner(model, kv, graphs, runner_ubatch(cfg, model, lm.size))
     if cfg.warmup:
         tune_kernels(model, min(cfg.n_batch, cfg.n_ubatch), n_slots, log)
         warm_up(runner, log)
@@ -220,19 +220,24 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
                   model_info)
 
 
-# On the CPU a prompt is computed in micro-batches of at most this many rows, whatever -ub says: the
-# activations of a micro-batch (qwen05b at 512 rows: ~60 MiB of transient tensors, which glibc's
-# arenas then keep) are most of the serving peak RSS above the model, and the weights a CPU
-# micro-batch re-reads are cheap next to its arithmetic. Measured (bench_servers.py --preset
-# qwen05b, same run): -ub 512 peak RSS 892-930 MiB (1.18-1.23x llama-server), TTFT 0.45x;
-# 256: 853 MiB (1.13x), TTFT 0.46x; 128: 820 MiB, TTFT 0.52x. A prompt cut into micro-batches gives
-# the logits of one forward up to float32 rounding (tests/test_runner.py).
-CPU_UBATCH_MAX = 256
+# On the CPU a prompt is computed in micro-batches of at most max(256, one row per 2 MiB of weights)
+# rows, whatever -ub says: a micro-batch's activations (qwen05b at 512 rows: ~60 MiB of transient
+# tensors, which glibc's arenas then keep) are most of the serving peak RSS above a small model,
+# while the weights a smaller micro-batch makes the CPU re-read cost a larger model prefill speed.
+# Measured (bench_servers.py, same run as llama-server): qwen05b (491 MB) at 512 rows peak RSS
+# 892-930 MiB (1.18-1.23x llama-server), at 256 851 MiB (1.13x), TTFT 0.45x -> 0.46x; the 1.5B-shaped
+# q15b (1.1 GB, RSS 0.72x either way) at 256 rows TTFT 0.61x -> 0.64x, four-stream aggregate
+# 1.53x -> 1.48x, so it keeps 512. A prompt cut into micro-batches gives the logits of one
+# forward up to float32 rounding (tests/test_runner.py).
+CPU_UBATCH_MIN = 256
+CPU_UBATCH_BYTES_PER_ROW = 2 << 20
 
 
-def runner_ubatch(cfg: EngineConfig, model: Model) -> int:
-    """Rows per forward of the model runner: -ub, capped on the CPU (CPU_UBATCH_MAX)."""
-    return cfg.n_ubatch if model.device.type != "cpu" else min(cfg.n_ubatch, CPU_UBATCH_MAX)
+def runner_ubatch(cfg: EngineConfig, model: Model, weight_bytes: int) -> int:
+    """Rows per forward of the model runner: -ub, capped on the CPU by the model's size (above)."""
+    if model.device.type != "cpu":
+        return cfg.n_ubatch
+    return min(cfg.n_ubatch, max(CPU_UBATCH_MIN, weight_bytes // CPU_UBATCH_BYTES_PER_ROW // 64 * 64))
 
 
 def trim_heap() -> None:
