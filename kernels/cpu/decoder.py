@@ -76,6 +76,7 @@ class Decoder:
                        L.w_down.kernel._fn, L.w_down.kernel._ptr) for L in layers]
         self._nqkv = (s.n_head + 2 * s.n_head_kv) * s.head_dim
         self._checked, self._ok = None, False
+        self._kv_ptrs: list[tuple[int, int]] = []  # per layer (K, V) cache pointers, with _checked
 
     def supports(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> bool:
         """Whether the caches are what the C attention reads: one per layer, float16 or float32,
@@ -88,6 +89,7 @@ class Decoder:
                   and tuple(k.shape[2:]) == (s.n_head_kv, s.head_dim) and k.shape[1] & (k.shape[1] - 1) == 0
                   and all(t.shape == k.shape and t.dtype == k.dtype and t.is_contiguous() for t in (*k_caches, *v_caches)))
             self._checked, self._ok = key, ok
+            self._kv_ptrs = [(k.data_ptr(), v.data_ptr()) for k, v in zip(k_caches, v_caches)] if ok else []
         return self._ok
 
     def __call__(self, h: torch.Tensor, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
@@ -96,6 +98,8 @@ class Decoder:
         [S, MAXB] int32; kv_lens [S] (the new token included). Writes each layer's K/V to its
         slot and returns the final residual stream [S, C] (as `Model._layers`)."""
         s = self.shape
+        if not self.supports(k_caches, v_caches):
+            raise ValueError("fused decoder: KV caches it cannot read (see supports())")
         S, C = h.shape
         H, KVH, D, F, nqkv = s.n_head, s.n_head_kv, s.head_dim, s.n_ff, self._nqkv
         NB, BS = k_caches[0].shape[:2]
@@ -121,21 +125,21 @@ class Decoder:
         norm, qkv_post, attend, swiglu = self._norm, self._qkv_post, self._attend, self._swiglu
         eps, neox, scale = s.eps, int(s.neox), s.scale
         cur = 0  # index in res of the residual stream (0: the embeddings, before the first layer)
-        for li, (pn1, fqkv, gqkv, pb, pqn, pkn, pf, R, fo, go, pn2, fgu, ggu, fd, gd) in enumerate(self._ptrs):
+        for (pn1, fqkv, gqkv, pb, pqn, pkn, pf, R, fo, go, pn2, fgu, ggu, fd, gd), (pk, pv) in zip(self._ptrs,
+                                                                                                self._kv_ptrs):
             nxt = 1 if cur != 1 else 2
-            if li == 0:  # x = rms_norm(h); residual = h
+            if cur == 0:  # the first layer: x = rms_norm(h); residual = h
                 norm(pr[0], None, pn1, px, None, S, C, eps)
             else:  # residual += h; x = rms_norm(residual)
                 norm(phb, pr[cur], pn1, px, pr[nxt], S, C, eps)
                 cur = nxt
             if fqkv(gqkv, px, C, S, pqkv, nqkv, nt):
                 raise RuntimeError("qdot: matmul failed")
-            bad = qkv_post(pqkv, nqkv, pb, pqn, pkn, eps, ppos, pf, R, neox, S, H, KVH, D, pq,
-                           k_caches[li].data_ptr(), v_caches[li].data_ptr(), pslots, f16, NB * BS)
+            bad = qkv_post(pqkv, nqkv, pb, pqn, pkn, eps, ppos, pf, R, neox, S, H, KVH, D, pq, pk, pv, pslots, f16,
+                           NB * BS)
             if bad != -1:
                 raise IndexError(f"write_kv: slot {bad} is outside the cache ({NB * BS} slots)")
-            attend(pq, k_caches[li].data_ptr(), v_caches[li].data_ptr(), pbt, maxb, plens, patt, psc, S, H, KVH, D,
-                   BS, max_l, scale, 0.0, f16, nt, 0)
+            attend(pq, pk, pv, pbt, maxb, plens, patt, psc, S, H, KVH, D, BS, max_l, scale, 0.0, f16, nt, 0)
             if fo(go, patt, H * D, S, phb, C, nt):
                 raise RuntimeError("qdot: matmul failed")
             nxt = 1 if cur != 1 else 2
