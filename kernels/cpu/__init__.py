@@ -13,12 +13,13 @@ fastest path this machine has and falling back to the torch reference (`kernels.
 | `attention.c` | the paged decode attention kernel |
 | `decoder.py` | `fused_decoder`: a decode step's layers as one loop of direct C calls (the per-op wrappers' torch calls cost more than the work once the weight stream has evicted them) |
 | `common.h` | the vector type and loads the C files share |
-| `pointwise.py` + `pointwise.c` | `rms_norm`, `add_rms_norm`, `rope` on float32 rows, else the reference |
+| `pointwise.py` + `pointwise.c` | `rms_norm`, `add_rms_norm`, `rope`, `write_kv`, `silu_mul` on float32 rows (and the fused decoder's q/k/v step), else the reference |
 | `pool.c` | the C kernels' thread pool (never waits for a thread that has not started) |
 | `native.py` | compiling the C files on first use into `$TRITIUM_CACHE` and loading them (ctypes; qdot's ISA variants are `Library`s too) |
 
-SiLU and the KV write are the reference's (torch); RMSNorm and RoPE are one C call each
-(`pointwise.py` + `pointwise.c`: the torch ops' overhead outweighed their arithmetic at decode).
+RMSNorm, RoPE, the KV write and SwiGLU (where llama.cpp's AVX-512 exp applies) are one C call each
+(`pointwise.py` + `pointwise.c`: the torch ops' overhead outweighed their arithmetic at decode);
+GeGLU is the reference's.
 Nothing here imports triton.
 """
 from ..ref import gelu_mul, moe_route  # noqa: F401
