@@ -23,6 +23,9 @@ class DecoderLayer:
     ffn_norm: torch.Tensor  # [C]
     w_gate_up: QWeight  # one x8 group: [2F, C]
     w_down: QWeight  # [C, F]
+    post_attn_norm: torch.Tensor | None = None  # [C] (gemma2/3: RMSNorm of the attention block's output)
+    post_ffn_norm: torch.Tensor | None = None  # [C] (of the FFN's output)
+    window: int = 0  # sliding window of the layer's attention (0: global)
 
 
 @dataclass(frozen=True)
@@ -35,3 +38,5 @@ class DecoderShape:
     eps: float
     neox: bool
     scale: float
+    act: str = "silu"  # the FFN's gate: "silu" (SwiGLU) or "gelu" (GeGLU with ggml's float16-table GELU)
+    softcap: float = 0.0  # tanh soft-cap of the attention scores (0: none)

@@ -242,19 +242,18 @@ class Model:
         self.decoder = self._fused_decoder()  # the CPU's one-loop decode step, where the model qualifies
 
     def _fused_decoder(self):
-        """`kernels.fused_decoder` for a plain decoder stack on the CPU (no -tp, experts, post-norms,
-        sliding windows, soft-caps or GeGLU), else None: decode steps then take the per-op path."""
+        """`kernels.fused_decoder` on the CPU for the layers' decode steps (not with -tp or experts;
+        LoRA steps take the per-op path), else None."""
         s = self.spec
-        if (self.device.type != "cpu" or self.tp is not None or s.moe or s.act != "silu" or s.attn_softcap
-                or self.act_dtype != torch.float32):
+        if self.device.type != "cpu" or self.tp is not None or s.moe or self.act_dtype != torch.float32:
             return None
-        if any(L.window or L.post_attn_norm is not None or L.post_ffn_norm is not None or len(L.wqkv) != 1
-               or len(L.w_gate_up) != 1 for L in self.layers):
+        if any(len(L.wqkv) != 1 or len(L.w_gate_up) != 1 for L in self.layers):
             return None
         layers = [kernels.DecoderLayer(L.attn_norm, L.wqkv[0], L.bqkv, L.q_norm, L.k_norm, L.inv_freq, L.wo,
-                                       L.ffn_norm, L.w_gate_up[0], L.w_down) for L in self.layers]
+                                       L.ffn_norm, L.w_gate_up[0], L.w_down, L.post_attn_norm, L.post_ffn_norm,
+                                       L.window) for L in self.layers]
         shape = kernels.DecoderShape(self.n_head, self.n_head_kv, self.head_dim, self.n_embd, self.n_ff, self.eps,
-                                     self.neox, float(self.scale))
+                                     self.neox, float(self.scale), s.act, float(s.attn_softcap))
         return self.ops.fused_decoder(layers, shape)
 
     def _layer_inv_freq(self, cfg, i: int) -> torch.Tensor:
@@ -293,9 +292,9 @@ class Model:
             h = h * self.spec.embed_scale
         h = h.to(self.act_dtype)
         dec = self.decoder  # one query per sequence: the fused loop (same bits, kernels/cpu/decoder.py)
-        if (dec is not None and lora is None and max_q_len == 1 and swa_tables is None and T == cu.shape[0] - 1
-                and dec.supports(kv.k, kv.v)):
-            return dec(h, kv.k, kv.v, pos_t, slot_t, tables, kv_lens_t)
+        if dec is not None and lora is None and max_q_len == 1 and T == cu.shape[0] - 1 and dec.supports(kv.k, kv.v):
+            return dec(h, kv.k, kv.v, pos_t, slot_t, tables, kv_lens_t, kv.is_swa if swa_tables is not None else None,
+                       swa_slot_t, swa_tables)
         act = ops.gelu_mul if self.spec.act == "gelu" else ops.silu_mul
         residual = None
         for li, L in enumerate(self.layers):

@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from kernels.cpu import native, qdot
-from runtime.kv_cache import SeqKV
+from dataclasses import replace
+
+from runtime.kv_cache import KVCache, SeqKV, swa_blocks_for
 from runtime.loader import load_model
 from runtime.model import Model, SeqBatch
-from runtime.tiny_model import GEMMA3_SPEC, TinyModelSpec, write_tiny_model
+from runtime.tiny_model import GEMMA3_SPEC, MOE_SPEC, PHI3_SPEC, TinyModelSpec, write_tiny_model
 
 pytestmark = pytest.mark.skipif(native.lib() is None or not qdot.available(),
                                 reason="the fused decoder needs the compiled CPU kernels")
@@ -21,6 +23,9 @@ CASES = {  # arch, weight type: qwen2 has q/k/v biases, qwen3 q/k norms, llama n
                                 n_ff=256, wtype="q8_0", seed=4, norm_std=0.1, n_vocab=300),
     "llama-q6_k": TinyModelSpec(arch="llama", n_layer=2, n_embd=256, n_head=4, n_head_kv=4, n_ff=512,
                                 wtype="q6_k", seed=5, n_vocab=300),
+    # post-norms, GeGLU, q/k norms, five sliding-window layers of 8 and a global one
+    "gemma3-q8_0": replace(GEMMA3_SPEC, wtype="q8_0", n_vocab=300, norm_std=0.1),
+    "phi3-q4_k": replace(PHI3_SPEC, wtype="q4_k", n_embd=256, n_vocab=300),  # fused qkv and gate+up, window 16
 }
 
 
@@ -30,13 +35,24 @@ def _model(tmp_path_factory, key: str) -> Model:
     return Model(load_model(path), "cpu")
 
 
-def _decode(m: Model, prompts: list[list[int]], steps: int, kv_dtype: torch.dtype) -> list[torch.Tensor]:
+def _cache(m: Model, n_tokens: int, kv_dtype: torch.dtype, swa_pool: bool) -> KVCache:
+    """One pool for every layer, or (swa_pool) the sliding-window layers in their own small pool."""
+    if not swa_pool:
+        return m.new_cache(n_tokens, dtype=kv_dtype)
+    windows = [L.window for L in m.layers]
+    n_swa = swa_blocks_for(max(windows), 3, 64, 16)
+    return KVCache(len(m.layers), m.n_head_kv, m.head_dim, (n_tokens + 15) // 16, 16, kv_dtype, "cpu", windows, n_swa)
+
+
+def _decode(m: Model, prompts: list[list[int]], steps: int, kv_dtype: torch.dtype,
+            swa_pool: bool = False) -> list[torch.Tensor]:
     """Logits of every decode step (all sequences in one batch), greedy, after a prefill each."""
-    kv = m.new_cache(sum(len(p) + steps + 16 for p in prompts), dtype=kv_dtype)
+    kv = _cache(m, sum(len(p) + steps + 16 for p in prompts), kv_dtype, swa_pool)
     seqs = [SeqKV() for _ in prompts]
     last = []
     for s, p in zip(seqs, prompts):
         kv.reserve(s, len(p))
+        kv.advance_window(s, 0, len(p))  # (a no-op without the SWA pool)
         logits, _ = m.forward(kv, [SeqBatch(s, p, 0)])
         s.n_tokens = len(p)
         last.append(int(logits[-1].argmax()))
@@ -44,6 +60,7 @@ def _decode(m: Model, prompts: list[list[int]], steps: int, kv_dtype: torch.dtyp
     for _ in range(steps):
         for s in seqs:
             kv.reserve(s, s.n_tokens + 1)
+            kv.advance_window(s, s.n_tokens, s.n_tokens + 1)
         logits, _ = m.forward(kv, [SeqBatch(s, [t], s.n_tokens) for s, t in zip(seqs, last)])
         for s in seqs:
             s.n_tokens += 1
@@ -59,15 +76,17 @@ def test_fused_decode_is_bit_identical_to_the_per_op_path(tmp_path_factory, key,
     assert m.decoder is not None  # these models qualify
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (5, 19, 33)]
+    windowed = any(L.window for L in m.layers)
     for batch in (prompts[:1], prompts):  # one sequence, and three of different lengths
-        fused = _decode(m, batch, 6, kv_dtype)
-        dec, m.decoder = m.decoder, None
-        try:
-            per_op = _decode(m, batch, 6, kv_dtype)
-        finally:
-            m.decoder = dec
-        for a, b in zip(fused, per_op):
-            assert torch.equal(a, b)
+        for swa_pool in (False, True) if windowed else (False,):
+            fused = _decode(m, batch, 6, kv_dtype, swa_pool)
+            dec, m.decoder = m.decoder, None
+            try:
+                per_op = _decode(m, batch, 6, kv_dtype, swa_pool)
+            finally:
+                m.decoder = dec
+            for a, b in zip(fused, per_op):
+                assert torch.equal(a, b)
 
 
 def test_fused_decode_is_taken_for_decode_steps_only(tmp_path_factory, monkeypatch):
@@ -96,8 +115,8 @@ def test_fused_decode_is_taken_for_decode_steps_only(tmp_path_factory, monkeypat
 
 
 def test_models_outside_its_scope_keep_the_per_op_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("dec") / "gemma3.gguf"
-    write_tiny_model(path, GEMMA3_SPEC)  # post-norms, GeGLU, sliding windows
+    path = tmp_path_factory.mktemp("dec") / "moe.gguf"
+    write_tiny_model(path, replace(MOE_SPEC, wtype="q8_0"))  # routed experts
     assert Model(load_model(path), "cpu").decoder is None
     f32 = tmp_path_factory.mktemp("dec") / "f32.gguf"
     write_tiny_model(f32, TinyModelSpec(n_layer=1, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_vocab=300))

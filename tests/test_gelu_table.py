@@ -58,3 +58,21 @@ def test_gelu_mul_uses_the_table():
     idx = g.half().view(torch.int16).long() & 0xFFFF
     assert out[0, 0] == tab[idx[0, 0]] * 2.0 and out[0, 1] == 0.0 and out[0, 2] == 6.0
     assert out[0, 3] == tab[idx[0, 3]] and out[0, 4] == tab[idx[0, 4]]
+
+
+def test_cpu_gelu_mul_is_the_references_bits():
+    """kernels.cpu's GeGLU (one C call, pointwise.c gelu_table_mul_f32) against the reference: every
+    float16 value, values between them (rounded to float16 first), the +-10 edges, inf and NaN,
+    and strided rows (the gate and up halves of one matmul output)."""
+    from kernels.cpu import native, pointwise
+    if native.lib() is None:
+        pytest.skip("no compiled CPU kernels")
+    every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+    edges = torch.tensor([-10.0, 10.0, -9.99999, 9.99999, -10.00001, 10.00001, 1e-8, -1e-8, 3.3e38,
+                          float("inf"), float("-inf"), float("nan")])
+    g = torch.cat([every, edges, torch.randn(4000, generator=torch.Generator().manual_seed(1)) * 4]).reshape(4, -1)
+    gu = torch.cat([g, torch.randn(g.shape, generator=torch.Generator().manual_seed(2))], dim=1)
+    gate, up = gu.split(g.shape[1], dim=1)
+    got, want = pointwise.gelu_mul(gate, up), ref.gelu_mul(gate, up)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))

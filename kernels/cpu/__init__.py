@@ -13,17 +13,17 @@ fastest path this machine has and falling back to the torch reference (`kernels.
 | `attention.c` | the paged decode attention kernel |
 | `decoder.py` | `fused_decoder`: a decode step's layers as one loop of direct C calls (the per-op wrappers' torch calls cost more than the work once the weight stream has evicted them) |
 | `common.h` | the vector type and loads the C files share |
-| `pointwise.py` + `pointwise.c` | `rms_norm`, `add_rms_norm`, `rope`, `write_kv`, `silu_mul` on float32 rows (and the fused decoder's q/k/v step), else the reference |
+| `pointwise.py` + `pointwise.c` | `rms_norm`, `add_rms_norm`, `rope`, `write_kv`, `silu_mul`, `gelu_mul` on float32 rows (and the fused decoder's q/k/v step), else the reference |
 | `pool.c` | the C kernels' thread pool (never waits for a thread that has not started) |
 | `native.py` | compiling the C files on first use into `$TRITIUM_CACHE` and loading them (ctypes; qdot's ISA variants are `Library`s too) |
 
-RMSNorm, RoPE, the KV write and SwiGLU (where llama.cpp's AVX-512 exp applies) are one C call each
-(`pointwise.py` + `pointwise.c`: the torch ops' overhead outweighed their arithmetic at decode);
-GeGLU is the reference's.
+RMSNorm, RoPE, the KV write, SwiGLU (where llama.cpp's AVX-512 exp applies) and GeGLU (ggml's
+float16 GELU table) are one C call each (`pointwise.py` + `pointwise.c`: the torch ops' overhead
+outweighed their arithmetic at decode).
 Nothing here imports triton.
 """
-from ..ref import gelu_mul, moe_route  # noqa: F401
-from .pointwise import add_rms_norm, rms_norm, rope, silu_mul, write_kv  # noqa: F401
+from ..ref import moe_route  # noqa: F401
+from .pointwise import add_rms_norm, gelu_mul, rms_norm, rope, silu_mul, write_kv  # noqa: F401
 from .attention import paged_attention  # noqa: F401
 from .decoder import fused_decoder  # noqa: F401
 from .matmul import dequantize, embedding, packs_quantized, prepare_weight, prepare_weights, qmatmul  # noqa: F401

@@ -8,14 +8,15 @@ layers made ~450 such calls, ~10 ms of an ~85 ms step. Here the buffers are allo
 step, the pointers of the weights once at build, and every layer is 8 C calls:
 
     add_rms_norm -> qkv matmul -> bias + q/k norm + RoPE + KV write -> paged attention
-    -> o matmul -> add_rms_norm -> gate/up matmul -> SwiGLU -> down matmul
+    -> o matmul [-> rms_norm] -> add_rms_norm -> gate/up matmul -> SwiGLU or GeGLU -> down matmul
+    [-> rms_norm]
 
 The same C functions (or, for the q/k/v step, `qkv_rope_store_f32`: the same operations in the
 same order as the bias add, `rms_norm`, `rope` and `write_kv` it replaces) on the same inputs as
 the per-op path of `runtime.model.Model._layers`: the results are bit-identical
-(tests/test_cpu_decoder.py). Only plain decoder stacks qualify (`DecoderLayer` below: every
-matmul an x8 qdot group, SiLU FFN, no post-norms, sliding windows or soft-capping); everything
-else keeps the per-op path.
+(tests/test_cpu_decoder.py). Layers qualify when every matmul is an x8 qdot group (`DecoderLayer`);
+post-norms (gemma), sliding windows with their own cache pool and soft-capped scores are handled;
+experts, LoRA and -tp keep the per-op path.
 """
 from __future__ import annotations
 
@@ -41,15 +42,17 @@ def fused_decoder(layers: list[DecoderLayer], shape: DecoderShape) -> "Decoder |
     qualify (no compiled kernels, a weight outside the qdot x8 layout, odd shapes)."""
     lib = native.lib()
     H, KVH, D, C, F = shape.n_head, shape.n_head_kv, shape.head_dim, shape.n_embd, shape.n_ff
-    if lib is None or not layers or H % KVH or D > 1024:
+    if lib is None or not layers or H % KVH or D > 1024 or shape.act not in ("silu", "gelu"):
         return None
     nqkv = (H + 2 * KVH) * D
     for L in layers:
         R = L.inv_freq.shape[0]
         if not (_x8(L.wqkv, nqkv, C) and _x8(L.wo, C, H * D) and _x8(L.w_gate_up, 2 * F, C)
                 and _x8(L.w_down, C, F) and 2 * R <= D and R <= pointwise.MAX_ROPE_PAIRS
+                and L.window >= 0
                 and all(_f32_vector(t, n) for t, n in ((L.attn_norm, C), (L.ffn_norm, C), (L.bqkv, nqkv),
-                                                        (L.q_norm, D), (L.k_norm, D), (L.inv_freq, R)))):
+                                                        (L.q_norm, D), (L.k_norm, D), (L.inv_freq, R),
+                                                        (L.post_attn_norm, C), (L.post_ffn_norm, C)))):
             return None
     return Decoder(lib, layers, shape)
 
@@ -64,93 +67,120 @@ class Decoder:
     def __init__(self, lib, layers: list[DecoderLayer], shape: DecoderShape):
         self.shape = shape
         self._layers = layers  # keeps the tensors behind the pointers alive
-        self._swiglu_c = pointwise.swiglu_in_c()
         s = shape
         self._norm, self._qkv_post, self._attend = lib.add_rms_norm_f32, lib.qkv_rope_store_f32, lib.paged_decode
-        self._swiglu = lib.swiglu_f32
+        # the FFN's gate in C where the per-op path's is C too (else the reference's torch, same bits)
+        if s.act == "gelu":
+            self._gelu_table = pointwise.gelu_table()
+            self._act_c, self._act = True, lib.gelu_table_mul_f32
+            self._act_args = (self._gelu_table.data_ptr(),)
+        else:
+            self._act_c, self._act, self._act_args = pointwise.swiglu_in_c(), lib.swiglu_f32, ()
         # per layer: (attn_norm, qkv group fn + ptr, bias, q_norm, k_norm, inv_freq, R, wo fn + ptr, ffn_norm,
-        # gate/up fn + ptr, down fn + ptr)
+        # gate/up fn + ptr, down fn + ptr, post_attn_norm, post_ffn_norm, window)
         self._ptrs = [(L.attn_norm.data_ptr(), L.wqkv.kernel._fn, L.wqkv.kernel._ptr, _ptr(L.bqkv), _ptr(L.q_norm),
                        _ptr(L.k_norm), L.inv_freq.data_ptr(), L.inv_freq.shape[0], L.wo.kernel._fn, L.wo.kernel._ptr,
                        L.ffn_norm.data_ptr(), L.w_gate_up.kernel._fn, L.w_gate_up.kernel._ptr,
-                       L.w_down.kernel._fn, L.w_down.kernel._ptr) for L in layers]
+                       L.w_down.kernel._fn, L.w_down.kernel._ptr, _ptr(L.post_attn_norm), _ptr(L.post_ffn_norm),
+                       L.window) for L in layers]
         self._nqkv = (s.n_head + 2 * s.n_head_kv) * s.head_dim
         self._checked, self._ok = None, False
         self._kv_ptrs: list[tuple[int, int]] = []  # per layer (K, V) cache pointers, with _checked
 
     def supports(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> bool:
-        """Whether the caches are what the C attention reads: one per layer, float16 or float32,
-        contiguous, [NB, BS, KVH, D] with BS a power of 2, all alike (checked once per pair of lists)."""
+        """Whether the caches are what the C attention reads: one K and one V per layer, float16 or
+        float32, contiguous, [NB, BS, KVH, D] with one BS (a power of 2) and dtype for all (NB may
+        differ: a sliding-window pool). Checked once per pair of lists."""
         key = (id(k_caches), id(v_caches), k_caches[0].data_ptr() if k_caches else 0)
         if key != self._checked:
             s, k = self.shape, k_caches[0] if k_caches else None
             ok = (k is not None and len(k_caches) == len(v_caches) == len(self._layers) and k.device.type == "cpu"
-                  and k.dtype in (torch.float16, torch.float32) and k.dim() == 4
-                  and tuple(k.shape[2:]) == (s.n_head_kv, s.head_dim) and k.shape[1] & (k.shape[1] - 1) == 0
-                  and all(t.shape == k.shape and t.dtype == k.dtype and t.is_contiguous() for t in (*k_caches, *v_caches)))
+                  and k.dtype in (torch.float16, torch.float32) and k.dim() == 4 and k.shape[1] & (k.shape[1] - 1) == 0
+                  and all(t.dim() == 4 and tuple(t.shape[1:]) == (k.shape[1], s.n_head_kv, s.head_dim)
+                          and t.dtype == k.dtype and t.is_contiguous() for t in (*k_caches, *v_caches))
+                  and all(a.shape == b.shape for a, b in zip(k_caches, v_caches)))
             self._checked, self._ok = key, ok
-            self._kv_ptrs = [(k.data_ptr(), v.data_ptr()) for k, v in zip(k_caches, v_caches)] if ok else []
+            self._kv_ptrs = [(a.data_ptr(), b.data_ptr(), a.shape[0] * a.shape[1]) for a, b in zip(k_caches, v_caches)] \
+                if ok else []
         return self._ok
 
     def __call__(self, h: torch.Tensor, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
-                 pos: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor, kv_lens: torch.Tensor) -> torch.Tensor:
+                 pos: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor, kv_lens: torch.Tensor,
+                 is_swa: list[bool] | None = None, swa_slots: torch.Tensor | None = None,
+                 swa_tables: torch.Tensor | None = None) -> torch.Tensor:
         """h: [S, C] float32 embeddings of one new token per sequence; pos / slots [S]; tables
-        [S, MAXB] int32; kv_lens [S] (the new token included). Writes each layer's K/V to its
-        slot and returns the final residual stream [S, C] (as `Model._layers`)."""
+        [S, MAXB] int32; kv_lens [S] (the new token included). Layers flagged in `is_swa` keep their
+        K/V in a sliding-window pool: `swa_slots` / `swa_tables` instead. Writes each layer's K/V
+        to its slot and returns the final residual stream [S, C] (as `Model._layers`)."""
         s = self.shape
         if not self.supports(k_caches, v_caches):
             raise ValueError("fused decoder: KV caches it cannot read (see supports())")
         S, C = h.shape
         H, KVH, D, F, nqkv = s.n_head, s.n_head_kv, s.head_dim, s.n_ff, self._nqkv
-        NB, BS = k_caches[0].shape[:2]
+        BS = k_caches[0].shape[1]
         f16 = int(k_caches[0].dtype == torch.float16)
         nt = torch.get_num_threads()
         h = h.float().contiguous()
         pos = pos.to(torch.int64).contiguous()
-        slots = slots.to(torch.int64).contiguous()
-        bt = tables.to(torch.int32).contiguous()
         lens = kv_lens.to(torch.int32).contiguous()
         max_l = int(lens.max())
+        # (slots, block tables) of the main pool and, when some layers live in it, of the SWA pool
+        pools = [(slots.to(torch.int64).contiguous(), tables.to(torch.int32).contiguous())]
+        if is_swa is not None and any(is_swa):
+            if swa_slots is None or swa_tables is None:
+                raise ValueError("fused decoder: sliding-window layers without their pool's slots and tables")
+            pools.append((swa_slots.to(torch.int64).contiguous(), swa_tables.to(torch.int32).contiguous()))
+        pool_args = [(sl.data_ptr(), bt.data_ptr(), bt.shape[1]) for sl, bt in pools]
+        which = [1 if is_swa is not None and is_swa[i] and len(pools) > 1 else 0 for i in range(len(self._ptrs))]
         f32 = torch.float32
-        x, hb = torch.empty((S, C), dtype=f32), torch.empty((S, C), dtype=f32)
+        x, hb, hn = (torch.empty((S, C), dtype=f32) for _ in range(3))
         res = [h, torch.empty((S, C), dtype=f32), torch.empty((S, C), dtype=f32)]  # residual: ping-pong
         qkv, q = torch.empty((S, nqkv), dtype=f32), torch.empty((S, H * D), dtype=f32)
         att, gu = torch.empty((S, H * D), dtype=f32), torch.empty((S, 2 * F), dtype=f32)
         a = torch.empty((S, F), dtype=f32)
         scratch = torch.empty((S * KVH, H // KVH, max_l), dtype=f32)
-        px, phb, pqkv, pq, patt, pgu, pa = (t.data_ptr() for t in (x, hb, qkv, q, att, gu, a))
+        px, phb, phn, pqkv, pq, patt, pgu, pa = (t.data_ptr() for t in (x, hb, hn, qkv, q, att, gu, a))
         pr = [t.data_ptr() for t in res]
-        ppos, pslots, pbt, plens, psc = pos.data_ptr(), slots.data_ptr(), bt.data_ptr(), lens.data_ptr(), scratch.data_ptr()
-        maxb = bt.shape[1]
-        norm, qkv_post, attend, swiglu = self._norm, self._qkv_post, self._attend, self._swiglu
-        eps, neox, scale = s.eps, int(s.neox), s.scale
+        ppos, plens, psc = pos.data_ptr(), lens.data_ptr(), scratch.data_ptr()
+        norm, qkv_post, attend, act, act_args = self._norm, self._qkv_post, self._attend, self._act, self._act_args
+        eps, neox, scale, softcap = s.eps, int(s.neox), s.scale, s.softcap
         cur = 0  # index in res of the residual stream (0: the embeddings, before the first layer)
-        for (pn1, fqkv, gqkv, pb, pqn, pkn, pf, R, fo, go, pn2, fgu, ggu, fd, gd), (pk, pv) in zip(self._ptrs,
-                                                                                                self._kv_ptrs):
+        ph = phb  # the block output added to the residual next: hb, or hn after a post-norm
+        for (pn1, fqkv, gqkv, pb, pqn, pkn, pf, R, fo, go, pn2, fgu, ggu, fd, gd, ppa, ppf, win), \
+                (pk, pv, n_slots), w in zip(self._ptrs, self._kv_ptrs, which):
+            pslots, pbt, maxb = pool_args[w]
             nxt = 1 if cur != 1 else 2
             if cur == 0:  # the first layer: x = rms_norm(h); residual = h
                 norm(pr[0], None, pn1, px, None, S, C, eps)
             else:  # residual += h; x = rms_norm(residual)
-                norm(phb, pr[cur], pn1, px, pr[nxt], S, C, eps)
+                norm(ph, pr[cur], pn1, px, pr[nxt], S, C, eps)
                 cur = nxt
             if fqkv(gqkv, px, C, S, pqkv, nqkv, nt):
                 raise RuntimeError("qdot: matmul failed")
             bad = qkv_post(pqkv, nqkv, pb, pqn, pkn, eps, ppos, pf, R, neox, S, H, KVH, D, pq, pk, pv, pslots, f16,
-                           NB * BS)
+                           n_slots)
             if bad != -1:
-                raise IndexError(f"write_kv: slot {bad} is outside the cache ({NB * BS} slots)")
-            attend(pq, pk, pv, pbt, maxb, plens, patt, psc, S, H, KVH, D, BS, max_l, scale, 0.0, f16, nt, 0)
+                raise IndexError(f"write_kv: slot {bad} is outside the cache ({n_slots} slots)")
+            attend(pq, pk, pv, pbt, maxb, plens, patt, psc, S, H, KVH, D, BS, max_l, scale, softcap, f16, nt, win)
             if fo(go, patt, H * D, S, phb, C, nt):
                 raise RuntimeError("qdot: matmul failed")
+            ph = phb
+            if ppa is not None:  # h = rms_norm(h) (gemma)
+                norm(phb, None, ppa, phn, None, S, C, eps)
+                ph = phn
             nxt = 1 if cur != 1 else 2
-            norm(phb, pr[cur], pn2, px, pr[nxt], S, C, eps)
+            norm(ph, pr[cur], pn2, px, pr[nxt], S, C, eps)
             cur = nxt
             if fgu(ggu, px, C, S, pgu, 2 * F, nt):
                 raise RuntimeError("qdot: matmul failed")
-            if self._swiglu_c:
-                swiglu(pgu, pgu + 4 * F, pa, F, 2 * F, 2 * F, F, S)
+            if self._act_c:
+                act(pgu, pgu + 4 * F, pa, *act_args, F, 2 * F, 2 * F, F, S)
             else:  # the reference's SiLU (pointwise.silu_mul does the same on such a CPU)
                 a.copy_(ref.silu_mul(gu[:, :F], gu[:, F:]))
             if fd(gd, pa, F, S, phb, C, nt):
                 raise RuntimeError("qdot: matmul failed")
-        return hb + res[cur]
+            ph = phb
+            if ppf is not None:
+                norm(phb, None, ppf, phn, None, S, C, eps)
+                ph = phn
+        return (hn if ph == phn else hb) + res[cur]

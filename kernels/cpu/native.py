@@ -149,6 +149,7 @@ KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "pool.c", 
     "rope_f32": ([_p, _p, _p, _p, _i, _i, _i, _i, _i], None),
     "write_kv_f32": ([_p, _p, _p, _p, _p, _i, _i, _i, _l], _l),
     "swiglu_f32": ([_p, _p, _p, _l, _l, _l, _l, _i], None),
+    "gelu_table_mul_f32": ([_p, _p, _p, _p, _l, _l, _l, _l, _i], None),
     "qkv_rope_store_f32": ([_p, _l, _p, _p, _p, _f, _p, _p, _i, _i, _i, _i, _i, _i, _p, _p, _p, _p, _i, _l], _l),
 })
 

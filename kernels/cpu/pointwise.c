@@ -3,6 +3,7 @@
    more than the arithmetic (lesson model: ~2 ms of a ~12 ms step on one thread). */
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -135,6 +136,25 @@ long qkv_rope_store_f32(const float *restrict qkv, long ldq, const float *restri
         }
     }
     return -1;
+}
+
+/* GeGLU as ggml's CPU backend computes it: y = gelu(x) * g with gelu read from ggml's float16 table
+   (`table`: float32 [65536] indexed by the float16 bits of x, kernels/ref.py _gelu_f16_table), 0 at
+   or below -10 and x at or above 10; the product in float32 (kernels.ref.gelu_mul, the same bits).
+   x, g: [rows, n] with row strides ldx, ldg; y: [rows, n] with row stride ldy. */
+void gelu_table_mul_f32(const float *restrict x, const float *restrict g, float *restrict y, const float *restrict table,
+                        long n, long ldx, long ldg, long ldy, int rows) {
+    for (int t = 0; t < rows; ++t) {
+        const float *xt = x + t * ldx, *gt = g + t * ldg;
+        float *yt = y + t * ldy;
+        for (long i = 0; i < n; ++i) {
+            const float v = xt[i];
+            const _Float16 h = (_Float16)v;
+            unsigned short bits;
+            memcpy(&bits, &h, sizeof bits);
+            yt[i] = (v <= -10.0f ? 0.0f : v >= 10.0f ? v : table[bits]) * gt[i];
+        }
+    }
 }
 
 /* SwiGLU as llama.cpp's CPU backend computes it on an AVX-512F + DQ machine: ggml-cpu/vec.cpp

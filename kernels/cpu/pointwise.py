@@ -95,3 +95,21 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((T, n), dtype=torch.float32)
     lib.swiglu_f32(gate.data_ptr(), up.data_ptr(), out.data_ptr(), n, gate.stride(0), up.stride(0), n, T)
     return out
+
+
+def gelu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The reference's GeGLU (ggml's float16-table GELU) in one C call on float32 rows (the same
+    bits: pointwise.c gelu_table_mul_f32), else the reference."""
+    lib = _lib(gate, up)
+    if lib is None or gate.dim() != 2 or gate.shape != up.shape or gate.stride(1) != 1 or up.stride(1) != 1:
+        return ref.gelu_mul(gate, up)
+    T, n = gate.shape
+    out = torch.empty((T, n), dtype=torch.float32)
+    lib.gelu_table_mul_f32(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gelu_table().data_ptr(), n,
+                           gate.stride(0), up.stride(0), n, T)
+    return out
+
+
+def gelu_table() -> torch.Tensor:
+    """ggml's GELU table as the C kernels read it (float32 [65536], contiguous, on the CPU)."""
+    return ref._gelu_f16_table("cpu")
