@@ -168,7 +168,8 @@ def test_dispatch_by_device():
 
     cpu_b = kernels.Backend.for_device("cpu")
     assert cpu_b.name == "cpu" and cpu_b.qmatmul is cpu.qmatmul and cpu_b.silu_mul is cpu.silu_mul
-    assert cpu_b.gelu_mul is ref.gelu_mul  # ops the CPU backend takes from the reference as they are
+    assert cpu_b.moe_route is ref.moe_route  # ops the CPU backend takes from the reference as they are
+    assert cpu_b.gelu_mul is cpu.gelu_mul and cpu_b.fused_decoder is cpu.fused_decoder
     assert kernels.Backend.for_device(torch.device("cpu"), "auto") is cpu_b  # one instance per name
     torch_b = kernels.Backend.for_device("cpu", "torch")
     assert torch_b.name == "torch" and torch_b.paged_attention is ref.paged_attention
