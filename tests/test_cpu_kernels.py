@@ -329,3 +329,37 @@ def test_write_kv_is_the_reference_bit_for_bit(dtype):
                            b.view(torch.int16 if dtype == torch.float16 else torch.int32))
     with pytest.raises(IndexError):
         cpu.write_kv(k, v, caches[1][0], caches[1][1], torch.full((T,), NB * BS))
+
+
+def test_pointwise_ops_split_rows_over_threads_without_changing_bits():
+    """add_rms_norm, rope, silu_mul and gelu_mul run prompts' rows on several threads (pointwise.c
+    run_rows, from 16 rows): the same bits as on one thread, rows being independent."""
+    from kernels.cpu import native, pointwise
+    if native.lib() is None:
+        pytest.skip("no compiled CPU kernels")
+    g = torch.Generator().manual_seed(3)
+    T, C, H, D = 37, 96, 3, 32
+    x, r, w = torch.randn(T, C, generator=g), torch.randn(T, C, generator=g), torch.randn(C, generator=g)
+    q, pos = torch.randn(T, H, D, generator=g), torch.arange(100, 100 + T)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2).float() / D))
+    gu = torch.randn(T, 2 * C, generator=g) * 3
+    gate, up = gu.split(C, dim=1)
+
+    def run():
+        return (*pointwise.add_rms_norm(x, r, w, 1e-6), pointwise.rms_norm(x, w, 1e-6),
+                pointwise.rope(q, pos, inv, True), pointwise.silu_mul(gate, up), pointwise.gelu_mul(gate, up))
+
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run()
+        torch.set_num_threads(2)
+        two = run()
+    finally:
+        torch.set_num_threads(n)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
+    from kernels import ref
+    want = (*ref.add_rms_norm(x, r, w, 1e-6), ref.rms_norm(x, w, 1e-6), ref.rope(q, pos, inv, True),
+            ref.silu_mul(gate, up), ref.gelu_mul(gate, up))
+    for a, b in zip(two, want):  # and every row computed (the split covers them all)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

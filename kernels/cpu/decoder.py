@@ -151,9 +151,9 @@ class Decoder:
             pslots, pbt, maxb = pool_args[w]
             nxt = 1 if cur != 1 else 2
             if cur == 0:  # the first layer: x = rms_norm(h); residual = h
-                norm(pr[0], None, pn1, px, None, S, C, eps)
+                norm(pr[0], None, pn1, px, None, S, C, eps, nt)
             else:  # residual += h; x = rms_norm(residual)
-                norm(ph, pr[cur], pn1, px, pr[nxt], S, C, eps)
+                norm(ph, pr[cur], pn1, px, pr[nxt], S, C, eps, nt)
                 cur = nxt
             if fqkv(gqkv, px, C, S, pqkv, nqkv, nt):
                 raise RuntimeError("qdot: matmul failed")
@@ -166,21 +166,21 @@ class Decoder:
                 raise RuntimeError("qdot: matmul failed")
             ph = phb
             if ppa is not None:  # h = rms_norm(h) (gemma)
-                norm(phb, None, ppa, phn, None, S, C, eps)
+                norm(phb, None, ppa, phn, None, S, C, eps, nt)
                 ph = phn
             nxt = 1 if cur != 1 else 2
-            norm(ph, pr[cur], pn2, px, pr[nxt], S, C, eps)
+            norm(ph, pr[cur], pn2, px, pr[nxt], S, C, eps, nt)
             cur = nxt
             if fgu(ggu, px, C, S, pgu, 2 * F, nt):
                 raise RuntimeError("qdot: matmul failed")
             if self._act_c:
-                act(pgu, pgu + 4 * F, pa, *act_args, F, 2 * F, 2 * F, F, S)
+                act(pgu, pgu + 4 * F, pa, *act_args, F, 2 * F, 2 * F, F, S, nt)
             else:  # the reference's SiLU (pointwise.silu_mul does the same on such a CPU)
                 a.copy_(ref.silu_mul(gu[:, :F], gu[:, F:]))
             if fd(gd, pa, F, S, phb, C, nt):
                 raise RuntimeError("qdot: matmul failed")
             ph = phb
             if ppf is not None:
-                norm(phb, None, ppf, phn, None, S, C, eps)
+                norm(phb, None, ppf, phn, None, S, C, eps, nt)
                 ph = phn
         return (hn if ph == phn else hb) + res[cur]

@@ -8,6 +8,26 @@
 #include <immintrin.h>
 #endif
 
+/* Row-parallel: a call of at least PW_MIN_ROWS rows splits them evenly over OpenMP threads, the
+   team the qdot matmuls before and after run on (its threads are still spinning then; pool.c's
+   helpers, woken instead, had to share the second core with them: no gain measured); fewer rows
+   (decode) stay on the caller. Rows are independent, so the bits do not depend on the split. */
+#define PW_MIN_ROWS 16
+
+typedef void (*rows_fn)(const void *job, int t0, int t1);
+static void run_rows(rows_fn fn, const void *job, int T, int nthreads) {
+    if (nthreads <= 1 || T < PW_MIN_ROWS) {
+        fn(job, 0, T);
+        return;
+    }
+    const int per = (T + nthreads - 1) / nthreads;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int c = 0; c < nthreads; ++c) {
+        const int t0 = c * per, t1 = t0 + per < T ? t0 + per : T;
+        if (t0 < t1) fn(job, t0, t1);
+    }
+}
+
 /* o = (s * rsqrt(mean(s^2) + eps)) * w over C floats. The squares (float) are summed in double, in
    order, as ggml_compute_forward_rms_norm_f32. */
 static inline void rms_row(const float *restrict s, const float *restrict w, float *restrict o, int C, float eps) {
@@ -18,19 +38,26 @@ static inline void rms_row(const float *restrict s, const float *restrict w, flo
 }
 
 /* out[t] = rms_row(s[t]) with s = x (+ r, stored to sum when r is given); x, r, out, sum: [T, C]. */
-void add_rms_norm_f32(const float *restrict x, const float *restrict r, const float *restrict w,
-                      float *restrict out, float *restrict sum, int T, int C, float eps) {
-    for (int t = 0; t < T; ++t) {
-        const float *xt = x + (size_t)t * C;
+struct norm_job { const float *x, *r, *w; float *out, *sum; int C; float eps; };
+static void norm_rows(const void *job, int t0, int t1) {
+    const struct norm_job *j = (const struct norm_job *)job;
+    const int C = j->C;
+    for (int t = t0; t < t1; ++t) {
+        const float *xt = j->x + (size_t)t * C;
         const float *st = xt;
-        if (r) {
-            const float *rt = r + (size_t)t * C;
-            float *su = sum + (size_t)t * C;
+        if (j->r) {
+            const float *rt = j->r + (size_t)t * C;
+            float *su = j->sum + (size_t)t * C;
             for (int c = 0; c < C; ++c) su[c] = xt[c] + rt[c];
             st = su;
         }
-        rms_row(st, w, out + (size_t)t * C, C, eps);
+        rms_row(st, j->w, j->out + (size_t)t * C, C, j->eps);
     }
+}
+void add_rms_norm_f32(const float *x, const float *r, const float *w, float *out, float *sum, int T, int C, float eps,
+                      int nthreads) {
+    const struct norm_job j = {x, r, w, out, sum, C, eps};
+    run_rows(norm_rows, &j, T, nthreads);
 }
 
 /* The RoPE angles of one position: cs[i], sn[i] = cos, sin of (float)pos * inv_freq[i], i < R. */
@@ -56,15 +83,22 @@ static inline void rope_head(const float *restrict xh, float *restrict oh, const
 }
 
 /* x, out: [T, NH, D]; every head rotated by the angles of pos[t] (rope_head). */
-void rope_f32(const float *restrict x, const long *restrict pos, const float *restrict inv_freq,
-              float *restrict out, int T, int NH, int D, int R, int neox) {
+struct rope_job { const float *x; const long *pos; const float *inv_freq; float *out; int NH, D, R, neox; };
+static void rope_rows(const void *job, int t0, int t1) {
+    const struct rope_job *j = (const struct rope_job *)job;
     float cs[512], sn[512];
-    if (R > 512) return;  /* pointwise.py checks */
-    for (int t = 0; t < T; ++t) {
-        rope_angles(pos[t], inv_freq, R, cs, sn);
-        for (int h = 0; h < NH; ++h)
-            rope_head(x + ((size_t)t * NH + h) * D, out + ((size_t)t * NH + h) * D, cs, sn, D, R, neox);
+    for (int t = t0; t < t1; ++t) {
+        rope_angles(j->pos[t], j->inv_freq, j->R, cs, sn);
+        for (int h = 0; h < j->NH; ++h)
+            rope_head(j->x + ((size_t)t * j->NH + h) * j->D, j->out + ((size_t)t * j->NH + h) * j->D, cs, sn, j->D,
+                      j->R, j->neox);
     }
+}
+void rope_f32(const float *x, const long *pos, const float *inv_freq, float *out, int T, int NH, int D, int R, int neox,
+              int nthreads) {
+    if (R > 512) return;  /* pointwise.py checks */
+    const struct rope_job j = {x, pos, inv_freq, out, NH, D, R, neox};
+    run_rows(rope_rows, &j, T, nthreads);
 }
 
 static inline void store_row(const float *restrict x, void *restrict cache, size_t off, int W, int f16) {
@@ -142,19 +176,25 @@ long qkv_rope_store_f32(const float *restrict qkv, long ldq, const float *restri
    (`table`: float32 [65536] indexed by the float16 bits of x, kernels/ref.py _gelu_f16_table), 0 at
    or below -10 and x at or above 10; the product in float32 (kernels.ref.gelu_mul, the same bits).
    x, g: [rows, n] with row strides ldx, ldg; y: [rows, n] with row stride ldy. */
-void gelu_table_mul_f32(const float *restrict x, const float *restrict g, float *restrict y, const float *restrict table,
-                        long n, long ldx, long ldg, long ldy, int rows) {
-    for (int t = 0; t < rows; ++t) {
-        const float *xt = x + t * ldx, *gt = g + t * ldg;
-        float *yt = y + t * ldy;
-        for (long i = 0; i < n; ++i) {
+struct glu_job { const float *x, *g; float *y; const float *table; long n, ldx, ldg, ldy; };
+static void gelu_rows(const void *job, int t0, int t1) {
+    const struct glu_job *j = (const struct glu_job *)job;
+    for (int t = t0; t < t1; ++t) {
+        const float *xt = j->x + t * j->ldx, *gt = j->g + t * j->ldg;
+        float *yt = j->y + t * j->ldy;
+        for (long i = 0; i < j->n; ++i) {
             const float v = xt[i];
             const _Float16 h = (_Float16)v;
             unsigned short bits;
             memcpy(&bits, &h, sizeof bits);
-            yt[i] = (v <= -10.0f ? 0.0f : v >= 10.0f ? v : table[bits]) * gt[i];
+            yt[i] = (v <= -10.0f ? 0.0f : v >= 10.0f ? v : j->table[bits]) * gt[i];
         }
     }
+}
+void gelu_table_mul_f32(const float *x, const float *g, float *y, const float *table, long n, long ldx, long ldg,
+                        long ldy, int rows, int nthreads) {
+    const struct glu_job j = {x, g, y, table, n, ldx, ldg, ldy};
+    run_rows(gelu_rows, &j, rows, nthreads);
 }
 
 /* SwiGLU as llama.cpp's CPU backend computes it on an AVX-512F + DQ machine: ggml-cpu/vec.cpp
@@ -185,11 +225,12 @@ AVX512_FN __m512 ggml_v_expf_avx512(__m512 x) {
 
 /* x, g: [rows, n] with row strides ldx, ldg; y: [rows, n] with row stride ldy. */
 __attribute__((target("avx512f,avx512dq,fma")))
-void swiglu_f32(const float *restrict x, const float *restrict g, float *restrict y, long n, long ldx, long ldg,
-                long ldy, int rows) {
-    for (int t = 0; t < rows; ++t) {
-        const float *xt = x + t * ldx, *gt = g + t * ldg;
-        float *yt = y + t * ldy;
+static void swiglu_rows(const void *job, int t0, int t1) {
+    const struct glu_job *j = (const struct glu_job *)job;
+    const long n = j->n;
+    for (int t = t0; t < t1; ++t) {
+        const float *xt = j->x + t * j->ldx, *gt = j->g + t * j->ldg;
+        float *yt = j->y + t * j->ldy;
         long i = 0;
         for (; i + 15 < n; i += 16) {
             const __m512 xv = _mm512_loadu_ps(xt + i);
@@ -200,8 +241,12 @@ void swiglu_f32(const float *restrict x, const float *restrict g, float *restric
         for (; i < n; ++i) yt[i] = (xt[i] / (1.0f + expf(-xt[i]))) * gt[i];
     }
 }
+void swiglu_f32(const float *x, const float *g, float *y, long n, long ldx, long ldg, long ldy, int rows, int nthreads) {
+    const struct glu_job j = {x, g, y, 0, n, ldx, ldg, ldy};
+    run_rows(swiglu_rows, &j, rows, nthreads);
+}
 #else
-void swiglu_f32(const float *x, const float *g, float *y, long n, long ldx, long ldg, long ldy, int rows) {
-    (void)x; (void)g; (void)y; (void)n; (void)ldx; (void)ldg; (void)ldy; (void)rows;  /* never called */
+void swiglu_f32(const float *x, const float *g, float *y, long n, long ldx, long ldg, long ldy, int rows, int nthreads) {
+    (void)x; (void)g; (void)y; (void)n; (void)ldx; (void)ldg; (void)ldy; (void)rows; (void)nthreads;  /* never called */
 }
 #endif

@@ -25,7 +25,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xc, w = x.contiguous(), weight.contiguous()
     out = torch.empty_like(xc)
     C = w.shape[0]
-    lib.add_rms_norm_f32(xc.data_ptr(), None, w.data_ptr(), out.data_ptr(), None, xc.numel() // C, C, float(eps))
+    lib.add_rms_norm_f32(xc.data_ptr(), None, w.data_ptr(), out.data_ptr(), None, xc.numel() // C, C, float(eps),
+                         torch.get_num_threads())
     return out
 
 
@@ -37,7 +38,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     out, s = torch.empty_like(xc), torch.empty_like(xc)
     C = w.shape[0]
     lib.add_rms_norm_f32(xc.data_ptr(), rc.data_ptr(), w.data_ptr(), out.data_ptr(), s.data_ptr(),
-                         xc.numel() // C, C, float(eps))
+                         xc.numel() // C, C, float(eps), torch.get_num_threads())
     return out, s
 
 
@@ -50,7 +51,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, neox:
     xc, f = x.contiguous(), inv_freq.contiguous()
     pos = positions.to(torch.int64).contiguous()
     out = torch.empty_like(xc)
-    lib.rope_f32(xc.data_ptr(), pos.data_ptr(), f.data_ptr(), out.data_ptr(), T, NH, D, R, int(neox))
+    lib.rope_f32(xc.data_ptr(), pos.data_ptr(), f.data_ptr(), out.data_ptr(), T, NH, D, R, int(neox),
+                 torch.get_num_threads())
     return out
 
 
@@ -93,7 +95,8 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return ref.silu_mul(gate, up)
     T, n = gate.shape
     out = torch.empty((T, n), dtype=torch.float32)
-    lib.swiglu_f32(gate.data_ptr(), up.data_ptr(), out.data_ptr(), n, gate.stride(0), up.stride(0), n, T)
+    lib.swiglu_f32(gate.data_ptr(), up.data_ptr(), out.data_ptr(), n, gate.stride(0), up.stride(0), n, T,
+                   torch.get_num_threads())
     return out
 
 
@@ -106,7 +109,7 @@ def gelu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     T, n = gate.shape
     out = torch.empty((T, n), dtype=torch.float32)
     lib.gelu_table_mul_f32(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gelu_table().data_ptr(), n,
-                           gate.stride(0), up.stride(0), n, T)
+                           gate.stride(0), up.stride(0), n, T, torch.get_num_threads())
     return out
 
 
