@@ -68,7 +68,8 @@ class Decoder:
         self.shape = shape
         self._layers = layers  # keeps the tensors behind the pointers alive
         s = shape
-        self._norm, self._qkv_post, self._attend = lib.add_rms_norm_f32, lib.qkv_rope_store_f32, lib.paged_decode
+        # attention on the OpenMP team the qdot matmuls run on (attention.c paged_decode_team)
+        self._norm, self._qkv_post, self._attend = lib.add_rms_norm_f32, lib.qkv_rope_store_f32, lib.paged_decode_team
         # the FFN's gate in C where the per-op path's is C too (else the reference's torch, same bits)
         if s.act == "gelu":
             self._gelu_table = pointwise.gelu_table()

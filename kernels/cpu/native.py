@@ -144,6 +144,7 @@ KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "pool.c", 
     "qgemv_tiles64_c8": _QGEMV, "qgemv_tiles64_c4": _QGEMV,
     # attention.c (kernels/cpu/attention.py)
     "paged_decode": ([_p, _p, _p, _p, _i, _p, _p, _p, _i, _i, _i, _i, _i, _i, _f, _f, _i, _i, _i], None),
+    "paged_decode_team": ([_p, _p, _p, _p, _i, _p, _p, _p, _i, _i, _i, _i, _i, _i, _f, _f, _i, _i, _i], None),
     # pointwise.c (kernels/cpu/pointwise.py)
     "add_rms_norm_f32": ([_p, _p, _p, _p, _p, _i, _i, _f, _i], None),
     "rope_f32": ([_p, _p, _p, _p, _i, _i, _i, _i, _i, _i], None),
