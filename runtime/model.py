@@ -292,7 +292,8 @@ class Model:
             h = h * self.spec.embed_scale
         h = h.to(self.act_dtype)
         dec = self.decoder  # one query per sequence: the fused loop (same bits, kernels/cpu/decoder.py)
-        if dec is not None and lora is None and max_q_len == 1 and T == cu.shape[0] - 1 and dec.supports(kv.k, kv.v):
+        if (dec is not None and lora is None and max_q_len == 1 and T == cu.shape[0] - 1
+                and (dec.max_rows is None or T <= dec.max_rows) and dec.supports(kv.k, kv.v)):
             return dec(h, kv.k, kv.v, pos_t, slot_t, tables, kv_lens_t, kv.is_swa if swa_tables is not None else None,
                        swa_slot_t, swa_tables)
         act = ops.gelu_mul if self.spec.act == "gelu" else ops.silu_mul

@@ -26,6 +26,11 @@ CASES = {  # arch, weight type: qwen2 has q/k/v biases, qwen3 q/k norms, llama n
     # post-norms, GeGLU, q/k norms, five sliding-window layers of 8 and a global one
     "gemma3-q8_0": replace(GEMMA3_SPEC, wtype="q8_0", n_vocab=300, norm_std=0.1),
     "phi3-q4_k": replace(PHI3_SPEC, wtype="q4_k", n_embd=256, n_vocab=300),  # fused qkv and gate+up, window 16
+    # float weights: 64-row GEMV tiles (every matrix here has at least 2^16 elements)
+    "qwen2-f32": TinyModelSpec(arch="qwen2", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, seed=6,
+                               norm_std=0.1, n_vocab=300),
+    "llama-f16": TinyModelSpec(arch="llama", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, wtype="f16",
+                               seed=8, n_vocab=300),
 }
 
 
@@ -95,6 +100,8 @@ def test_fused_decode_is_taken_for_decode_steps_only(tmp_path_factory, monkeypat
     real = m.decoder
 
     class Spy:
+        max_rows = real.max_rows
+
         def supports(self, k, v):
             return real.supports(k, v)
 
@@ -118,9 +125,9 @@ def test_models_outside_its_scope_keep_the_per_op_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("dec") / "moe.gguf"
     write_tiny_model(path, replace(MOE_SPEC, wtype="q8_0"))  # routed experts
     assert Model(load_model(path), "cpu").decoder is None
-    f32 = tmp_path_factory.mktemp("dec") / "f32.gguf"
-    write_tiny_model(f32, TinyModelSpec(n_layer=1, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_vocab=300))
-    assert Model(load_model(f32), "cpu").decoder is None  # float weights: not qdot groups
+    small = tmp_path_factory.mktemp("dec") / "f32.gguf"
+    write_tiny_model(small, TinyModelSpec(n_layer=1, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_vocab=300))
+    assert Model(load_model(small), "cpu").decoder is None  # float matrices under 2^16 elements: BLAS, not tiles
     q = CASES["qwen2-q4_k"]
     assert Model(load_model(write_tiny_model(tmp_path_factory.mktemp("dec") / "q.gguf", q)), "cpu",
                  backend="torch").decoder is None  # the reference backend has no fused loop

@@ -14,7 +14,8 @@ step, the pointers of the weights once at build, and every layer is 8 C calls:
 The same C functions (or, for the q/k/v step, `qkv_rope_store_f32`: the same operations in the
 same order as the bias add, `rms_norm`, `rope` and `write_kv` it replaces) on the same inputs as
 the per-op path of `runtime.model.Model._layers`: the results are bit-identical
-(tests/test_cpu_decoder.py). Layers qualify when every matmul is an x8 qdot group (`DecoderLayer`);
+(tests/test_cpu_decoder.py). Layers qualify when every matmul is an x8 qdot group or float 64-row
+GEMV tiles (`DecoderLayer`; with tiles, at most `gemv.MAX_M` sequences: `Decoder.max_rows`);
 post-norms (gemma), sliding windows with their own cache pool and soft-capped scores are handled;
 experts, LoRA and -tp keep the per-op path.
 """
@@ -25,7 +26,7 @@ import torch
 from .. import ref
 from ..decoder import DecoderLayer, DecoderShape
 from ..qweight import QWeight
-from . import native, pointwise
+from . import gemv, native, pointwise
 
 
 def _f32_vector(t: torch.Tensor | None, n: int) -> bool:
@@ -33,8 +34,14 @@ def _f32_vector(t: torch.Tensor | None, n: int) -> bool:
                          and tuple(t.shape) == (n,))
 
 
-def _x8(w: QWeight, rows: int, cols: int) -> bool:
-    return w.layout == "x8" and w.rows == rows and w.cols == cols
+def _matmul_ok(w: QWeight, rows: int, cols: int) -> bool:
+    """An x8 qdot group, or float 64-row tiles (the GEMV the per-op path runs at decode sizes)."""
+    return w.rows == rows and w.cols == cols and (w.layout == "x8" or (w.layout == "tiles64"
+                                                                         and w.data.dtype in gemv._KERNELS))
+
+
+# the per-op path runs tiles64 weights below this many elements on one thread (kernels/cpu/matmul.py)
+_GEMV_MT_MIN_ELEMS = 1 << 20
 
 
 def fused_decoder(layers: list[DecoderLayer], shape: DecoderShape) -> "Decoder | None":
@@ -47,14 +54,24 @@ def fused_decoder(layers: list[DecoderLayer], shape: DecoderShape) -> "Decoder |
     nqkv = (H + 2 * KVH) * D
     for L in layers:
         R = L.inv_freq.shape[0]
-        if not (_x8(L.wqkv, nqkv, C) and _x8(L.wo, C, H * D) and _x8(L.w_gate_up, 2 * F, C)
-                and _x8(L.w_down, C, F) and 2 * R <= D and R <= pointwise.MAX_ROPE_PAIRS
+        if not (_matmul_ok(L.wqkv, nqkv, C) and _matmul_ok(L.wo, C, H * D) and _matmul_ok(L.w_gate_up, 2 * F, C)
+                and _matmul_ok(L.w_down, C, F) and 2 * R <= D and R <= pointwise.MAX_ROPE_PAIRS
                 and L.window >= 0
                 and all(_f32_vector(t, n) for t, n in ((L.attn_norm, C), (L.ffn_norm, C), (L.bqkv, nqkv),
                                                         (L.q_norm, D), (L.k_norm, D), (L.inv_freq, R),
                                                         (L.post_attn_norm, C), (L.post_ffn_norm, C)))):
             return None
     return Decoder(lib, layers, shape)
+
+
+def _matmul(m: tuple, x: int, S: int, y: int, nt: int) -> None:
+    """y[S, rows] = x[S, cols] @ W^T for one weight of `Decoder._ptrs` (x and y contiguous)."""
+    qdot_group, fn, w, rows, cols, wnt = m
+    if qdot_group:
+        if fn(w, x, cols, S, y, rows, nt):
+            raise RuntimeError("qdot: matmul failed")
+    else:
+        fn(x, w, None, y, S, S, rows, cols, rows, wnt or nt)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -68,8 +85,13 @@ class Decoder:
         self.shape = shape
         self._layers = layers  # keeps the tensors behind the pointers alive
         s = shape
-        # attention on the OpenMP team the qdot matmuls run on (attention.c paged_decode_team)
-        self._norm, self._qkv_post, self._attend = lib.add_rms_norm_f32, lib.qkv_rope_store_f32, lib.paged_decode_team
+        mats = [w for L in layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)]
+        # attention on the thread team its matmuls use: OpenMP for qdot (attention.c paged_decode_team),
+        # pool.c where float GEMV tiles are among them (the per-op path's choice for those models)
+        self._norm, self._qkv_post = lib.add_rms_norm_f32, lib.qkv_rope_store_f32
+        self._attend = lib.paged_decode_team if all(w.layout == "x8" for w in mats) else lib.paged_decode
+        # float tiles only at decode sizes: above, the per-op path may take BLAS (other sums)
+        self.max_rows = None if all(w.layout == "x8" for w in mats) else gemv.MAX_M
         # the FFN's gate in C where the per-op path's is C too (else the reference's torch, same bits)
         if s.act == "gelu":
             self._gelu_table = pointwise.gelu_table()
@@ -77,13 +99,18 @@ class Decoder:
             self._act_args = (self._gelu_table.data_ptr(),)
         else:
             self._act_c, self._act, self._act_args = pointwise.swiglu_in_c(), lib.swiglu_f32, ()
-        # per layer: (attn_norm, qkv group fn + ptr, bias, q_norm, k_norm, inv_freq, R, wo fn + ptr, ffn_norm,
-        # gate/up fn + ptr, down fn + ptr, post_attn_norm, post_ffn_norm, window)
-        self._ptrs = [(L.attn_norm.data_ptr(), L.wqkv.kernel._fn, L.wqkv.kernel._ptr, _ptr(L.bqkv), _ptr(L.q_norm),
-                       _ptr(L.k_norm), L.inv_freq.data_ptr(), L.inv_freq.shape[0], L.wo.kernel._fn, L.wo.kernel._ptr,
-                       L.ffn_norm.data_ptr(), L.w_gate_up.kernel._fn, L.w_gate_up.kernel._ptr,
-                       L.w_down.kernel._fn, L.w_down.kernel._ptr, _ptr(L.post_attn_norm), _ptr(L.post_ffn_norm),
-                       L.window) for L in layers]
+
+        def mm(w: QWeight) -> tuple:  # (qdot?, C function, weight pointer, rows, cols, threads or None)
+            if w.layout == "x8":
+                return (True, w.kernel._fn, w.kernel._ptr, w.rows, w.cols, None)
+            return (False, getattr(lib, gemv._KERNELS[w.data.dtype]), w.data.data_ptr(), w.rows, w.cols,
+                    1 if w.rows * w.cols < _GEMV_MT_MIN_ELEMS else None)
+
+        # per layer: (attn_norm, qkv, bias, q_norm, k_norm, inv_freq, R, wo, ffn_norm, gate/up, down,
+        # post_attn_norm, post_ffn_norm, window)
+        self._ptrs = [(L.attn_norm.data_ptr(), mm(L.wqkv), _ptr(L.bqkv), _ptr(L.q_norm), _ptr(L.k_norm),
+                       L.inv_freq.data_ptr(), L.inv_freq.shape[0], mm(L.wo), L.ffn_norm.data_ptr(), mm(L.w_gate_up),
+                       mm(L.w_down), _ptr(L.post_attn_norm), _ptr(L.post_ffn_norm), L.window) for L in layers]
         self._nqkv = (s.n_head + 2 * s.n_head_kv) * s.head_dim
         self._checked, self._ok = None, False
         self._kv_ptrs: list[tuple[int, int]] = []  # per layer (K, V) cache pointers, with _checked
@@ -147,8 +174,8 @@ class Decoder:
         eps, neox, scale, softcap = s.eps, int(s.neox), s.scale, s.softcap
         cur = 0  # index in res of the residual stream (0: the embeddings, before the first layer)
         ph = phb  # the block output added to the residual next: hb, or hn after a post-norm
-        for (pn1, fqkv, gqkv, pb, pqn, pkn, pf, R, fo, go, pn2, fgu, ggu, fd, gd, ppa, ppf, win), \
-                (pk, pv, n_slots), w in zip(self._ptrs, self._kv_ptrs, which):
+        for (pn1, mqkv, pb, pqn, pkn, pf, R, mo, pn2, mgu, md, ppa, ppf, win), (pk, pv, n_slots), w in zip(
+                self._ptrs, self._kv_ptrs, which):
             pslots, pbt, maxb = pool_args[w]
             nxt = 1 if cur != 1 else 2
             if cur == 0:  # the first layer: x = rms_norm(h); residual = h
@@ -156,15 +183,13 @@ class Decoder:
             else:  # residual += h; x = rms_norm(residual)
                 norm(ph, pr[cur], pn1, px, pr[nxt], S, C, eps, nt)
                 cur = nxt
-            if fqkv(gqkv, px, C, S, pqkv, nqkv, nt):
-                raise RuntimeError("qdot: matmul failed")
+            _matmul(mqkv, px, S, pqkv, nt)
             bad = qkv_post(pqkv, nqkv, pb, pqn, pkn, eps, ppos, pf, R, neox, S, H, KVH, D, pq, pk, pv, pslots, f16,
                            n_slots)
             if bad != -1:
                 raise IndexError(f"write_kv: slot {bad} is outside the cache ({n_slots} slots)")
             attend(pq, pk, pv, pbt, maxb, plens, patt, psc, S, H, KVH, D, BS, max_l, scale, softcap, f16, nt, win)
-            if fo(go, patt, H * D, S, phb, C, nt):
-                raise RuntimeError("qdot: matmul failed")
+            _matmul(mo, patt, S, phb, nt)
             ph = phb
             if ppa is not None:  # h = rms_norm(h) (gemma)
                 norm(phb, None, ppa, phn, None, S, C, eps, nt)
@@ -172,14 +197,12 @@ class Decoder:
             nxt = 1 if cur != 1 else 2
             norm(ph, pr[cur], pn2, px, pr[nxt], S, C, eps, nt)
             cur = nxt
-            if fgu(ggu, px, C, S, pgu, 2 * F, nt):
-                raise RuntimeError("qdot: matmul failed")
+            _matmul(mgu, px, S, pgu, nt)
             if self._act_c:
                 act(pgu, pgu + 4 * F, pa, *act_args, F, 2 * F, 2 * F, F, S, nt)
             else:  # the reference's SiLU (pointwise.silu_mul does the same on such a CPU)
                 a.copy_(ref.silu_mul(gu[:, :F], gu[:, F:]))
-            if fd(gd, pa, F, S, phb, C, nt):
-                raise RuntimeError("qdot: matmul failed")
+            _matmul(md, pa, S, phb, nt)
             ph = phb
             if ppf is not None:
                 norm(phb, None, ppf, phn, None, S, C, eps, nt)
