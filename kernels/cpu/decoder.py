@@ -27,6 +27,7 @@ from .. import ref
 from ..decoder import DecoderLayer, DecoderShape
 from ..qweight import QWeight
 from . import gemv, native, pointwise
+from .matmul import _BGEMV_MT_MIN_ELEMS  # the per-op path's one-thread bound for float tiles
 
 
 def _f32_vector(t: torch.Tensor | None, n: int) -> bool:
@@ -40,13 +41,9 @@ def _matmul_ok(w: QWeight, rows: int, cols: int) -> bool:
                                                                          and w.data.dtype in gemv._KERNELS))
 
 
-# the per-op path runs tiles64 weights below this many elements on one thread (kernels/cpu/matmul.py)
-_GEMV_MT_MIN_ELEMS = 1 << 20
-
-
 def fused_decoder(layers: list[DecoderLayer], shape: DecoderShape) -> "Decoder | None":
     """The fused decode loop over `layers`, or None when this machine or these weights do not
-    qualify (no compiled kernels, a weight outside the qdot x8 layout, odd shapes)."""
+    qualify (no compiled kernels, a weight neither a qdot x8 group nor float tiles, odd shapes)."""
     lib = native.lib()
     H, KVH, D, C, F = shape.n_head, shape.n_head_kv, shape.head_dim, shape.n_embd, shape.n_ff
     if lib is None or not layers or H % KVH or D > 1024 or shape.act not in ("silu", "gelu"):
@@ -104,7 +101,7 @@ class Decoder:
             if w.layout == "x8":
                 return (True, w.kernel._fn, w.kernel._ptr, w.rows, w.cols, None)
             return (False, getattr(lib, gemv._KERNELS[w.data.dtype]), w.data.data_ptr(), w.rows, w.cols,
-                    1 if w.rows * w.cols < _GEMV_MT_MIN_ELEMS else None)
+                    1 if w.rows * w.cols < _BGEMV_MT_MIN_ELEMS else None)
 
         # per layer: (attn_norm, qkv, bias, q_norm, k_norm, inv_freq, R, wo, ffn_norm, gate/up, down,
         # post_attn_norm, post_ffn_norm, window)
@@ -113,7 +110,7 @@ class Decoder:
                        mm(L.w_down), _ptr(L.post_attn_norm), _ptr(L.post_ffn_norm), L.window) for L in layers]
         self._nqkv = (s.n_head + 2 * s.n_head_kv) * s.head_dim
         self._checked, self._ok = None, False
-        self._kv_ptrs: list[tuple[int, int]] = []  # per layer (K, V) cache pointers, with _checked
+        self._kv_ptrs: list[tuple[int, int, int]] = []  # per layer (K, V, slots), with _checked
 
     def supports(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> bool:
         """Whether the caches are what the C attention reads: one K and one V per layer, float16 or
