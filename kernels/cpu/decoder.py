@@ -183,8 +183,9 @@ class Decoder:
             _matmul(mqkv, px, S, pqkv, nt)
             bad = qkv_post(pqkv, nqkv, pb, pqn, pkn, eps, ppos, pf, R, neox, S, H, KVH, D, pq, pk, pv, pslots, f16,
                            n_slots)
-            if bad != -1:
-                raise IndexError(f"write_kv: slot {bad} is outside the cache ({n_slots} slots)")
+            if bad != -1:  # -2: sizes past the C buffers (fused_decoder refuses such layers)
+                raise (IndexError(f"write_kv: slot {bad} is outside the cache ({n_slots} slots)") if bad >= 0
+                       else ValueError("fused decoder: head_dim or RoPE pairs past the C kernel's bounds"))
             attend(pq, pk, pv, pbt, maxb, plens, patt, psc, S, H, KVH, D, BS, max_l, scale, softcap, f16, nt, win)
             _matmul(mo, patt, S, phb, nt)
             ph = phb
