@@ -11,13 +11,19 @@ import socket
 import sys
 import threading
 
+from typing import TYPE_CHECKING
+
 from api import cli_net
 from api.cli_args import _SPECULATIVE, _UNSUPPORTED, ArgError, _dest, build_parser
-from api.routes.gcp import gcp_settings
-from api.server import ServerConfig, create_app
 from api.log import Logger
-from api.params import f32
 from runtime.tasks import SamplingParams
+
+if TYPE_CHECKING:
+    from api.server import ServerConfig
+    from runtime.preload import Preload
+
+# This module imports neither torch nor the web stack: `main` starts reading the model
+# (runtime/preload.py) before they are imported, in the functions that need them.
 
 def _cpu_set(args: argparse.Namespace) -> set[int] | None:
     """The CPUs of -C/--cpu-mask (hex) and -Cr/--cpu-range (lo-hi), None when neither is given."""
@@ -134,6 +140,9 @@ def _api_keys(args: argparse.Namespace) -> list[str]:
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """ServerConfig of parsed arguments; raises ArgError like llama-server."""
+    from api.params import f32
+    from api.server import ServerConfig
+
     if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
         raise ArgError("--slot-save-path", f"not a directory: {args.slot_save_path}")
     if args.chat_template_file is not None and not os.path.isfile(args.chat_template_file):
@@ -168,8 +177,9 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         n_predict=args.n_predict, defaults=defaults, ui=args.ui)
 
 
-def engine_config(args: argparse.Namespace, scfg: ServerConfig):
-    """The EngineConfig of parsed arguments (imports the engine, hence torch)."""
+def engine_config(args: argparse.Namespace, scfg: ServerConfig, preload: Preload | None = None):
+    """The EngineConfig of parsed arguments (imports the engine, hence torch); `preload`: the read
+    of -m started by `start_preload`, which the load takes."""
     from runtime.serving import EngineConfig
 
     device = args.device  # "auto" is resolved by the engine
@@ -183,7 +193,26 @@ def engine_config(args: argparse.Namespace, scfg: ServerConfig):
         chat_template=args.chat_template, chat_template_file=args.chat_template_file,
         verbosity=verbosity(args), n_batch=max(1, args.batch_size), n_ubatch=max(1, args.ubatch_size), kv_dtype=_kv_dtype(args), warmup=args.warmup,
         config_overrides=_rope_overrides(args), lora=lora_adapters(args),
-        lora_init_without_apply=args.lora_init_without_apply)
+        lora_init_without_apply=args.lora_init_without_apply, preload=preload)
+
+
+def start_preload(args: argparse.Namespace) -> Preload | None:
+    """Start reading -m's GGUF file and repacking its matrices for the CPU kernels on a thread while
+    the rest of the server imports (runtime/preload.py), where the model will run in this process on
+    the CPU: no -tp, no -hf, --device cpu, or auto on a machine without an NVIDIA driver."""
+    path = args.model
+    try:
+        if not path or args.hf_repo or tp_size(args) > 1 or args.device not in ("cpu", "auto"):
+            return None
+    except ArgError:  # reported by main
+        return None
+    if not os.path.isfile(path) or path.endswith(".safetensors"):
+        return None
+    from runtime.preload import Preload, nvidia_present
+
+    if args.device == "auto" and nvidia_present():
+        return None
+    return Preload(path)
 
 
 def verbosity(args: argparse.Namespace) -> int:
@@ -278,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     # as llama-server: "--backend_sampling" is "--backend-sampling"
     argv = [a.replace("_", "-") if a.startswith("--") else a for a in (sys.argv[1:] if argv is None else argv)]
     args = build_parser().parse_args(argv)
+    preload = start_preload(args)  # before the imports below (torch, the web stack): ~1.3 s
     try:
         scfg = server_config(args)
         n_ranks = tp_size(args)
@@ -303,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
 
     socks = []
     port = scfg.port
+    from api.routes.gcp import gcp_settings
+    from api.server import create_app
+
     gcp = gcp_settings()
     if gcp.enabled:  # Vertex AI gives the port in the environment
         if port != gcp.port:
@@ -344,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             from runtime.serving import Engine
 
-            ecfg = engine_config(args, scfg)
+            ecfg = engine_config(args, scfg, preload)
             ecfg.log = log.raw
             server.engine = engine = Engine(ecfg)
             engine.load()  # without -m: runtime.tiny_model.ensure_default_model()

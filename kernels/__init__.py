@@ -16,16 +16,33 @@ Two ways to call an op, and no global setting:
 - the module functions below (`kernels.qmatmul(...)`, ...): the default backend of the device of
   their tensors, chosen per call.
 
-The backends are imported when first asked for, so a CPU-only engine never imports triton.
+The backends are imported when first asked for, so a CPU-only engine never imports triton; this
+module itself imports neither torch nor a backend (`prepack_quantized` runs before torch is imported,
+runtime/preload.py), and `QWeight`, `Experts`, `DecoderLayer`, `DecoderShape` are loaded when first named.
 """
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from .decoder import DecoderLayer, DecoderShape
-from .qweight import Experts, QWeight
+    from .cpu.prepack import Matrix as PackMatrix, Packed
+    from .decoder import DecoderLayer, DecoderShape
+    from .qweight import Experts, QWeight
+
+_LAZY = {"DecoderLayer": ".decoder", "DecoderShape": ".decoder", "Experts": ".qweight", "QWeight": ".qweight",
+         "PackMatrix": ".cpu.prepack"}
+
+
+def __getattr__(name: str):
+    """The torch-dependent names of `__all__`, imported when first used (PEP 562)."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), "Matrix" if name == "PackMatrix" else name)
+    globals()[name] = value
+    return value
 
 NAMES = ("torch", "cpu", "triton")
 _MODULES = {"torch": "kernels.ref", "cpu": "kernels.cpu", "triton": "kernels.triton"}
@@ -34,7 +51,8 @@ OPS = (
     "add_rms_norm", "rope", "silu_mul", "gelu_mul", "write_kv", "paged_attention", "topk", "prepare_topk_head",
     "topk_logits", "moe_route", "prepare_experts", "moe_ffn", "fused_decoder",
 )
-__all__ = ["Backend", "DecoderLayer", "DecoderShape", "Experts", "QWeight", "NAMES", "OPS", *OPS]
+__all__ = ["Backend", "DecoderLayer", "DecoderShape", "Experts", "QWeight", "NAMES", "OPS", "PackMatrix",
+           "prepack_quantized", *OPS]
 
 
 class Backend:
@@ -63,6 +81,8 @@ class Backend:
         """The backend for tensors on `device`: `name` ("torch" | "cpu" | "triton") when given,
         else (None or "auto") Triton for CUDA and the CPU backend otherwise."""
         if name is None or name == "auto":
+            import torch
+
             name = "triton" if torch.device(device).type == "cuda" else "cpu"
         b = cls._instances.get(name)
         if b is None:
@@ -89,14 +109,27 @@ def prepare_weights(ws: list[QWeight], unpack_quantized: bool = False, pack_quan
     return _on(ws[0].data.device).prepare_weights(ws, unpack_quantized, pack_quantized)
 
 
+def prepack_quantized(source, groups: list[list[PackMatrix]], n_threads: int = 1,
+                      release_source: bool = False) -> dict[str, Packed]:
+    """Before a CPU model is built, and without importing torch: the panels the CPU backend's
+    `prepare_weights(..., pack_quantized=True)` makes of each group of quantized matrices in `source`
+    (a flat uint8 buffer, e.g. a GGUF file's mapping; `PackMatrix` gives each matrix's place), as
+    {name: Packed} for the groups its integer-dot kernels take whole ({} without them). A QWeight
+    whose `repacked` is its Packed is then prepared without repacking (kernels/cpu/prepack.py)."""
+    from .cpu.prepack import prepack
+
+    return prepack(source, groups, n_threads, release_source)
+
+
 def packs_quantized(device: torch.device | str) -> bool:
     """Whether `prepare_weight` on `device` can repack quantized weights for a kernel."""
     return Backend.for_device(device).packs_quantized()
 
 
-def dequantize(w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """[rows, cols] matrix of `w` in `dtype`."""
-    return _on(w.data.device).dequantize(w, dtype)
+def dequantize(w: QWeight, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """[rows, cols] matrix of `w` in `dtype` (default float32)."""
+    b = _on(w.data.device)
+    return b.dequantize(w) if dtype is None else b.dequantize(w, dtype)
 
 
 def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:

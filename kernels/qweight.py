@@ -27,6 +27,9 @@ One "x8" weight may hold several matrices that read the same input (q/k/v, gate/
 may differ, `qtype` is the first one's): `rows` is their sum and a matmul returns their outputs
 side by side.
 
+`repacked`: a "rows" weight's x8 panels already computed by `kernels.prepack_quantized` (the server
+repacks while it imports), which the CPU backend's `prepare_weights` then takes as they are.
+
 `mapped`: `data` views a file mapping that is never written (the GGUF loader's), so a backend that
 repacks the weight may drop those pages from memory afterwards (no second copy of the model).
 """
@@ -57,6 +60,7 @@ class QWeight:
     group: int = 0  # tiles64_c*: weights per (A, B) pair along a row
     mapped: bool = False  # data views a never-written file mapping (module docstring)
     kernel: Any = None  # x8: the backend's handle on the repacked weight (kernels.cpu.qdot.QdotGroup)
+    repacked: Any = None  # "rows": its x8 panels computed ahead (kernels.prepack_quantized), for prepare_weights
 
     @property
     def is_float(self) -> bool:

@@ -261,10 +261,12 @@ def print_progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _load_gguf(path: Path, _progress=print_progress) -> LoadedModel:
+def _load_gguf(path: Path, _progress=print_progress, preloaded=None) -> LoadedModel:
     t0 = time.perf_counter()
-    # copy-on-write mapping: writable (no torch warning), pages shared with the page cache
-    gf = read_gguf(path, map_data=True)
+    # copy-on-write mapping: writable (no torch warning), pages shared with the page cache; or the
+    # one runtime/preload.py read while the server imported (with matrices already repacked)
+    gf = preloaded.gguf if preloaded is not None else read_gguf(path, map_data=True)
+    packed = preloaded.packed if preloaded is not None else {}
     names = {t.name: t for t in gf.tensors}
     config = _config_from_gguf(gf.metadata, names)
 
@@ -287,7 +289,7 @@ def _load_gguf(path: Path, _progress=print_progress) -> LoadedModel:
             cols = info.shape[0]
             rows = info.n_elements // cols
             data = t.reshape(rows, -1)
-            weights[info.name] = QWeight(data, info.qtype, rows, cols, mapped=True)
+            weights[info.name] = QWeight(data, info.qtype, rows, cols, mapped=True, repacked=packed.get(info.name))
 
     archs.split_weights(config, weights)  # phi3: fused attn_qkv / gate+up ffn_up -> separate views
     config.rope_freq_factors = weights.get("rope_freqs.weight")
@@ -295,15 +297,17 @@ def _load_gguf(path: Path, _progress=print_progress) -> LoadedModel:
     if ft is None:
         ft = guess_ftype([t.qtype for t in gf.tensors if len(t.shape) >= 2])
     _progress(f"load_model: loaded {len(gf.tensors)}/{len(gf.tensors)} tensors, "
-              f"{size / 1e6:.1f} MB in {time.perf_counter() - t0:.2f} s")
+              f"{size / 1e6:.1f} MB in {time.perf_counter() - t0:.2f} s"
+              + (f" ({len(packed)} repacked on a thread during start-up, {preloaded.seconds:.2f} s)" if packed else ""))
     return LoadedModel(config=config, weights=weights, file_type=ftype_name(int(ft)),
                        n_params=n_params, size=size, gguf_metadata=gf.metadata, path=str(path),
                        format="gguf")
 
 
-def load_model(path: str | Path, progress=print_progress) -> LoadedModel:
+def load_model(path: str | Path, progress=print_progress, preloaded=None) -> LoadedModel:
     """Load a GGUF file or a HF safetensors folder (config.json + *.safetensors).
-    `progress(message)` receives the progress lines (default: printed to stderr)."""
+    `progress(message)` receives the progress lines (default: printed to stderr). `preloaded`: the
+    `runtime.preload.Preloaded` of this GGUF file (its header and repacked matrices)."""
     from runtime.safetensors_loader import load_safetensors
 
     p = Path(path)
@@ -316,4 +320,4 @@ def load_model(path: str | Path, progress=print_progress) -> LoadedModel:
         return load_safetensors(p.parent, progress)
     if not p.exists():
         raise FileNotFoundError(f"model file not found: {p}")
-    return _load_gguf(p, progress)
+    return _load_gguf(p, progress, preloaded)

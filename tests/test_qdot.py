@@ -12,6 +12,8 @@ VNNI code paths on AVX2 with an exact emulation of vpdpbusd).
 """
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import pytest
 import torch
@@ -176,7 +178,7 @@ def test_every_isa_variant_compiles(name, tmp_path, monkeypatch):
     the VNNI code paths run through "vnni-emu")."""
     if not qdot.supported_isas() or qdot.build("scalar") is None:
         pytest.skip("no C compiler")
-    if name != "scalar" and qdot.platform.machine().lower() not in ("x86_64", "amd64"):
+    if name != "scalar" and platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("x86 variants")
     monkeypatch.setenv("TRITIUM_CACHE", str(tmp_path))
     assert qdot.build(name) is not None

@@ -15,6 +15,7 @@ fastest path this machine has and falling back to the torch reference (`kernels.
 | `common.h` | the vector type and loads the C files share |
 | `pointwise.py` + `pointwise.c` | `rms_norm`, `add_rms_norm`, `rope`, `write_kv`, `silu_mul`, `gelu_mul` on float32 rows (and the fused decoder's q/k/v step), else the reference |
 | `pool.c` | the C kernels' thread pool (never waits for a thread that has not started) |
+| `prepack.py` + `qdot_lib.py` | the qdot repack of a GGUF file's matrices before torch is imported (the server's start-up), through the library alone |
 | `native.py` | compiling the C files on first use into `$TRITIUM_CACHE` and loading them (ctypes; qdot's ISA variants are `Library`s too) |
 
 RMSNorm, RoPE, the KV write, SwiGLU (where llama.cpp's AVX-512 exp applies) and GeGLU (ggml's
@@ -22,10 +23,25 @@ float16 GELU table) are one C call each (`pointwise.py` + `pointwise.c`: the tor
 outweighed their arithmetic at decode).
 Nothing here imports triton.
 """
-from ..ref import moe_route  # noqa: F401
-from .pointwise import add_rms_norm, gelu_mul, rms_norm, rope, silu_mul, write_kv  # noqa: F401
-from .attention import paged_attention  # noqa: F401
-from .decoder import fused_decoder  # noqa: F401
-from .matmul import dequantize, embedding, packs_quantized, prepare_weight, prepare_weights, qmatmul  # noqa: F401
-from .moe import moe_ffn, prepare_experts  # noqa: F401
-from .topk import prepare_topk_head, topk, topk_logits  # noqa: F401
+import importlib
+
+# op -> the module defining it; imported when first asked for (PEP 562), so that `prepack.py`,
+# `qdot_lib.py` and `native.py` load without torch
+_OPS = {
+    "moe_route": "..ref",
+    **dict.fromkeys(("add_rms_norm", "gelu_mul", "rms_norm", "rope", "silu_mul", "write_kv"), ".pointwise"),
+    "paged_attention": ".attention",
+    "fused_decoder": ".decoder",
+    **dict.fromkeys(("dequantize", "embedding", "packs_quantized", "prepare_weight", "prepare_weights", "qmatmul"),
+                    ".matmul"),
+    **dict.fromkeys(("moe_ffn", "prepare_experts"), ".moe"),
+    **dict.fromkeys(("prepare_topk_head", "topk", "topk_logits"), ".topk"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _OPS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_OPS[name], __name__), name)
+    globals()[name] = value
+    return value

@@ -51,6 +51,9 @@ def _qdot_pack(ws: list[QWeight]) -> QWeight:
     """Weights reading the same input -> one "x8" weight: their panels side by side in one buffer,
     one `qdot.QdotGroup` over them. Mapped sources are dropped from memory once repacked."""
     sizes = [qdot.repacked_bytes(int(w.qtype), w.rows, w.cols) for w in ws]
+    done = _prepacked(ws, sizes)
+    if done is not None:
+        return done
     buf = torch.empty(sum(sizes), dtype=torch.uint8)
     members, off = [], 0
     for w, n in zip(ws, sizes):
@@ -58,6 +61,21 @@ def _qdot_pack(ws: list[QWeight]) -> QWeight:
                                     out=buf[off:off + n]))
         off += n
     g = qdot.group(members)
+    return QWeight(buf, ws[0].qtype, g.rows, ws[0].cols, "x8", kernel=g)
+
+
+def _prepacked(ws: list[QWeight], sizes: list[int]) -> QWeight | None:
+    """The x8 group of `ws` from the panels `kernels.prepack_quantized` made of exactly this group
+    (`QWeight.repacked`: one buffer, the members in order, same types and shapes), else None."""
+    pre = [w.repacked for w in ws]
+    if any(p is None for p in pre) or any(p.buf is not pre[0].buf or p.size != len(ws) for p in pre):
+        return None
+    offsets = [sum(sizes[:i]) for i in range(len(ws))]
+    if any((p.index, p.offset, p.qtype, p.rows, p.cols, p.nbytes) != (i, o, int(w.qtype), w.rows, w.cols, n)
+           for i, (p, w, n, o) in enumerate(zip(pre, ws, sizes, offsets))) or pre[0].buf.nbytes != sum(sizes):
+        return None
+    buf = torch.from_numpy(pre[0].buf)
+    g = qdot.group([qdot.QdotWeight(buf[p.offset:p.offset + p.nbytes], p.qtype, p.rows, p.cols) for p in pre])
     return QWeight(buf, ws[0].qtype, g.rows, ws[0].cols, "x8", kernel=g)
 
 

@@ -208,3 +208,15 @@ size_t qd_repacked_bytes(int type, int N, int K) {
     const qd_type *t = qd_type_info(type);
     return t ? (size_t)((N + 7) / 8) * qd_panel_bytes(t, K) : 0;
 }
+
+/* n matrices in one call (the server's start-up repack runs beside Python imports: one release of
+   the GIL for all of them, not one per matrix): qd_repack of each, then with `release` qd_release of
+   its source rows. Returns 0, or 1 + the index of the first matrix that failed. */
+int qd_repack_many(int n, const int *types, const uint8_t *const *src, const long *src_stride, const int *N,
+                   const int *K, uint8_t *const *dst, int nthreads, int release) {
+    for (int i = 0; i < n; ++i) {
+        if (qd_repack(types[i], src[i], src_stride[i], N[i], K[i], dst[i], nthreads)) return 1 + i;
+        if (release) qd_release(src[i], (size_t)N[i] * (size_t)src_stride[i]);
+    }
+    return 0;
+}

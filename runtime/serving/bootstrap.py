@@ -103,7 +103,14 @@ def _load_model(cfg: EngineConfig, log: Log, on_read: Callable[[Any], None] | No
     if path is None:
         path = cfg.model_path = _default_model(cfg, log)
     log("I", f"srv    load_model: loading model '{path}'")
-    lm = load_model(path, progress=lambda msg: log("I", f"srv    {msg}"))
+    preloaded = None
+    if cfg.preload is not None:  # taken once (a reload after --sleep-idle-seconds reads the file again)
+        preloaded = cfg.preload.take(path)
+        cfg.preload = None
+        if device != "cpu" or group is not None:
+            preloaded = None
+    lm = load_model(path, progress=lambda msg: log("I", f"srv    {msg}"), preloaded=preloaded)
+    lm.preloaded_tokenizer = preloaded.tokenizer if preloaded is not None else None
     for key, value in cfg.config_overrides.items():
         if not hasattr(lm.config, key):
             raise ValueError(f"unknown model config field {key!r}")
@@ -153,6 +160,9 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     tokenizer: list[Future] = []
 
     def build_tokenizer(lm) -> None:
+        if getattr(lm, "preloaded_tokenizer", None) is not None:
+            tokenizer.append(lm.preloaded_tokenizer)
+            return
         src = lm.gguf_metadata if getattr(lm, "gguf_metadata", None) else cfg.model_path
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tritium-tokenizer")
         tokenizer.append(pool.submit(load_tokenizer, src))

@@ -1,0 +1,146 @@
+"""The integer-dot kernels' compiled library and the sizes of their panel layout, without torch
+(`qdot.py` holds the torch-facing calls and re-exports these; `prepack.py` repacks GGUF matrices
+through this module before torch is imported). ISA builds and the layout: `qdot.py`'s docstring."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import platform
+
+from .. import env
+from . import native
+
+log = logging.getLogger("kernels.cpu.qdot")
+
+_SOURCES = ("qdot_repack.c", "qdot_panel.c", "qdot_quant.c", "qdot_gemm.c")
+
+_AVX2 = ("-mavx2", "-mfma", "-mf16c", "-mbmi2")
+ISA_FLAGS: dict[str, tuple[str, ...]] = {
+    "avx512vnni": _AVX2 + ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+    "avxvnni": _AVX2 + ("-mavxvnni",),
+    "avx2": _AVX2,
+    "vnni-emu": _AVX2,
+    "scalar": (),
+}
+_ISA_DEFINES = {"vnni-emu": (("QDOT_EMULATE_VNNI", "1"),)}
+# /proc/cpuinfo flags each ISA needs
+_ISA_CPU_FLAGS = {
+    "avx512vnni": {"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
+    "avxvnni": {"avx2", "fma", "f16c", "bmi2", "avx_vnni"},
+    "avx2": {"avx2", "fma", "f16c", "bmi2"},
+    "vnni-emu": {"avx2", "fma", "f16c", "bmi2"},
+    "scalar": set(),
+}
+
+# GGML type id -> (block size, type size, activation kind)
+TYPES = {
+    2: (32, 18, "q8_0"), 3: (32, 20, "q8_0"), 6: (32, 22, "q8_0"), 7: (32, 24, "q8_0"), 8: (32, 34, "q8_0"),
+    10: (256, 84, "q8_K"), 11: (256, 110, "q8_K"), 12: (256, 144, "q8_K"), 13: (256, 176, "q8_K"),
+    14: (256, 210, "q8_K"),
+}
+_CODES_SCALES = {2: (128, 16), 3: (128, 32), 6: (160, 16), 7: (160, 32), 8: (256, 16), 10: (512, 160),
+                 11: (768, 112), 12: (1024, 128), 13: (1280, 128), 14: (1536, 144)}
+
+
+@functools.lru_cache(maxsize=1)
+def _supported() -> tuple[str, ...]:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ("scalar",)
+    flags = native.cpu_flags()
+    return tuple(isa for isa in ("avx512vnni", "avxvnni", "avx2", "vnni-emu", "scalar") if _ISA_CPU_FLAGS[isa] <= flags)
+
+
+def supported_isas() -> list[str]:
+    """The ISAs this CPU can run, best first (x86 only; elsewhere just "scalar")."""
+    return list(_supported())
+
+
+def current_isa() -> str:
+    """TRITIUM_CPU_ISA if set, else the best ISA of this CPU (vnni-emu is never chosen by default)."""
+    forced = env.cpu_isa()
+    if forced:
+        if forced not in ISA_FLAGS:
+            raise ValueError(f"TRITIUM_CPU_ISA={forced!r}: expected one of {sorted(ISA_FLAGS)}")
+        return forced
+    return next(i for i in _supported() if i != "vnni-emu")
+
+
+GROUP_MAX = 8
+
+
+class _GroupStruct(ctypes.Structure):
+    _fields_ = [("nw", ctypes.c_int), ("K", ctypes.c_int), ("types", ctypes.c_int * GROUP_MAX),
+                ("Ns", ctypes.c_int * GROUP_MAX), ("Ws", ctypes.c_void_p * GROUP_MAX)]
+
+
+_i, _l, _p = ctypes.c_int, ctypes.c_long, ctypes.c_void_p
+_SIGNATURES = {
+    "qd_repack": ([_i, _p, _l, _i, _i, _p, _i], _i),
+    "qd_repack_many": ([_i, _p, _p, _p, _p, _p, _p, _i, _i], _i),
+    "qd_repacked_bytes": ([_i, _i, _i], ctypes.c_size_t),
+    "qd_matmul": ([_i, _p, _i, _i, _p, _p, _p, _p, _i, _p, _l, _i], _i),
+    "qd_quantize_q8_0": ([_p, _l, _i, _i, _p, _p, _p, _i], None),
+    "qd_quantize_q8_K": ([_p, _l, _i, _i, _p, _p, _p, _i], None),
+    "qd_dequant_rows": ([_i, _p, _i, _i, _p, _i, _p, _i], None),
+    "qd_isa_level": ([], _i),
+    "qd_group_run": ([_p, _p, _l, _i, _p, _l, _i], _i),
+    "qd_release": ([_p, ctypes.c_size_t], _i),
+    "qd_group_size": ([], _i),
+}
+
+
+@functools.cache
+def library(isa: str) -> native.Library:
+    """The `native.Library` of one ISA variant (its own build in $TRITIUM_CACHE; the repacked
+    layout is the same for every ISA)."""
+    opt = ["-O3", "-std=gnu11", "-ffp-contract=off", *ISA_FLAGS[isa]]
+    if isa != "scalar" and platform.machine().lower() in ("x86_64", "amd64"):
+        opt.insert(1, "-mtune=native")
+    return native.Library(f"qdot-{isa}", _SOURCES, _SIGNATURES, defines=_ISA_DEFINES.get(isa, ()),
+                          opt_flags=tuple(opt))
+
+
+def build(isa: str):
+    """Compile (or find in the cache) the shared library of `isa` without loading it: any ISA can be
+    built on any x86-64 machine (tests build the VNNI variants this CPU cannot run). None without a
+    compiler or when the build fails (logged)."""
+    try:
+        return native.build(library(isa))
+    except native.BuildError as e:
+        log.warning("qdot: building the %s kernels failed: %s", isa, e)
+        return None
+
+
+def lib(isa: str | None = None) -> ctypes.CDLL | None:
+    """The compiled kernels for `isa` (default `current_isa()`), or None (no compiler, a failed
+    build, TRITIUM_NO_CPU_KERNELS, or a C/Python layout mismatch)."""
+    handle = native.load(library(isa or current_isa()))
+    if handle is not None and handle.qd_group_size() != ctypes.sizeof(_GroupStruct):
+        log.warning("qdot: qd_group layout mismatch between C and Python; kernels unavailable")
+        return None
+    return handle
+
+
+def available() -> bool:
+    return lib() is not None
+
+
+def _lib() -> ctypes.CDLL:
+    lb = lib()
+    if lb is None:
+        raise RuntimeError("qdot kernels unavailable (no compiler, or the build failed; see the log)")
+    return lb
+
+
+def act_kind(qtype: int) -> str:
+    """"q8_0" or "q8_K": the activation quantization weights of `qtype` read."""
+    return TYPES[int(qtype)][2]
+
+
+def repacked_bytes(qtype: int, rows: int, cols: int) -> int:
+    bs, _, _ = TYPES[int(qtype)]
+    c, s = _CODES_SCALES[int(qtype)]
+    nb = cols // bs
+    panel = (nb * s + 63) // 64 * 64 + nb * c
+    return ((rows + 7) // 8) * ((panel + 63) // 64 * 64)

@@ -1,0 +1,116 @@
+"""runtime/preload.py + kernels/cpu/prepack.py: the server's start-up read of a GGUF file, its
+quantized matrices repacked on a thread before torch is imported, gives the model exactly the
+weights (and logits) of the ordinary load, and covers exactly the matrices the model packs."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import kernels
+from kernels.cpu import native, qdot
+from runtime.loader import load_model
+from runtime.model import Model, SeqBatch
+from runtime.preload import Preload, matmul_groups
+from runtime.tokenizer import load_tokenizer
+from runtime.tiny_model import GEMMA3_SPEC, TinyModelSpec, write_tiny_model
+
+pytestmark = pytest.mark.skipif(native.lib() is None or not qdot.available(),
+                                reason="the repack needs the compiled CPU kernels")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SPECS = {  # tied head (qwen2), untied quantized head (llama), mixed types and a gemma3 layout
+    "qwen2-q4_k-tied": TinyModelSpec(arch="qwen2", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                                     wtype="q4_k", seed=11, norm_std=0.1, n_vocab=300, tie_embeddings=True),
+    "llama-q6_k": TinyModelSpec(arch="llama", n_layer=2, n_embd=256, n_head=4, n_head_kv=4, n_ff=512,
+                                wtype="q6_k", seed=12),
+    "gemma3-q8_0": replace(GEMMA3_SPEC, wtype="q8_0", n_vocab=300, norm_std=0.1),
+}
+
+
+def _x8(m: Model) -> list:
+    ws = [w for L in m.layers for w in (*L.wqkv, L.wo, *L.w_gate_up, L.w_down)] + [m.output]
+    return [w for w in ws if w.layout == "x8"]
+
+
+def _logits(m: Model, ids: list[int]) -> torch.Tensor:
+    kv = m.new_cache(64)
+    from runtime.kv_cache import SeqKV
+    seq = SeqKV()
+    kv.reserve(seq, len(ids))
+    return m.forward(kv, [SeqBatch(seq, ids, 0)])[0]
+
+
+@pytest.mark.parametrize("key", sorted(SPECS))
+def test_preloaded_model_is_the_ordinary_model(tmp_path, key):
+    path = tmp_path / f"{key}.gguf"
+    write_tiny_model(path, SPECS[key], vocab="builtin" if key.startswith("llama") else None)
+    pre = Preload(str(path)).take(str(path))
+    assert pre is not None and pre.packed
+    fast = Model(load_model(path, preloaded=pre), "cpu")
+    slow = Model(load_model(path), "cpu")
+    xs_fast, xs_slow = _x8(fast), _x8(slow)
+    assert len(xs_fast) == len(xs_slow) > 0
+    for a, b in zip(xs_fast, xs_slow):  # same panels, bit for bit
+        assert a.rows == b.rows and torch.equal(a.data, b.data)
+    # every x8 weight of the preloaded model is a prepack buffer, and every prepack buffer is used
+    bufs = {id(p.buf): p.buf for p in pre.packed.values()}
+    used = {w.data.data_ptr() for w in xs_fast}
+    assert used == {b.ctypes.data for b in bufs.values()}
+    assert sum(len(g) for g in matmul_groups(pre.gguf)) == len(pre.packed)
+    ids = [1, 5, 9, 200, 3, 7]
+    assert torch.equal(_logits(fast, ids), _logits(slow, ids))
+    try:  # the tokenizer built beside the repack: what the ordinary load builds (or its error)
+        want = load_tokenizer(path).n_vocab
+    except ValueError as e:
+        with pytest.raises(ValueError, match=str(e)):
+            pre.tokenizer.result()
+    else:
+        assert pre.tokenizer.result().n_vocab == want
+
+
+def test_take_is_once_and_for_its_own_file(tmp_path):
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, SPECS["qwen2-q4_k-tied"])
+    p = Preload(str(path))
+    assert p.take(str(tmp_path / "other.gguf")) is None  # another file: not used (and dropped)
+    p = Preload(str(path))
+    assert p.take(str(path)) is not None
+    assert p.take(str(path)) is None
+
+
+def test_a_bad_file_leaves_the_error_to_the_loader(tmp_path):
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(b"GGUF" + b"\x00" * 12)
+    assert Preload(str(path)).take(str(path)) is None
+    with pytest.raises(ValueError):
+        load_model(path)
+
+
+def test_prepack_takes_whole_groups_only(tmp_path):
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, SPECS["qwen2-q4_k-tied"])
+    pre = Preload(str(path)).take(str(path))
+    gf = pre.gguf
+    groups = matmul_groups(gf)
+    q, k = groups[0][0], groups[0][1]
+    f32 = kernels.PackMatrix("f32", 0, 4, 256, 0)  # GGML type 0 (F32): not a qdot type
+    narrow = replace(k, name="narrow", cols=128, rows=k.rows * 2)  # a different width than q
+    out = kernels.prepack_quantized(np.asarray(gf.data), [[q, f32], [q, narrow], [replace(k, name="alone")]])
+    assert set(out) == {"alone"}
+    assert out["alone"].nbytes == qdot.repacked_bytes(k.qtype, k.rows, k.cols)
+    with pytest.raises(ValueError, match="outside"):
+        kernels.prepack_quantized(np.asarray(gf.data), [[replace(k, offset=gf.data.nbytes)]])
+
+
+def test_the_cli_and_the_preload_import_no_torch():
+    code = ("import sys, api.cli, runtime.preload, kernels.cpu.prepack; "
+            "assert 'torch' not in sys.modules and 'fastapi' not in sys.modules, 'imported'")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
