@@ -71,7 +71,7 @@ def prepack(source: np.ndarray, groups: Sequence[Sequence[Matrix]], n_threads: i
         if not packable(group):
             continue
         sizes = [qdot_lib.repacked_bytes(m.qtype, m.rows, m.cols) for m in group]
-        buf = np.frombuffer(mmap.mmap(-1, sum(sizes)), dtype=np.uint8)
+        buf = np.frombuffer(mmap.mmap(-1, sum(sizes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=np.uint8)
         off = 0
         for i, (m, n) in enumerate(zip(group, sizes)):
             bs, ts, _ = qdot_lib.TYPES[m.qtype]
