@@ -101,6 +101,7 @@ class LoadedModel:
     gguf_metadata: dict[str, Any] = field(default_factory=dict)
     path: str = ""
     format: str = "gguf"  # "gguf" | "safetensors"
+    tokenizer: Any = None  # Future of the tokenizer built beside a preload's read (runtime/preload.py)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,7 +302,7 @@ def _load_gguf(path: Path, _progress=print_progress, preloaded=None) -> LoadedMo
               + (f" ({len(packed)} repacked on a thread during start-up, {preloaded.seconds:.2f} s)" if packed else ""))
     return LoadedModel(config=config, weights=weights, file_type=ftype_name(int(ft)),
                        n_params=n_params, size=size, gguf_metadata=gf.metadata, path=str(path),
-                       format="gguf")
+                       format="gguf", tokenizer=preloaded.tokenizer if preloaded is not None else None)
 
 
 def load_model(path: str | Path, progress=print_progress, preloaded=None) -> LoadedModel:

@@ -114,3 +114,28 @@ def test_the_cli_and_the_preload_import_no_torch():
             "assert 'torch' not in sys.modules and 'fastapi' not in sys.modules, 'imported'")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_cli_preloads_only_a_cpu_model_of_one_process(tmp_path, monkeypatch):
+    from api.cli import build_parser, start_preload
+    from runtime import preload as preload_mod
+
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, SPECS["qwen2-q4_k-tied"])
+    monkeypatch.setattr(preload_mod, "nvidia_present", lambda: False)
+
+    def started(*argv):
+        p = start_preload(build_parser().parse_args(list(argv)))
+        if p is not None:
+            assert p.take(str(path)) is not None
+        return p is not None
+
+    assert started("-m", str(path))
+    assert started("-m", str(path), "--device", "cpu")
+    assert not started("-m", str(path), "--device", "cuda")
+    assert not started("-m", str(path), "-tp", "2")
+    assert not started("-m", str(tmp_path / "missing.gguf"))
+    assert not started()
+    monkeypatch.setattr(preload_mod, "nvidia_present", lambda: True)
+    assert not started("-m", str(path))  # "auto" may choose CUDA there
+    assert started("-m", str(path), "--device", "cpu")

@@ -110,7 +110,6 @@ def _load_model(cfg: EngineConfig, log: Log, on_read: Callable[[Any], None] | No
         if device != "cpu" or group is not None:
             preloaded = None
     lm = load_model(path, progress=lambda msg: log("I", f"srv    {msg}"), preloaded=preloaded)
-    lm.preloaded_tokenizer = preloaded.tokenizer if preloaded is not None else None
     for key, value in cfg.config_overrides.items():
         if not hasattr(lm.config, key):
             raise ValueError(f"unknown model config field {key!r}")
@@ -156,12 +155,13 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     from runtime.tokenizer import load_tokenizer
 
     # the tokenizer (~0.5 s of Python for a 150k vocabulary) is built on a thread while the weights
-    # are repacked (C, outside the GIL): the two overlap on the cores
+    # are repacked (C, outside the GIL); when the CLI's preload read the file (runtime/preload.py)
+    # both already ran beside its imports, and the tokenizer is taken from there
     tokenizer: list[Future] = []
 
     def build_tokenizer(lm) -> None:
-        if getattr(lm, "preloaded_tokenizer", None) is not None:
-            tokenizer.append(lm.preloaded_tokenizer)
+        if lm.tokenizer is not None:
+            tokenizer.append(lm.tokenizer)
             return
         src = lm.gguf_metadata if getattr(lm, "gguf_metadata", None) else cfg.model_path
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tritium-tokenizer")
