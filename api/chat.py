@@ -10,12 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.errors import ApiError
-from api.params import Fields
+from api.params import Fields, schema_to_grammar_or_400
 from runtime.chat import (
     REASONING_FORMATS,
+    ChatFormat,
     StreamingChatParser,
     ToolGrammarError,
     parse_chat_output,
+    json_response_grammar,
     thinking_forced_open,
     tool_grammar_for,
 )
@@ -172,7 +174,14 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     think_prefix = ""
     if thinking_forced_open(gen_prompt):  # the generation prompt ends inside "<think>": the model continues it
         think_prefix = gen_prompt[gen_prompt.rfind("<think>"):]
+    # b1-0c1e570 ignores the tools of a template that cannot render tool calls (its generated
+    # parser has no tool syntax to read: no grammar, the output is content)
+    if tools and not template_caps(tmpl).get("supports_tool_calls", True):
+        tools = []
     chat_format = tmpl.format(bool(tools), tool_choice, "json_schema" in out)
+    if chat_format == ChatFormat.PEG_NATIVE and out.get("json_schema") is not None and not body.get("grammar"):
+        # b1-0c1e570: the schema's JSON, bare or in a ```json fence (the content is the JSON alone)
+        out["grammar"] = schema_to_grammar_or_400(out.pop("json_schema"), json_response_grammar)
     return ChatPrep(out, prompt, chat_format, reasoning_format, prefill, think_prefix, tools, tool_choice,
                     f.boolean("parallel_tool_calls", False), include_usage, logprobs)
 

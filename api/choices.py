@@ -1,6 +1,7 @@
 """Several completions of one prompt (`n` / `n_cmpl`), as llama-server b1-0c1e570 makes them: the
 first task as asked, then `n - 1` copies that take any slot and, unless the seed is random, the
-seeds `seed + 1`, `seed + 2`... Their results come back in order, each with its `index`; an
+seeds `seed + 1`, `seed + 2`... (a copy's slot is emptied when it ends: "do not keep context of the
+child slots - the parent's context is enough"). Their results come back in order, each with its `index`; an
 OpenAI response lists them as `choices` (usage and timings are the first one's).
 """
 from __future__ import annotations
@@ -33,5 +34,5 @@ def with_children(task: CompletionTask, n: int) -> list[CompletionTask]:
     for j in range(1, n):
         seed = task.params.seed
         params = dataclasses.replace(task.params, seed=seed if seed == RANDOM_SEED else (seed + j) & 0xFFFFFFFF)
-        out.append(dataclasses.replace(task, params=params, id_slot=-1))
+        out.append(dataclasses.replace(task, params=params, id_slot=-1, is_child=True))
     return out

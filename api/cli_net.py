@@ -59,7 +59,9 @@ def net_settings(args: argparse.Namespace) -> dict[str, Any]:
     origins = args.cors_origins
     if origins is None:
         origins = "localhost" if (tools or args.mcp_servers_config or args.mcp_servers_json) else "*"
-    aliases = _csv_set(args.alias)
+    # without -a, llama-server names the model by its -hf repository or -m path, as an alias too
+    # (server.cpp: "the same model name as alias" for router and single-model mode alike)
+    aliases = _csv_set(args.alias) or [n for n in (getattr(args, "hf_repo", None) or args.model,) if n]
     return {
         "host": hosts(args)[0], "hosts": hosts(args),
         "alias": aliases[0] if aliases else None, "aliases": aliases, "tags": _csv_set(args.tags),

@@ -254,10 +254,14 @@ def apply_bias_and_mask(row: torch.Tensor, st: SamplerState) -> torch.Tensor:
 def sample_row(row: torch.Tensor, st: SamplerState) -> Sampled:
     """Sample one token from a full logit row [V] float32 (row is modified)."""
     p = st.params
+    # n_probs: llama-server reports the model's own distribution (the raw logits, before biases,
+    # ignore_eos and the grammar) unless post_sampling_probs asks for the sampler's
+    lp = torch.log_softmax(row, 0) if p.n_probs > 0 and not p.post_sampling_probs else None
     row = apply_bias_and_mask(row, st)
     top: list[tuple[int, float]] = []
     if p.n_probs > 0:
-        lp = torch.log_softmax(row, 0)
+        if lp is None:
+            lp = torch.log_softmax(row, 0)
         tv, ti = torch.topk(lp, min(p.n_probs, lp.numel()))
         top = list(zip(ti.tolist(), tv.tolist()))
     simple_greedy = p.temperature <= 0 and p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 \
@@ -266,7 +270,7 @@ def sample_row(row: torch.Tensor, st: SamplerState) -> Sampled:
         tok = int(torch.argmax(row).item())
     else:
         tok = _chain_and_draw(row, None, st)
-    logprob = float(torch.log_softmax(row, 0)[tok].item()) if p.n_probs > 0 else 0.0
+    logprob = float(lp[tok].item()) if lp is not None else 0.0
     return Sampled(tok, logprob, top)
 
 

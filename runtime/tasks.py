@@ -35,6 +35,9 @@ class SamplingParams:
     min_keep: int = 0
     seed: int = 4294967295  # 0xFFFFFFFF = random
     n_probs: int = 0
+    # n_probs from the sampler's candidates (after biases and the grammar) rather than the model's
+    # own distribution, which is llama-server's default (get_token_probabilities: the raw logits)
+    post_sampling_probs: bool = False
     logit_bias: list[tuple[int, float]] = field(default_factory=list)  # (token id, bias); -inf bans
     ignore_eos: bool = False
     samplers: list[str] = field(default_factory=lambda: list(DEFAULT_SAMPLERS))
@@ -62,6 +65,7 @@ class CompletionTask:
     timings_per_token: bool = False  # each streamed TokenOut carries the running Timings
     grammar_prefix: str = ""  # text of a prefilled assistant turn the grammar has already seen
     lora: dict[int, float] | None = None  # per-request adapter scales (unlisted: 0); None = the server's
+    is_child: bool = False  # one of the n - 1 extra completions of `n`: its slot keeps no cache afterwards
 
 
 @dataclass

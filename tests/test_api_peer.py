@@ -47,6 +47,31 @@ def test_chat_n_choices(client):
     assert [x["index"] for x in d] == [0, 1, 2, 3]
 
 
+def test_extra_choices_leave_their_slot_empty(client, api_engine):
+    """llama.cpp's slot release: the slot of one of the `n - 1` extra completions keeps no cache (the
+    parent's is enough), so the next request with a similar prompt goes to the parent's slot."""
+    d = client.post("/v1/completions", json={"prompt": "The best book", "max_tokens": 2, "n": 2,
+                                             "temperature": 0}).json()
+    assert len(d["choices"]) == 2
+    held = sorted(len(s.tokens) > 0 for s in api_engine.slots)
+    assert held == [False, True]  # the parent's slot keeps the prompt, the child's is empty
+    parent = next(s.id for s in api_engine.slots if s.tokens)
+    d = client.post("/completion", json={"prompt": "The best book, said", "n_predict": 1, "temperature": 0}).json()
+    assert d["id_slot"] == parent and d["timings"]["cache_n"] > 0
+
+
+def test_tools_are_ignored_by_a_template_without_tool_calls(client):
+    """b1-0c1e570: a template that cannot render tool calls (here the ChatML fallback of a GGUF
+    without one) gets no tool grammar, even for tool_choice required, and its output is content."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    for choice in ("auto", "required"):
+        d = client.post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 3, "temperature": 0, "tools": tools,
+                                                       "tool_choice": choice, "verbose": True}).json()
+        gs = d["__verbose"]["generation_settings"]
+        assert gs["grammar"] == "" and gs["grammar_triggers"] == [] and not gs["grammar_lazy"]
+        assert "tool_calls" not in d["choices"][0]["message"] and d["choices"][0]["finish_reason"] == "length"
+
+
 def test_chat_logprobs_openai_shape(client):
     body = {"messages": MSGS, "max_tokens": 5, "temperature": 0, "logprobs": True, "top_logprobs": 3}
     d = client.post("/v1/chat/completions", json=body).json()

@@ -15,6 +15,10 @@ def test_hosts_aliases_tags():
     # std::set order: the first alias in sorted order names the model
     assert (c.aliases, c.model_name, c.tags) == (["code", "fim", "tinyllama-2"], "code", ["chat", "fim", "small"])
     assert (cfg().aliases, cfg().tags, cfg().hosts) == ([], [], ["127.0.0.1"])
+    # without -a the model's -m path (or -hf repository) is its one alias and its name, as llama-server
+    assert (cfg("-m", "/m/x.gguf").aliases, cfg("-m", "/m/x.gguf").model_name) == (["/m/x.gguf"], "/m/x.gguf")
+    assert cfg("-hf", "org/repo:Q4_K_M").aliases == ["org/repo:Q4_K_M"]
+    assert cfg("-m", "/m/x.gguf", "-a", "b,a").aliases == ["a", "b"]
 
 
 def test_host_env_is_the_default_and_the_flag_replaces_it(monkeypatch):

@@ -258,7 +258,7 @@ def test_time_limit_stops_after_a_new_line(engine):
 
 def test_unified_cache_purges_idle_slots_when_full(model_path):
     """-np auto: 4 slots share one pool of n_ctx tokens; idle slots keep their prompts until a
-    new request needs the room, then the least recently used are purged (llama.cpp does the same).
+    new request needs the room, then idle slots are purged one at a time in slot order (llama.cpp does the same).
     With --cache-idle-slots (the default) idle slots of a unified cache are moved to the RAM cache and
     cleared as soon as another task starts, so the purge is what --no-cache-idle-slots relies on."""
     e = _engine(model_path, n_ctx=256, n_parallel=-1, cache_idle_slots=False)

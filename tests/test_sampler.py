@@ -86,6 +86,27 @@ class _OnlyEven:
         self.seen.append(t)
 
 
+def test_n_probs_are_the_models_distribution_unless_post_sampling():
+    """llama-server's n_probs / logprobs come from the raw logits (get_token_probabilities), before
+    logit biases, ignore_eos and the grammar; post_sampling_probs gives the sampler's candidates."""
+    row = torch.tensor([1.0, 4.0, 3.0, 2.0, 0, 0, 0, 0, 0, 5.0])
+    raw = torch.log_softmax(row.double(), 0)
+    for kw in ({"logit_bias": [(1, float("-inf"))]}, {"ignore_eos": True}, {}):
+        st = _st(temperature=0, n_probs=2, **kw)
+        st.grammar = _OnlyEven(10)
+        r = sample_row(row.clone(), st)
+        assert r.token == 2  # the grammar (and the bias) still decide the token
+        assert [t for t, _ in r.top] == [9, 1]  # a banned and an odd token are reported, as the reference
+        assert abs(r.logprob - float(raw[2])) < 1e-5
+        assert torch.allclose(torch.tensor([lp for _, lp in r.top]).double(), raw[[9, 1]], atol=1e-5)
+    st = _st(temperature=0, n_probs=2, post_sampling_probs=True)
+    st.grammar = _OnlyEven(10)
+    r = sample_row(row.clone(), st)
+    masked = torch.log_softmax(torch.where(torch.arange(10) % 2 == 0, row, torch.tensor(float("-inf"))).double(), 0)
+    assert r.token == 2 and [t for t, _ in r.top] == [2, 4 if row[4] > row[0] else 0]
+    assert abs(r.logprob - float(masked[2])) < 1e-5
+
+
 def test_grammar_mask_and_batch_mixing():
     rows = torch.randn(3, 10)
     rows[:, 1] = 50.0  # an odd token dominates

@@ -53,6 +53,10 @@ def test_pick_slot_by_prompt_similarity_then_lru():
     assert pick_slot(slots, CompletionTask(prompt), 0.5) == (slots[2], True)  # none similar enough: LRU
     assert pick_slot(slots, CompletionTask(prompt), 0.0) == (slots[2], True)  # similarity off
     assert pick_slot(slots, CompletionTask([]), 0.1) == (slots[2], True)
+    fresh = new_slots(3, 512)  # equally old: the last one, as llama.cpp's `t_last_used <= t_last`
+    assert pick_slot(fresh, CompletionTask(prompt), 0.1) == (fresh[2], True)
+    _busy(fresh[2])
+    assert pick_slot(fresh, CompletionTask(prompt), 0.1) == (fresh[1], True)
     _busy(slots[0]), _busy(slots[2])
     assert pick_slot(slots, CompletionTask(prompt), 0.1) is None
 
@@ -61,7 +65,7 @@ def _kv(num_blocks):
     return KVCache(n_layers=1, n_kv_heads=1, head_dim=4, num_blocks=num_blocks, block_size=4, dtype=torch.float32)
 
 
-def test_reserve_purges_idle_slots_least_recently_used_first():
+def test_reserve_purges_idle_slots_in_slot_order():
     kv = _kv(6)
     slots = new_slots(4, 64)
     for s, n, t in zip(slots[:3], (8, 8, 4), (2.0, 1.0, 3.0)):
@@ -72,12 +76,13 @@ def test_reserve_purges_idle_slots_least_recently_used_first():
     reserve(kv, slots, slots[3], 4, lambda lv, msg: logs.append((lv, msg)))  # two blocks are still free
     assert logs == []
     reserve(kv, slots, slots[3], 12, lambda lv, msg: logs.append((lv, msg)))
-    assert slots[1].tokens == [] and slots[1].seq.blocks == []  # the older idle slot went first
-    assert slots[0].tokens and len(slots[3].seq.blocks) == 3
-    assert logs == [("W", "srv  update_slots: purging slot 1 with 8 tokens")]
-    with pytest.raises(OutOfBlocks):  # slot 0 purged too, still not enough: the busy slot keeps its blocks
+    # llama.cpp's try_clear_idle_slots: the first idle slot holding tokens, whatever its age
+    assert slots[0].tokens == [] and slots[0].seq.blocks == []
+    assert slots[1].tokens and len(slots[3].seq.blocks) == 3
+    assert logs == [("W", "srv  update_slots: purging slot 0 with 8 tokens")]
+    with pytest.raises(OutOfBlocks):  # slot 1 purged too, still not enough: the busy slot keeps its blocks
         reserve(kv, slots, slots[3], 28, lambda lv, msg: logs.append((lv, msg)))
-    assert slots[0].tokens == [] and len(slots[2].seq.blocks) == 1
+    assert slots[1].tokens == [] and len(slots[2].seq.blocks) == 1
 
 
 def test_slot_view_fresh_busy_and_idle():

@@ -7,7 +7,7 @@ calls.py        a tool call as read from JSON and as returned in OpenAI form
 parsers.py      per-format tool-call parsers and the one marker hold-back rule
 message.py      model text -> content, reasoning_content, tool_calls
 stream.py       text deltas -> OpenAI deltas (tool calls by index)
-tool_grammar.py every tool-call grammar and its trigger words
+tool_grammar.py every tool-call grammar and its trigger words, and a JSON response's grammar
 """
 from runtime.chat.caps import CAPS_KEYS
 from runtime.chat.formats import (
@@ -25,6 +25,7 @@ from runtime.chat.tool_grammar import (
     ToolGrammar,
     ToolGrammarError,
     hermes_grammar,
+    json_response_grammar,
     tool_call_grammar,
     tool_call_triggers,
     tool_grammar_for,
@@ -33,6 +34,6 @@ from runtime.chat.tool_grammar import (
 __all__ = [
     "CAPS_KEYS", "REASONING_FORMATS", "ChatFormat", "ChatTemplate", "ParsedMessage", "ReasoningFormat",
     "StreamingChatParser", "ToolChoice", "ToolGrammar", "ToolGrammarError", "default_chatml_template", "fallback_chatml_template",
-    "detect_format", "hermes_grammar", "merge_deltas", "normalize_messages", "parse_chat_output",
+    "detect_format", "hermes_grammar", "json_response_grammar", "merge_deltas", "normalize_messages", "parse_chat_output",
     "thinking_forced_open", "tool_call_grammar", "tool_call_triggers", "tool_grammar_for",
 ]

@@ -35,6 +35,9 @@ class ChatFormat(_Named):
     FUNCTIONARY_V3_1_LLAMA_3_1 = "Functionary v3.1 Llama 3.1"
     HERMES_2_PRO = "Hermes 2 Pro"
     COMMAND_R7B = "Command R7B"
+    # b1-0c1e570's generated ("autoparser") format; here only for a JSON response: a request with a
+    # json_schema / response_format gets its JSON, optionally in a ```json fence (`json_response_grammar`)
+    PEG_NATIVE = "peg-native"
 
 
 class ReasoningFormat(_Named):
@@ -82,9 +85,13 @@ def detect_format(source: str, has_tools: bool = True, tool_choice: str = ToolCh
 
     Some formats are chosen from the template text alone (DeepSeek R1, Hermes 2 Pro, Llama 3.x,
     ...), others only when the request carries tools (Mistral Nemo, Generic); a template without
-    any tool syntax and no tools is `Content-only`.
+    any tool syntax and no tools is `Content-only`. A JSON schema (response_format) makes it
+    `peg-native` for every template b1-0c1e570 runs through its generated parser (all but the
+    specialised ones; templates that reason keep the formats below).
     """
     src = source
+    if has_json_schema and ">>>all" not in src and Marker.THINK_START not in src:
+        return ChatFormat.PEG_NATIVE
     if Marker.DS_CALLS_BEGIN in src and not has_json_schema:
         return ChatFormat.DEEPSEEK_R1
     if "<|END_THINKING|><|START_ACTION|>" in src:

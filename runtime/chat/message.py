@@ -26,7 +26,7 @@ from typing import Any
 from runtime.chat.calls import ParsedCall, to_openai_calls
 from runtime.chat.formats import REASONING_FORMATS, THINKING_FORMATS, ChatFormat, Marker, ReasoningFormat
 from runtime.chat.json_scan import skip_ws
-from runtime.chat.parsers import parse_tool_calls, split_at_marker
+from runtime.chat.parsers import parse_json_response, parse_tool_calls, split_at_marker
 
 
 @dataclass
@@ -81,7 +81,9 @@ def parse_message(text: str, fmt: str, reasoning_format: str, thinking_forced_op
             else:
                 raw_head = text[:start] + reasoning
                 body = ""
-    if with_tool_calls:
+    if fmt == ChatFormat.PEG_NATIVE:  # a JSON response: tools are not parsed (not in its grammar either)
+        content, calls = parse_json_response(body, partial), []
+    elif with_tool_calls:
         content, calls = parse_tool_calls(body, fmt, partial)
     else:
         content, calls = body, []

@@ -328,6 +328,27 @@ def _parse_generic(text: str, partial: bool) -> tuple[str, list[ParsedCall]]:
     return "", calls
 
 
+_FENCE = "```json"
+
+
+def parse_json_response(text: str, partial: bool) -> str:
+    """The content of a `peg-native` JSON response (`tool_grammar.json_response_grammar`): the JSON
+    value alone, without the whitespace around it or the ```json fence the model may write; while
+    `partial`, what of the value has come (nothing while the text may still become the fence).
+    Text that is not such a value stays as it is."""
+    i = skip_ws(text, 0)
+    if text.startswith(_FENCE, i):
+        i = skip_ws(text, i + len(_FENCE))
+    elif partial and _FENCE.startswith(text[i:]):
+        return ""
+    try:
+        return text[i:scan_value(text, i)]
+    except Incomplete:
+        return text[i:] if partial else text
+    except Invalid:
+        return "" if partial and i >= len(text) else text
+
+
 def parse_tool_calls(text: str, fmt: str, partial: bool) -> tuple[str, list[ParsedCall]]:
     """(content, calls) of `text` in `fmt`'s syntax; formats without a parser keep it all as content."""
     if fmt == ChatFormat.HERMES_2_PRO:

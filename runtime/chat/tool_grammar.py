@@ -262,3 +262,14 @@ def tool_call_grammar(tools: list[dict], format: str, parallel: bool = False,
         lines.append(_schema_rules(schema, "tc-"))
         lines.append(f"root ::= {head}tc-root")
     return _with_space("\n".join(lines))
+
+
+def json_response_grammar(schema: Any) -> str:
+    """The grammar of a chat request's JSON schema (response_format / json_schema) in the
+    `peg-native` format, as b1-0c1e570's generated parser builds it after the generation prompt
+    (common/chat-auto-parser-generator.cpp): the JSON, bare or in a ```json fence, whitespace
+    around it; `parsers.parse_json_response` gives back the JSON alone. Raises GrammarError for a
+    schema the converter rejects."""
+    rules = _schema_rules(schema, "response-format-schema-")
+    return (f'root ::= space space ("```json" space response-format space "```" | space response-format space)\n'
+            f"response-format ::= response-format-schema-root\n{rules}\nspace ::= {_GBNF_SPACE}\n")

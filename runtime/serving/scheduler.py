@@ -155,7 +155,7 @@ class Scheduler:
         """The rows of this step, their KV blocks reserved."""
         for s in self.slots:
             if s.busy and s.req.handle.abandoned():
-                release(s)
+                self._release(s)
         plan = plan_step(self.slots, self.cfg.n_batch, self.cfg.n_prefill_chunk)
         for b, s in zip(plan.batch, plan.slots):
             try:
@@ -256,8 +256,17 @@ class Scheduler:
             truncated=r.truncated, n_prompt_tokens=len(r.prompt), n_decoded=r.n_decoded,
             tokens_cached=len(s.tokens), has_new_line=bool(r.text and r.text.has_new_line),
             timings=tim, probs=list(r.probs))
-        release(s)
+        self._release(s)
         r.handle.emit(res)
+
+    def _release(self, s: Slot) -> None:
+        """The slot goes idle; one that ran an extra completion of `n` keeps no cache (llama.cpp's
+        slot release: the parent's context is enough)."""
+        child = s.req is not None and getattr(s.req.task, "is_child", False)
+        release(s)
+        if child:
+            self.kv.clear(s.seq)
+            s.tokens = []
 
     def _finish_embedding(self, s: Slot, hid: torch.Tensor) -> None:
         r = s.req
@@ -269,7 +278,7 @@ class Scheduler:
 
     def fail(self, s: Slot, code: int, message: str, type: str, extra: dict | None = None) -> None:
         r = s.req
-        release(s)
+        self._release(s)
         if r is not None:
             r.handle.emit(TaskError(code, message, type, extra or {}))
 

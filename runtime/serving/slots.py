@@ -105,12 +105,14 @@ def pick_slot(slots: list[Slot], task, similarity: float) -> tuple[Slot, bool] |
                 best, sim_best = s, sim
     if best is not None:
         return best, False
-    return min(idle, key=lambda s: s.t_last_used), True
+    # llama.cpp keeps the last of equally old slots (`t_last_used <= t_last`): a fresh server's
+    # first task goes to its highest slot id
+    return min(reversed(idle), key=lambda s: s.t_last_used), True
 
 
 def reserve(kv: KVCache, slots: list[Slot], s: Slot, n_total: int, log: Callable[[str, str], None]) -> None:
     """Blocks for n_total tokens of slot s; when the (unified) pool is full, idle slots' cached
-    prompts are purged, least recently used first, as llama.cpp's try_clear_idle_slots. Raises
+    prompts are purged one at a time in slot order, as llama.cpp's try_clear_idle_slots. Raises
     OutOfBlocks when even that is not enough."""
     while True:
         try:
@@ -120,7 +122,7 @@ def reserve(kv: KVCache, slots: list[Slot], s: Slot, n_total: int, log: Callable
             idle = [x for x in slots if not x.busy and x.tokens and x is not s]
             if not idle:
                 raise
-            victim = min(idle, key=lambda x: x.t_last_used)
+            victim = idle[0]
             log("W", f"srv  update_slots: purging slot {victim.id} with {len(victim.tokens)} tokens")
             kv.clear(victim.seq)
             victim.tokens = []
