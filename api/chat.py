@@ -183,7 +183,9 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         # b1-0c1e570: the schema's JSON, bare or in a ```json fence (the content is the JSON alone)
         out["grammar"] = schema_to_grammar_or_400(out.pop("json_schema"), json_response_grammar)
     return ChatPrep(out, prompt, chat_format, reasoning_format, prefill, think_prefix, tools, tool_choice,
-                    f.boolean("parallel_tool_calls", False), include_usage, logprobs)
+                    # b1-0c1e570's default: whether the template can render several calls
+                    f.boolean("parallel_tool_calls", template_caps(tmpl).get("supports_parallel_tool_calls", False)),
+                    include_usage, logprobs)
 
 
 # ------------------------------------------------------------------------------------------
