@@ -265,6 +265,12 @@ def parse_lora(value: Any) -> dict[int, float] | None:
 
 
 
+def reasoning_format_name(fmt: str) -> str:
+    """A reasoning format as generation_settings echo it: b1-0c1e570's built-in default
+    (`common_params::reasoning_format`, our "auto") prints as "deepseek"."""
+    return "deepseek" if fmt == "auto" else fmt
+
+
 def sampling_settings(p: SamplingParams, n_predict: int, stream: bool, chat_format: str, reasoning_format: str,
                       only_metrics: bool, stop: list[str] | None = None, n_keep: int = 0,
                       timings_per_token: bool = False, post_sampling_probs: bool = False,

@@ -216,3 +216,15 @@ def test_gcp_predict(api_engine, api_client, monkeypatch):
         assert d[2]["error"]["message"] == "no handler registered for @requestFormat: nope"
         assert d[3]["error"]["message"] == "each instance must be a JSON object"
         assert c.post("/predict", json={"x": 1}).status_code == 400
+
+
+def test_generation_settings_echo_the_reasoning_format(client):
+    """b1-0c1e570's default reasoning format prints as "deepseek" in a completion's settings (and a
+    chat request's own in its __verbose); /props shows "none" (tests/test_server_lesson.py)."""
+    d = client.post("/completion", json={"prompt": "hi", "n_predict": 1}).json()
+    assert d["generation_settings"]["reasoning_format"] == "deepseek"
+    body = {"messages": MSGS, "max_tokens": 1, "verbose": True}
+    d = client.post("/v1/chat/completions", json=body).json()
+    assert d["__verbose"]["generation_settings"]["reasoning_format"] == "deepseek"
+    d = client.post("/v1/chat/completions", json={**body, "reasoning_format": "none"}).json()
+    assert d["__verbose"]["generation_settings"]["reasoning_format"] == "none"

@@ -17,7 +17,7 @@ from api.choices import n_choices, with_children
 from api.context import ApiContext, Ctx
 from api.errors import ApiError, json_response
 from api.inputs import check_context, off_loop, read_json, require_generation, split_prompts, tokenize_prompt
-from api.params import Fields, parse_sampling, parse_task, sampling_settings
+from api.params import Fields, parse_sampling, parse_task, reasoning_format_name, sampling_settings
 from api.results import collect_all, probs_json, with_progress
 from api.sse import stream_events
 from runtime.tasks import CompletionResult, CompletionTask, PromptProgress, TokenOut
@@ -40,7 +40,8 @@ def native_request(ctx: ApiContext, body: dict[str, Any], prompt_tokens: list[in
     params = parse_sampling(body, ctx.cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
     task = parse_task(body, prompt_tokens, params, ctx.cfg.n_predict)
     f = Fields(body)
-    settings = sampling_settings(params, task.n_predict, task.stream, "Content-only", "none",
+    settings = sampling_settings(params, task.n_predict, task.stream, "Content-only",
+                                 reasoning_format_name(ctx.cfg.reasoning_format),
                                  only_metrics=False, stop=task.stop, n_keep=task.n_keep,
                                  timings_per_token=f.boolean("timings_per_token", False),
                                  post_sampling_probs=f.boolean("post_sampling_probs", False))

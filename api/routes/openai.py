@@ -15,7 +15,7 @@ from api.choices import n_choices, with_children
 from api.context import BUILD_INFO, ApiContext, Ctx, random_id
 from api.errors import ApiError, json_response
 from api.inputs import check_context, off_loop, read_json, require_generation, split_prompts, tokenize_prompt
-from api.params import Fields, parse_sampling, parse_task, sampling_settings
+from api.params import Fields, parse_sampling, parse_task, reasoning_format_name, sampling_settings
 from api.routes.native import NativeRequest, completion_final_json
 from api.results import collect_all, finish_reason, probs_json, usage_json, with_progress
 from api.sse import stream_events
@@ -161,10 +161,12 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
 
 
 def verbose_json(ctx: ApiContext, task: CompletionTask, prompt: str, res: CompletionResult,
-                 toks: list[TokenOut]) -> dict[str, Any]:
-    """`__verbose` (`"verbose": true`): the native final object of the task."""
+                 toks: list[TokenOut], reasoning_format: str | None = None) -> dict[str, Any]:
+    """`__verbose` (`"verbose": true`): the native final object of the task (`reasoning_format`:
+    a chat request's own, else the server's)."""
     p = task.params
-    settings = sampling_settings(p, task.n_predict, task.stream, "Content-only", "none", only_metrics=False,
+    settings = sampling_settings(p, task.n_predict, task.stream, "Content-only",
+                                 reasoning_format_name(reasoning_format or ctx.cfg.reasoning_format), only_metrics=False,
                                  stop=task.stop, n_keep=task.n_keep, timings_per_token=task.timings_per_token)
     req = NativeRequest(task, settings, prompt, p.n_probs, False)
     return completion_final_json(ctx, req, res, toks or res.probs, False)
@@ -186,6 +188,6 @@ async def chat_whole(ctx: ApiContext, request: Request, prep: chat_api.ChatPrep,
     d = {"choices": choices, "created": int(time.time()), "model": ctx.cfg.model_name,
          "system_fingerprint": BUILD_INFO, "object": "chat.completion", "usage": usage_json(res), "id": cmpl_id}
     if Fields(prep.body).boolean("verbose", False):
-        d["__verbose"] = verbose_json(ctx, task, prep.prompt, res, toks_out)
+        d["__verbose"] = verbose_json(ctx, task, prep.prompt, res, toks_out, prep.reasoning_format)
     d["timings"] = res.timings.as_dict()
     return json_response(d)
