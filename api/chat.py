@@ -178,7 +178,7 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     # parser has no tool syntax to read: no grammar, the output is content)
     if tools and not template_caps(tmpl).get("supports_tool_calls", True):
         tools = []
-    chat_format = tmpl.format(bool(tools), tool_choice, "json_schema" in out)
+    chat_format = tmpl.format(bool(tools), tool_choice, "json_schema" in out, jinja=cfg.jinja)
     if chat_format == ChatFormat.PEG_NATIVE and out.get("json_schema") is not None and not body.get("grammar"):
         # b1-0c1e570: the schema's JSON, bare or in a ```json fence (the content is the JSON alone)
         out["grammar"] = schema_to_grammar_or_400(out.pop("json_schema"), json_response_grammar)

@@ -54,7 +54,8 @@ class ChatTemplateAPI(Protocol):
 
     def generation_prompt(self, messages: list[dict], **kwargs: Any) -> str: ...
 
-    def format(self, has_tools: bool = False, tool_choice: str = "auto", has_json_schema: bool = False) -> str: ...
+    def format(self, has_tools: bool = False, tool_choice: str = "auto", has_json_schema: bool = False,
+               jinja: bool = True) -> str: ...
 
 
 class TaskHandleAPI(Protocol):

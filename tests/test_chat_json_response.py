@@ -29,6 +29,7 @@ def test_the_format_is_peg_native_with_a_schema_where_b1_0c1e570_generates_the_p
     assert detect_format(QWEN_LIKE, True, "auto", True) == ChatFormat.PEG_NATIVE  # tools are not in its grammar
     assert detect_format(QWEN_LIKE, False, "auto", False) == ChatFormat.HERMES_2_PRO
     assert detect_format(THINKING, False, "auto", True) != ChatFormat.PEG_NATIVE  # reasoning templates: as before
+    assert detect_format(QWEN_LIKE, False, "auto", True, jinja=False) != ChatFormat.PEG_NATIVE  # the legacy route
     assert str(ChatFormat.PEG_NATIVE) == "peg-native"
 
 

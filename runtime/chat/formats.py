@@ -80,17 +80,18 @@ class Marker(_Named):
 
 
 def detect_format(source: str, has_tools: bool = True, tool_choice: str = ToolChoice.AUTO,
-                  has_json_schema: bool = False) -> ChatFormat:
+                  has_json_schema: bool = False, jinja: bool = True) -> ChatFormat:
     """The chat format llama.cpp picks for this template source (common_chat_templates_apply_jinja).
 
     Some formats are chosen from the template text alone (DeepSeek R1, Hermes 2 Pro, Llama 3.x,
     ...), others only when the request carries tools (Mistral Nemo, Generic); a template without
     any tool syntax and no tools is `Content-only`. A JSON schema (response_format) makes it
     `peg-native` for every template b1-0c1e570 runs through its generated parser (all but the
-    specialised ones; templates that reason keep the formats below).
+    specialised ones; templates that reason keep the formats below), with Jinja on (--no-jinja is
+    llama-server's legacy route: the schema's grammar alone).
     """
     src = source
-    if has_json_schema and ">>>all" not in src and Marker.THINK_START not in src:
+    if jinja and has_json_schema and ">>>all" not in src and Marker.THINK_START not in src:
         return ChatFormat.PEG_NATIVE
     if Marker.DS_CALLS_BEGIN in src and not has_json_schema:
         return ChatFormat.DEEPSEEK_R1

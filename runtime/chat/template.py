@@ -225,8 +225,8 @@ class ChatTemplate:
     # -- format ----------------------------------------------------------------------------
 
     def format(self, has_tools: bool = False, tool_choice: str = ToolChoice.AUTO,
-               has_json_schema: bool = False) -> ChatFormat:
-        return detect_format(self.source, has_tools, tool_choice, has_json_schema)
+               has_json_schema: bool = False, jinja: bool = True) -> ChatFormat:
+        return detect_format(self.source, has_tools, tool_choice, has_json_schema, jinja)
 
     @property
     def thinking_tags(self) -> tuple[str, str] | None:
