@@ -6,8 +6,10 @@ format's tool-call syntax, each call naming a declared tool with arguments valid
 word, and which words. `tool_call_grammar(tools, format, ...)` is the per-format builder, and
 `hermes_grammar(...)` the one Hermes builder behind both Hermes spellings:
 
-* required (`required=True`): llama-server b1-0c1e570's grammar for tool_choice required on a
-  Hermes/Qwen template: free text without `<` may come before the first `<tool_call>`, the JSON
+* required (`required=True`): the grammar for tool_choice required on a Hermes/Qwen template, as
+  an earlier llama-server wrote it (b1-0c1e570's generated grammar differs: text up to the trigger
+  `<tool_call>\n` may hold `<`, several calls per block and per turn; docs/DESIGN.md): free text
+  without `<` may come before the first `<tool_call>`, the JSON
   sits between optional newlines, parallel calls are separated by one newline, a tool without
   `parameters` takes any object, and a prompt ending in a prefilled `<tool_call>` continues inside
   the call.
