@@ -176,7 +176,8 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         think_prefix = gen_prompt[gen_prompt.rfind("<think>"):]
     # b1-0c1e570 ignores the tools of a template that cannot render tool calls (its generated
     # parser has no tool syntax to read: no grammar, the output is content)
-    if tools and not template_caps(tmpl).get("supports_tool_calls", True):
+    caps = template_caps(tmpl)
+    if tools and not caps.get("supports_tool_calls", True):
         tools = []
     chat_format = tmpl.format(bool(tools), tool_choice, "json_schema" in out, jinja=cfg.jinja)
     if chat_format == ChatFormat.PEG_NATIVE and out.get("json_schema") is not None and not body.get("grammar"):
@@ -184,7 +185,7 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         out["grammar"] = schema_to_grammar_or_400(out.pop("json_schema"), json_response_grammar)
     return ChatPrep(out, prompt, chat_format, reasoning_format, prefill, think_prefix, tools, tool_choice,
                     # b1-0c1e570's default: whether the template can render several calls
-                    f.boolean("parallel_tool_calls", template_caps(tmpl).get("supports_parallel_tool_calls", False)),
+                    f.boolean("parallel_tool_calls", caps.get("supports_parallel_tool_calls", False)),
                     include_usage, logprobs)
 
 

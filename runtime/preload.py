@@ -17,12 +17,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import kernels
 from runtime.gguf import GGUFFile, read_gguf
-from runtime.tokenizer import load_tokenizer
+from runtime.tokenizer import load_tokenizer_in_background
 
 # the matrices of one block that read the same input, in the model's order (runtime/model.py)
 _BLOCK_GROUPS = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "ffn_up"), ("ffn_down",))
@@ -72,9 +72,7 @@ class Preload:
         t0 = time.perf_counter()
         try:
             gf = read_gguf(self.path, map_data=True)
-            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tritium-tokenizer")
-            tokenizer = pool.submit(load_tokenizer, gf.metadata)
-            pool.shutdown(wait=False)
+            tokenizer = load_tokenizer_in_background(gf.metadata)
             packed = kernels.prepack_quantized(gf.data, matmul_groups(gf), self._n_threads, release_source=True)
         except Exception:  # noqa: BLE001 - the loader reads the file again and reports what is wrong
             return

@@ -82,13 +82,13 @@ class Decoder:
         self.shape = shape
         self._layers = layers  # keeps the tensors behind the pointers alive
         s = shape
-        mats = [w for L in layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)]
+        all_qdot = all(w.layout == "x8" for L in layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down))
         # attention on the thread team its matmuls use: OpenMP for qdot (attention.c paged_decode_team),
         # pool.c where float GEMV tiles are among them (the per-op path's choice for those models)
         self._norm, self._qkv_post = lib.add_rms_norm_f32, lib.qkv_rope_store_f32
-        self._attend = lib.paged_decode_team if all(w.layout == "x8" for w in mats) else lib.paged_decode
+        self._attend = lib.paged_decode_team if all_qdot else lib.paged_decode
         # float tiles only at decode sizes: above, the per-op path may take BLAS (other sums)
-        self.max_rows = None if all(w.layout == "x8" for w in mats) else gemv.MAX_M
+        self.max_rows = None if all_qdot else gemv.MAX_M
         # the FFN's gate in C where the per-op path's is C too (else the reference's torch, same bits)
         if s.act == "gelu":
             self._gelu_table = pointwise.gelu_table()

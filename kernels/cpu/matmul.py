@@ -43,30 +43,36 @@ def packs_quantized() -> bool:
 
 
 def _qdot_supports(w: QWeight) -> bool:
+    """A GGUF-layout quantized weight on the CPU of a type (and width) qdot takes."""
     return (w.layout == "rows" and not w.is_float and w.data.device.type == "cpu"
-            and int(w.qtype) in qdot.TYPES and w.cols % w.block_size == 0)
+            and qdot.groupable([(w.qtype, w.cols)]))
 
 
 def _qdot_pack(ws: list[QWeight]) -> QWeight:
     """Weights reading the same input -> one "x8" weight: their panels side by side in one buffer,
-    one `qdot.QdotGroup` over them. Mapped sources are dropped from memory once repacked."""
+    one `qdot.QdotGroup` over them: the panels `kernels.prepack_quantized` made of exactly this
+    group when the weights carry them, else repacked now (mapped sources dropped from memory)."""
     sizes = [qdot.repacked_bytes(int(w.qtype), w.rows, w.cols) for w in ws]
-    done = _prepacked(ws, sizes)
-    if done is not None:
-        return done
-    buf = torch.empty(sum(sizes), dtype=torch.uint8)
+    buf = _prepacked(ws, sizes)
+    fresh = buf is None
+    if fresh:
+        buf = torch.empty(sum(sizes), dtype=torch.uint8)
     members, off = [], 0
     for w, n in zip(ws, sizes):
-        members.append(qdot.prepare(w.data, int(w.qtype), w.rows, w.cols, release_source=w.mapped,
-                                    out=buf[off:off + n]))
+        if fresh:
+            members.append(qdot.prepare(w.data, int(w.qtype), w.rows, w.cols, release_source=w.mapped,
+                                        out=buf[off:off + n]))
+        else:
+            members.append(qdot.QdotWeight(buf[off:off + n], int(w.qtype), w.rows, w.cols))
         off += n
     g = qdot.group(members)
     return QWeight(buf, ws[0].qtype, g.rows, ws[0].cols, "x8", kernel=g)
 
 
-def _prepacked(ws: list[QWeight], sizes: list[int]) -> QWeight | None:
-    """The x8 group of `ws` from the panels `kernels.prepack_quantized` made of exactly this group
-    (`QWeight.repacked`: one buffer, the members in order, same types and shapes), else None."""
+def _prepacked(ws: list[QWeight], sizes: list[int]) -> torch.Tensor | None:
+    """The buffer of the panels `kernels.prepack_quantized` made of exactly this group
+    (`QWeight.repacked`: one buffer, the members in order at their offsets, same types and
+    shapes), else None."""
     pre = [w.repacked for w in ws]
     if any(p is None for p in pre) or any(p.buf is not pre[0].buf or p.size != len(ws) for p in pre):
         return None
@@ -74,9 +80,7 @@ def _prepacked(ws: list[QWeight], sizes: list[int]) -> QWeight | None:
     if any((p.index, p.offset, p.qtype, p.rows, p.cols, p.nbytes) != (i, o, int(w.qtype), w.rows, w.cols, n)
            for i, (p, w, n, o) in enumerate(zip(pre, ws, sizes, offsets))) or pre[0].buf.nbytes != sum(sizes):
         return None
-    buf = torch.from_numpy(pre[0].buf)
-    g = qdot.group([qdot.QdotWeight(buf[p.offset:p.offset + p.nbytes], p.qtype, p.rows, p.cols) for p in pre])
-    return QWeight(buf, ws[0].qtype, g.rows, ws[0].cols, "x8", kernel=g)
+    return torch.from_numpy(pre[0].buf)
 
 
 def prepare_weights(ws: list[QWeight], unpack_quantized: bool = False, pack_quantized: bool = True) -> list[QWeight]:
@@ -84,8 +88,8 @@ def prepare_weights(ws: list[QWeight], unpack_quantized: bool = False, pack_quan
     has all their types, else `ref.cat_rows` (one matrix where they share a type) and
     `prepare_weight` each. Concatenating the `qmatmul` outputs of the result along dim 1 gives
     x @ [W_0; W_1; ...]^T."""
-    if (pack_quantized and 1 <= len(ws) <= qdot.GROUP_MAX and all(map(_qdot_supports, ws))
-            and len({w.cols for w in ws}) == 1 and qdot.available()):
+    if (pack_quantized and all(map(_qdot_supports, ws)) and qdot.groupable([(w.qtype, w.cols) for w in ws])
+            and qdot.available()):
         return [_qdot_pack(ws)]
     return [prepare_weight(w, unpack_quantized, pack_quantized) for w in ref.cat_rows(ws)]
 

@@ -49,9 +49,7 @@ class Packed:
 
 def packable(group: Sequence[Matrix]) -> bool:
     """Whether `matmul.prepare_weights` makes one qdot group of these matrices."""
-    if not 1 <= len(group) <= qdot_lib.GROUP_MAX or len({m.cols for m in group}) != 1:
-        return False
-    return all(m.qtype in qdot_lib.TYPES and m.cols % qdot_lib.TYPES[m.qtype][0] == 0 for m in group)
+    return qdot_lib.groupable([(m.qtype, m.cols) for m in group])
 
 
 def prepack(source: np.ndarray, groups: Sequence[Sequence[Matrix]], n_threads: int = 1,

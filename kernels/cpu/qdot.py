@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from .qdot_lib import (GROUP_MAX, ISA_FLAGS, TYPES, _GroupStruct, _lib, act_kind, available, build,  # noqa: F401
-                       current_isa, lib, library, repacked_bytes, supported_isas)
+                       current_isa, groupable, lib, library, repacked_bytes, supported_isas)
 
 
 def _threads(n: int | None) -> int:

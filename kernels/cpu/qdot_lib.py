@@ -138,6 +138,14 @@ def act_kind(qtype: int) -> str:
     return TYPES[int(qtype)][2]
 
 
+def groupable(members: list[tuple[int, int]]) -> bool:
+    """Whether matrices of these (GGML type, cols) make one qdot group: 1..GROUP_MAX of them, one
+    width, every type one qdot has and the width a multiple of its block (`matmul.prepare_weights`
+    and `prepack.prepack` both ask this)."""
+    return (1 <= len(members) <= GROUP_MAX and len({c for _, c in members}) == 1
+            and all(int(t) in TYPES and c % TYPES[int(t)][0] == 0 for t, c in members))
+
+
 def repacked_bytes(qtype: int, rows: int, cols: int) -> int:
     bs, _, _ = TYPES[int(qtype)]
     c, s = _CODES_SCALES[int(qtype)]

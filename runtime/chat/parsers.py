@@ -346,7 +346,7 @@ def parse_json_response(text: str, partial: bool) -> str:
     except Incomplete:
         return text[i:] if partial else text
     except Invalid:
-        return "" if partial and i >= len(text) else text
+        return text
 
 
 def parse_tool_calls(text: str, fmt: str, partial: bool) -> tuple[str, list[ParsedCall]]:

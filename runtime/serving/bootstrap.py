@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -152,7 +152,7 @@ def serve_worker(cfg: EngineConfig, log: Log) -> None:
 
 
 def load(cfg: EngineConfig, log: Log) -> Loaded:
-    from runtime.tokenizer import load_tokenizer
+    from runtime.tokenizer import load_tokenizer_in_background
 
     # the tokenizer (~0.5 s of Python for a 150k vocabulary) is built on a thread while the weights
     # are repacked (C, outside the GIL); when the CLI's preload read the file (runtime/preload.py)
@@ -163,10 +163,7 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
         if lm.tokenizer is not None:
             tokenizer.append(lm.tokenizer)
             return
-        src = lm.gguf_metadata if getattr(lm, "gguf_metadata", None) else cfg.model_path
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tritium-tokenizer")
-        tokenizer.append(pool.submit(load_tokenizer, src))
-        pool.shutdown(wait=False)
+        tokenizer.append(load_tokenizer_in_background(lm.gguf_metadata or cfg.model_path))
 
     lm, model = _load_model(cfg, log, build_tokenizer)
     path, device = cfg.model_path, cfg.device

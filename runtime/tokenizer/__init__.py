@@ -13,6 +13,7 @@ folder (`tokenizer.json`, `tokenizer_config.json`) or GGUF metadata already read
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -27,6 +28,7 @@ __all__ = [
     "Tokenizer",
     "IncrementalDecoder",
     "load_tokenizer",
+    "load_tokenizer_in_background",
     "tokenizer_from_gguf_metadata",
     "tokenizer_from_hf_folder",
     "VOCAB_TYPE_NONE",
@@ -53,3 +55,12 @@ def load_tokenizer(path: str | os.PathLike | Mapping[str, Any]) -> Tokenizer:
     if p.name == "tokenizer.json":
         return tokenizer_from_hf_folder(p.parent)
     return tokenizer_from_gguf_metadata(read_gguf_metadata(p))
+
+
+def load_tokenizer_in_background(path: str | os.PathLike | Mapping[str, Any]) -> Future:
+    """`load_tokenizer(path)` on a thread of its own (a start-up builds it while the weights are
+    read or repacked); the Future gives the Tokenizer or raises what the build raised."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tritium-tokenizer")
+    future = pool.submit(load_tokenizer, path)
+    pool.shutdown(wait=False)
+    return future
