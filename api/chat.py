@@ -50,19 +50,19 @@ class ChatPrep:
     tool_choice: str = "auto"
     parallel_tool_calls: bool = False
     include_usage: bool = False
-    logprobs: bool = False
+    # the format b1-0c1e570 names in generation_settings: every Jinja template goes through its
+    # generated ("autoparser") PEG parser, the legacy --no-jinja route parses nothing
+    echo_format: str = ChatFormat.CONTENT_ONLY
 
 
 def _tool_choice(raw: Any) -> str:
-    if raw is None:
+    """b1-0c1e570 reads `tool_choice` as a string (json_value): any other JSON value, an object naming
+    one function included, is its default "auto"; a string must be auto, none or required."""
+    if not isinstance(raw, str):
         return "auto"
-    if isinstance(raw, str):
-        if raw not in ("auto", "none", "required"):
-            raise ApiError(f"Invalid tool_choice: {raw}")
-        return raw
-    if isinstance(raw, dict):  # {"type": "function", "function": {"name": ...}}: treated as required
-        return "required"
-    raise ApiError("Invalid tool_choice")
+    if raw not in ("auto", "none", "required"):
+        raise ApiError(f"Invalid tool_choice: {raw}")
+    return raw
 
 
 def _continuation(raw: Any) -> str | None:
@@ -106,14 +106,17 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     tool_choice = _tool_choice(body.get("tool_choice"))
     if tools and not cfg.jinja:
         raise ApiError("tools param requires --jinja flag")
+    if tool_choice != "auto" and not cfg.jinja:
+        raise ApiError("tool_choice param requires --jinja flag")
     out = dict(body)
 
     # OpenAI names -> native ones
     n_predict = f.integer("max_completion_tokens", f.integer("max_tokens", f.integer("n_predict", cfg.n_predict)))
     out["n_predict"] = n_predict
     out.pop("max_tokens", None)
-    logprobs = f.boolean("logprobs", False)
-    if logprobs:
+    if f.boolean("logprobs", False):
+        if tools and f.boolean("stream", False):
+            raise ApiError("logprobs is not supported with tools + stream")
         out["n_probs"] = f.integer("top_logprobs", 20)
     elif f.has("top_logprobs"):
         raise ApiError("top_logprobs requires logprobs to be set to true")
@@ -186,7 +189,7 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     return ChatPrep(out, prompt, chat_format, reasoning_format, prefill, think_prefix, tools, tool_choice,
                     # b1-0c1e570's default: whether the template can render several calls
                     f.boolean("parallel_tool_calls", caps.get("supports_parallel_tool_calls", False)),
-                    include_usage, logprobs)
+                    include_usage, ChatFormat.PEG_NATIVE if cfg.jinja else ChatFormat.CONTENT_ONLY)
 
 
 # ------------------------------------------------------------------------------------------

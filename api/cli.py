@@ -174,7 +174,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         sse_ping_interval=args.sse_ping_interval, embeddings=args.embeddings, pooling=args.pooling,
         embd_normalize=args.embd_normalize, jinja=args.jinja, reasoning_format=args.reasoning_format,
         reasoning_budget=args.reasoning_budget, enable_thinking={"on": True, "off": False}.get(args.reasoning or ""),
-        n_predict=args.n_predict, defaults=defaults, ui=args.ui)
+        n_predict=args.n_predict, defaults=defaults, ui=args.ui,
+        verbose=args.verbose or args.verbosity > 9)
 
 
 def engine_config(args: argparse.Namespace, scfg: ServerConfig, preload: Preload | None = None):

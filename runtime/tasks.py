@@ -66,6 +66,7 @@ class CompletionTask:
     grammar_prefix: str = ""  # text of a prefilled assistant turn the grammar has already seen
     lora: dict[int, float] | None = None  # per-request adapter scales (unlisted: 0); None = the server's
     is_child: bool = False  # one of the n - 1 extra completions of `n`: its slot keeps no cache afterwards
+    chat_format: str = "Content-only"  # echoed in generation_settings: llama.cpp's name of the parser format
 
 
 @dataclass

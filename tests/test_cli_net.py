@@ -37,3 +37,10 @@ def test_cors_defaults():
     assert cfg("--agent").cors_origins == "localhost" and cfg("--agent").ui_mcp_proxy
     assert cfg("--tools", "all", "--cors-origins", "*").cors_origins == "*"
     assert cfg("--no-cors-credentials").cors_credentials is False
+
+
+def test_verbose_responses_follow_the_log_verbosity():
+    """b1-0c1e570: a request's `verbose` defaults to log verbosity > 9 (-v sets it to INT_MAX;
+    --log-disable only silences the log)."""
+    assert [cfg(*a).verbose for a in ([], ["-v"], ["-lv", "10"], ["-lv", "9"], ["-v", "--log-disable"])] == \
+        [False, True, True, False, True]

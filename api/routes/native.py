@@ -75,6 +75,19 @@ def completion_final_json(ctx: ApiContext, req: NativeRequest, res: CompletionRe
     return d
 
 
+def partial_json(index: int, ev: TokenOut, n_predicted: int, n_prompt: int,
+                 probs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A streamed token as llama-server b1-0c1e570's native partial (its to_json_non_oaicompat): the
+    token id always, the running count, then the timings and `probs` when there are any."""
+    d: dict[str, Any] = {"index": index, "content": ev.text, "tokens": [ev.id], "stop": False, "id_slot": -1,
+                         "tokens_predicted": n_predicted, "tokens_evaluated": n_prompt}
+    if ev.timings is not None:
+        d["timings"] = ev.timings.as_dict()
+    if probs:
+        d["completion_probabilities"] = probs
+    return d
+
+
 async def native_stream(ctx: ApiContext, req: NativeRequest) -> Response:
     """SSE stream of one native request: a chunk per token, then the final object."""
     handle = ctx.engine.submit(req.task)
@@ -85,15 +98,8 @@ async def native_stream(ctx: ApiContext, req: NativeRequest) -> Response:
         n_predicted += 1
         if not ev.text and not req.task.return_tokens and req.n_probs <= 0:
             return []
-        # as llama-server b1-0c1e570 streams them: the token id always, the running count
-        d: dict[str, Any] = {"index": req.index, "content": ev.text, "tokens": [ev.id],
-                             "stop": False, "id_slot": -1,
-                             "tokens_predicted": n_predicted, "tokens_evaluated": len(req.task.prompt_tokens)}
-        if ev.timings is not None:
-            d["timings"] = ev.timings.as_dict()
-        if req.n_probs > 0:
-            d["completion_probabilities"] = probs_json(ctx.tokenizer, [ev], req.post_sampling)
-        return [d]
+        probs = probs_json(ctx.tokenizer, [ev], req.post_sampling) if req.n_probs > 0 else None
+        return [partial_json(req.index, ev, n_predicted, len(req.task.prompt_tokens), probs)]
 
     def on_progress(ev: PromptProgress) -> list[dict[str, Any]]:
         # llama-server's progress partial: an empty token (id 0), the running counts

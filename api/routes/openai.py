@@ -16,7 +16,7 @@ from api.context import BUILD_INFO, ApiContext, Ctx, random_id
 from api.errors import ApiError, json_response
 from api.inputs import check_context, off_loop, read_json, require_generation, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task, reasoning_format_name, sampling_settings
-from api.routes.native import NativeRequest, completion_final_json
+from api.routes.native import NativeRequest, completion_final_json, partial_json
 from api.results import collect_all, finish_reason, probs_json, usage_json, with_progress
 from api.sse import stream_events
 from runtime.tasks import CompletionResult, CompletionTask, PromptProgress, TokenOut
@@ -49,6 +49,7 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
         return {"choices": [choice], "created": int(time.time()), "model": model,
                 "system_fingerprint": BUILD_INFO, "object": "text_completion", "id": cmpl_id}
 
+    verbose = Fields(body).boolean("verbose", cfg.verbose)
     if task.stream and n > 1:
         raise ApiError("streaming is supported for a single choice only")
     if not task.stream:
@@ -63,17 +64,24 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
         d = base(choices[0])
         d["choices"] = choices
         d["usage"] = usage_json(res)
-        if Fields(body).boolean("verbose", False):
+        if verbose:
             d["__verbose"] = verbose_json(ctx, task, ctx.tokenizer.decode(toks), res, toks_out)
         d["timings"] = res.timings.as_dict()
         keys = ("choices", "created", "model", "system_fingerprint", "object", "usage", "id", "__verbose", "timings")
         return json_response({k: d[k] for k in keys if k in d})
     handle = ctx.engine.submit(task)
+    n_predicted = 0
 
     def on_token(ev: TokenOut) -> list[dict[str, Any]]:
+        nonlocal n_predicted
+        n_predicted += 1
         if not ev.text:
             return []
-        d = base({"text": ev.text, "index": 0, "logprobs": None, "finish_reason": None})
+        probs = probs_json(ctx.tokenizer, [ev], False) if params.n_probs > 0 else None
+        d = base({"text": ev.text, "index": 0, "logprobs": {"content": probs} if probs else None,
+                  "finish_reason": None})
+        if verbose:
+            d["__verbose"] = partial_json(0, ev, n_predicted, len(toks), probs)
         if ev.timings is not None:
             d["timings"] = ev.timings.as_dict()
         return [d]
@@ -88,6 +96,8 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
         d = base({"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason(res)})
         cid = d.pop("id")
         d["usage"], d["id"] = usage_json(res), cid
+        if verbose:
+            d["__verbose"] = verbose_json(ctx, task, ctx.tokenizer.decode(toks), res, [])
         d["timings"] = res.timings.as_dict()
         return [d]
 
@@ -107,6 +117,7 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
     params = parse_sampling(prep.body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
     await off_loop(chat_api.apply_grammar, ctx, prep, params)  # parses the grammar: off the event loop
     task = parse_task(prep.body, prompt_tokens, params, cfg.n_predict, openai=True)
+    task.chat_format = prep.echo_format
     cmpl_id = "chatcmpl-" + random_id()
     model = cfg.model_name
     if task.stream and n > 1:
@@ -131,7 +142,7 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
                                "delta": {"role": "assistant", "content": None}}]))
         for delta in parser.add(ev.text):
             out.append(chunk([{"finish_reason": None, "index": 0, "delta": delta}]))
-        if params.n_probs > 0 and prep.logprobs and out:  # on the token's last chunk, as llama-server
+        if params.n_probs > 0 and out:  # on the token's last chunk, as llama-server
             out[-1]["choices"][0]["logprobs"] = {"content": probs_json(ctx.tokenizer, [ev], False)}
         if ev.timings is not None and out:
             out[-1]["timings"] = ev.timings.as_dict()
@@ -146,6 +157,7 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
         if not started:
             out.append(chunk([{"finish_reason": None, "index": 0,
                                "delta": {"role": "assistant", "content": None}}]))
+        first = len(out)  # b1-0c1e570's final deltas: the parser's last ones, the finish, the usage
         for delta in parser.finish():
             out.append(chunk([{"finish_reason": None, "index": 0, "delta": delta}]))
         fin = chunk([{"finish_reason": finish_reason(res, parser.has_tool_calls), "index": 0, "delta": {}}])
@@ -155,6 +167,8 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
             u["usage"] = usage_json(res)
             out.append(u)
         out[-1]["timings"] = res.timings.as_dict()
+        if Fields(prep.body).boolean("verbose", cfg.verbose):
+            out[first]["__verbose"] = verbose_json(ctx, task, prep.prompt, res, [], prep.reasoning_format)
         return out
 
     return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True, on_progress=on_progress)
@@ -162,14 +176,14 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
 
 def verbose_json(ctx: ApiContext, task: CompletionTask, prompt: str, res: CompletionResult,
                  toks: list[TokenOut], reasoning_format: str | None = None) -> dict[str, Any]:
-    """`__verbose` (`"verbose": true`): the native final object of the task (`reasoning_format`:
-    a chat request's own, else the server's)."""
+    """`__verbose` (`"verbose"`, by default with -v): the native final object of the task
+    (`reasoning_format`: a chat request's own, else the server's; streamed: no content, no tokens)."""
     p = task.params
-    settings = sampling_settings(p, task.n_predict, task.stream, "Content-only",
+    settings = sampling_settings(p, task.n_predict, task.stream, task.chat_format,
                                  reasoning_format_name(reasoning_format or ctx.cfg.reasoning_format), only_metrics=False,
                                  stop=task.stop, n_keep=task.n_keep, timings_per_token=task.timings_per_token)
     req = NativeRequest(task, settings, prompt, p.n_probs, False)
-    return completion_final_json(ctx, req, res, toks or res.probs, False)
+    return completion_final_json(ctx, req, res, toks or res.probs, task.stream)
 
 
 async def chat_whole(ctx: ApiContext, request: Request, prep: chat_api.ChatPrep, task: CompletionTask,
@@ -181,13 +195,13 @@ async def chat_whole(ctx: ApiContext, request: Request, prep: chat_api.ChatPrep,
         msg = chat_api.ChatOutput(prep).final_message(res.content)
         choice: dict[str, Any] = {"finish_reason": finish_reason(res, bool(msg.get("tool_calls"))),
                                   "index": i, "message": msg}
-        if n_probs > 0 and prep.logprobs:
+        if n_probs > 0:
             choice["logprobs"] = {"content": probs_json(ctx.tokenizer, toks_out or res.probs, False)}
         choices.append(choice)
     toks_out, res = outs[0]
     d = {"choices": choices, "created": int(time.time()), "model": ctx.cfg.model_name,
          "system_fingerprint": BUILD_INFO, "object": "chat.completion", "usage": usage_json(res), "id": cmpl_id}
-    if Fields(prep.body).boolean("verbose", False):
+    if Fields(prep.body).boolean("verbose", ctx.cfg.verbose):
         d["__verbose"] = verbose_json(ctx, task, prep.prompt, res, toks_out, prep.reasoning_format)
     d["timings"] = res.timings.as_dict()
     return json_response(d)

@@ -37,7 +37,7 @@ async def slots(ctx: Ctx, request: Request) -> Response:
             continue
         params = task.params if isinstance(task, CompletionTask) else cfg.defaults
         settings = sampling_settings(params, getattr(task, "n_predict", -1), getattr(task, "stream", False),
-                                     "Content-only", "deepseek", only_metrics=True,
+                                     getattr(task, "chat_format", "Content-only"), "deepseek", only_metrics=True,
                                      n_keep=getattr(task, "n_keep", 0))
         # llama-server puts params between the prompt counts and next_token
         next_token = d.pop("next_token")

@@ -56,7 +56,9 @@ class Vocabulary:
         return b"" if tok in self.control else self.tokenizer.piece(tok)
 
     def token_prob(self, tok: int, logprob: float) -> TokenProb:
-        b = self.tokenizer.piece(tok)
+        """A candidate as llama-server lists it: its piece without special rendering (a control or
+        unknown token shows as "", as without --special)."""
+        b = self.tokenizer.piece(tok, special=False)
         return TokenProb(tok, b.decode("utf-8", "replace"), list(b), logprob)
 
     # ---- set-up at admission ---------------------------------------------------------------
