@@ -289,3 +289,19 @@ def test_unified_cache_moves_idle_slots_to_ram(model_path):
         assert again.timings.cache_n == first.timings.prompt_n - 1
     finally:
         e.stop()
+
+
+def test_infill_tasks_leave_the_ram_cache_alone(engine):
+    """llama-server updates its RAM prompt cache for completion tasks only: an /infill task taking
+    a slot neither saves what the slot held nor loads a better entry (a completion does both). The
+    other slot stays empty, so that --cache-idle-slots (any task) has nothing to save."""
+    engine.slot_action(0, "erase")
+    engine.slot_action(1, "erase")
+    engine.prompt_cache.entries.clear()
+    _run(engine, PRE + " Question: int x = 1/0;", n_predict=2, id_slot=0)
+    _run(engine, "Unrelated text about cooking pasta.", n_predict=2, id_slot=0, infill=True)
+    assert engine.prompt_cache.entries == []  # the slot's first prompt was not saved
+    _run(engine, PRE + " Question: String s = null;", n_predict=2, id_slot=0)
+    assert len(engine.prompt_cache.entries) == 1  # a completion saves what it displaces
+    r = _run(engine, "Unrelated text about cooking pasta, again.", n_predict=2, id_slot=0, infill=True)
+    assert r.timings.cache_n == 0 and len(engine.prompt_cache.entries) == 1

@@ -52,3 +52,26 @@ def test_prompt_cache_evicts_oldest_over_limit():
         pc.save([i * 100 + j for j in range(10)], lambda: _state(10))
         pc.update()
     assert len(pc.entries) == 2 and pc.entries[0].tokens[0] == 200
+
+
+def test_prompt_cache_alloc_and_trace_as_llama_server():
+    """server_prompt_cache::alloc: a state larger than the whole limit is not stored (and evicts
+    nothing); room is made before a state goes in; update's trace lines name every entry."""
+    per = _state(10)
+    size = sum(t.numel() * t.element_size() for t in per.values())
+    lines: list[str] = []
+    pc = PromptCache(limit_bytes=2 * size, limit_tokens=4096, trace=lines.append)
+    assert pc.save(list(range(10)), lambda: _state(10), size)
+    assert not pc.save(list(range(100, 130)), lambda: _state(30), 3 * size)  # over the limit alone
+    assert [e.tokens[0] for e in pc.entries] == [0] and "exceeds cache size limit" in lines[-1]
+    assert pc.save(list(range(200, 210)), lambda: _state(10), size)
+    assert pc.save(list(range(300, 310)), lambda: _state(10), size)  # the oldest goes first
+    assert [e.tokens[0] for e in pc.entries] == [200, 300]
+    lines.clear()
+    pc.update()
+    assert lines[0].endswith(f"cache state: 2 prompts, {2 * size / 2**20:.3f} MiB (limits: {2 * size / 2**20:.3f} MiB, "
+                             f"4096 tokens, 4096 est)")
+    assert len(lines) == 3 and all("tokens, checkpoints:  0," in x for x in lines[1:])
+    empty = PromptCache(limit_bytes=8 << 30, limit_tokens=4096, trace=lines.append)
+    empty.update()  # no entries: the estimate is the byte limit at one byte per token, as llama-server prints
+    assert lines[-1].endswith("(limits: 8192.000 MiB, 4096 tokens, 8589934592 est)")

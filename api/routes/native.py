@@ -154,6 +154,7 @@ async def infill(ctx: Ctx, request: Request) -> Response:
                                     ctx.engine.cfg.n_batch, ctx.cfg.n_predict, ctx.engine.n_ctx_slot)
     check_context(len(toks), ctx.engine.n_ctx_slot)
     req = native_request(ctx, body, toks, 0)
+    req.task.infill = True
     if req.task.stream:
         return await native_stream(ctx, req)
     [(toks_out, res)] = await collect_all(request, [ctx.engine.submit(req.task)])

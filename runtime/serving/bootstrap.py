@@ -209,7 +209,7 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
         log("W", "srv    load_model: the RAM prompt cache is disabled while LoRA adapters are loaded")
     elif cfg.cache_ram_mib != 0:
         limit = None if cfg.cache_ram_mib < 0 else cfg.cache_ram_mib * 1024 * 1024
-        prompt_cache = PromptCache(limit, limit_tokens=n_ctx)
+        prompt_cache = PromptCache(limit, limit_tokens=n_ctx, trace=lambda line: log("D", line))
     model_info = {
         "vocab_type": tk.vocab_type,
         "n_vocab": tk.n_vocab,

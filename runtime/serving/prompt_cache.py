@@ -61,10 +61,12 @@ class CacheEntry:
 
 @dataclass
 class PromptCache:
-    """Saved slot states, oldest first (FIFO eviction, as llama.cpp's server_prompt_cache)."""
+    """Saved slot states, oldest first (FIFO eviction, as llama.cpp's server_prompt_cache). `trace`
+    receives llama-server's trace lines of the cache (the server logs them at debug level, -v)."""
     limit_bytes: int | None  # None = no size limit
     limit_tokens: int = 0
     entries: list[CacheEntry] = field(default_factory=list)
+    trace: Callable[[str], None] = field(default=lambda line: None, repr=False)
 
     @property
     def size(self) -> int:
@@ -74,14 +76,22 @@ class PromptCache:
     def n_tokens(self) -> int:
         return sum(len(e.tokens) for e in self.entries)
 
-    def save(self, tokens: list[int], export) -> bool:
-        """Save a slot's state unless an entry already holds these tokens as a prefix; entries
-        that the new one fully contains are dropped."""
+    def save(self, tokens: list[int], export, nbytes: int = 0) -> bool:
+        """Save a slot's state (`nbytes` once exported) unless an entry already holds these tokens as
+        a prefix or it alone exceeds the size limit; entries that the new one fully contains are
+        dropped, then the oldest ones while the new one would not fit (server_prompt_cache::alloc)."""
         for e in self.entries:
             if len(e.tokens) >= len(tokens) and e.tokens[: len(tokens)] == tokens:
                 return False
+        if self.limit_bytes is not None and nbytes > self.limit_bytes:
+            self.trace(f"srv          save:  - prompt state size {nbytes / 2**20:.3f} MiB exceeds cache size limit "
+                       f"{self.limit_bytes / 2**20:.3f} MiB, skipping")
+            return False
         self.entries = [e for e in self.entries
                         if not (len(e.tokens) <= len(tokens) and tokens[: len(e.tokens)] == e.tokens)]
+        if self.limit_bytes is not None:
+            while self.entries and self.size + nbytes > self.limit_bytes:
+                self.entries.pop(0)
         state = export()
         size = sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
         self.entries.append(CacheEntry(list(tokens), state, size))
@@ -95,36 +105,49 @@ class PromptCache:
         lcp = common_prefix(cur, new)
         f_keep_best = lcp / len(cur) if cur else -1.0
         sim_best = lcp / len(new)
+        self.trace(f"srv          load:  - looking for better prompt, base f_keep = {f_keep_best:.3f}, "
+                   f"f_sim = {sim_best:.3f}")
         best = None
         for e in self.entries:
             lcp_cur = common_prefix(e.tokens, new)
             f_keep = lcp_cur / len(e.tokens)
             sim = lcp_cur / len(new)
+            self.trace(f"srv          load:    - prompt with length {len(e.tokens):7d}, lcp = {lcp_cur:7d}, "
+                       f"f_keep = {f_keep:.3f}, f_sim = {sim:.3f}")
             if f_keep < 0.25:
                 continue
             if f_keep_best < f_keep and sim_best < sim:
                 f_keep_best, sim_best, best = f_keep, sim, e
         if best is not None:
+            self.trace(f"srv          load:  - found better prompt with f_keep = {f_keep_best:.3f}, f_sim = {sim_best:.3f}")
             self.entries.remove(best)
         return best
 
     def update(self) -> None:
-        """Evict oldest entries over the size limit or the token limit (always keep one)."""
+        """Evict oldest entries over the size limit, then over the token limit, which grows to what
+        the size limit holds at the entries' average size per token (server_prompt_cache::update)."""
         if self.limit_bytes is not None:
-            while len(self.entries) > 1 and self.size > self.limit_bytes:
+            while self.entries and self.size > self.limit_bytes:
                 self.entries.pop(0)
         limit_tokens = self.limit_tokens
-        if self.limit_bytes and self.entries:
-            per_tok = max(1, self.size // max(self.n_tokens, 1))
-            limit_tokens = max(limit_tokens, self.limit_bytes // per_tok)
-        if limit_tokens > 0:
-            while len(self.entries) > 1 and self.n_tokens > limit_tokens:
+        if self.limit_bytes:
+            per_tok = max(1.0, self.size / max(self.n_tokens, 1))
+            limit_tokens = max(limit_tokens, int(self.limit_bytes / per_tok))
+        if self.limit_tokens > 0:
+            while self.entries and self.n_tokens > limit_tokens:
                 self.entries.pop(0)
+        mib = 1024.0 * 1024.0
+        self.trace(f"srv        update:  - cache state: {len(self.entries)} prompts, {self.size / mib:.3f} MiB "
+                   f"(limits: {(self.limit_bytes or 0) / mib:.3f} MiB, {self.limit_tokens} tokens, {limit_tokens} est)")
+        for e in self.entries:
+            self.trace(f"srv        update:    - prompt {id(e):#x}: {len(e.tokens):7d} tokens, checkpoints:  0, "
+                       f"{e.size / mib:9.3f} MiB")
 
 
 def save_slot(cache: PromptCache, kv: KVCache, s: Slot) -> bool:
-    """The slot's cached tokens and their KV into the RAM cache (False: already held there)."""
-    return cache.save(s.tokens, lambda: kv.export(s.seq, len(s.tokens)))
+    """The slot's cached tokens and their KV into the RAM cache (False: not saved)."""
+    per_token = sum(t[0, 0].numel() * t.element_size() for t in (*kv.k, *kv.v))  # one position, all layers
+    return cache.save(s.tokens, lambda: kv.export(s.seq, len(s.tokens)), per_token * len(s.tokens))
 
 
 def swap_with_ram_cache(cache: PromptCache, kv: KVCache, s: Slot, prompt: list[int], by_lru: bool,

@@ -115,8 +115,9 @@ class Scheduler:
             self.fail(s, 400, f"request ({len(prompt)} tokens) exceeds the available context size ({s.n_ctx} tokens), try increasing it",
                       "exceed_context_size_error", {"n_prompt_tokens": len(prompt), "n_ctx": s.n_ctx})
             return
-        if self.prompt_cache is not None and swap_with_ram_cache(self.prompt_cache, self.kv, s, prompt, by_lru,
-                                                                 self._reserve):
+        # llama-server's RAM prompt cache: completion tasks only (not /infill; embeddings returned above)
+        if self.prompt_cache is not None and not task.infill and swap_with_ram_cache(self.prompt_cache, self.kv, s,
+                                                                                     prompt, by_lru, self._reserve):
             self.log("D", "srv  get_availabl: updating prompt cache")
         n_past = 0
         if task.cache_prompt:
