@@ -53,6 +53,7 @@ class ChatPrep:
     # the format b1-0c1e570 names in generation_settings: every Jinja template goes through its
     # generated ("autoparser") PEG parser, the legacy --no-jinja route parses nothing
     echo_format: str = ChatFormat.CONTENT_ONLY
+    grammar_prefix: str = ""  # generated text the tool grammar has already seen (the prefill), set by apply_grammar
 
 
 def _tool_choice(raw: Any) -> str:
@@ -207,7 +208,7 @@ def apply_grammar(server: Any, prep: ChatPrep, params: Any) -> None:
         except ToolGrammarError as e:
             raise ApiError(str(e)) from e
         if tg is not None:
-            params.grammar = tg.grammar
+            params.grammar, prep.grammar_prefix = tg.grammar, tg.prefix
             if tg.lazy is not None:
                 params.grammar_lazy, params.grammar_triggers = tg.lazy, list(tg.triggers)
     if params.grammar:

@@ -46,5 +46,5 @@ def chat_task(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.ChatPrep,
     params = parse_sampling(prep.body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
     chat_api.apply_grammar(ctx, prep, params)
     task = parse_task(prep.body, toks, params, cfg.n_predict, openai=True)
-    task.chat_format = prep.echo_format
+    task.chat_format, task.grammar_prefix = prep.echo_format, prep.grammar_prefix
     return prep, task, params

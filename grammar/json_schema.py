@@ -52,6 +52,8 @@ _FORMATS: dict[str, tuple[str, list[str]]] = {
 }
 
 _RESERVED = {"root", "dot", *_PRIMITIVES, *_FORMATS}
+# rules every schema names alike (a grammar of several schemas shares them)
+SHARED_RULES = frozenset({"space", "dot", *_PRIMITIVES, *_FORMATS})
 _BAD_NAME_CHARS = re.compile(r"[^a-zA-Z0-9-]+")
 _LITERAL_ESCAPES = {"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}
 

@@ -19,6 +19,9 @@ anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
 
 GREEDY = {"temperature": 0}
+# the lesson's Example 13: the random model closes a tool call as soon as the grammar lets it ("</" and
+# <|im_end|> favoured), within 200 tokens of the whitespace b1-0c1e570's tool grammar allows
+CLOSE_CALLS = {"logit_bias": {"151645": 100, "522": 100}}
 READ_FILE = {"name": "read_file", "description": "Read a file from the workspace",
              "parameters": {"type": "object", "properties": {"path": {"type": "string",
                                                                       "enum": ["pom.xml", "src/Main.java"]}},
@@ -96,13 +99,14 @@ def test_responses_function_call_round_trip(oai):
     conv = [{"role": "user", "content": "Show me pom.xml"}]
     prefill = {"type": "message", "role": "assistant", "content": "<tool_call>\n"}
     r = oai.responses.create(model="tiny", input=conv + [prefill], tools=tools, tool_choice="required",
-                             max_output_tokens=60, temperature=0)
+                             parallel_tool_calls=False, max_output_tokens=200, temperature=0, extra_body=CLOSE_CALLS)
     (call,) = [o for o in r.output if o.type == "function_call"]
     assert call.name == "read_file" and call.call_id.startswith("call_") and call.id == "fc_" + call.call_id[5:]
     assert json.loads(call.arguments)["path"] in ("pom.xml", "src/Main.java")
 
     with oai.responses.stream(model="tiny", input=conv + [prefill], tools=tools, tool_choice="required",
-                              max_output_tokens=60, temperature=0) as s:
+                              parallel_tool_calls=False, max_output_tokens=200, temperature=0,
+                              extra_body=CLOSE_CALLS) as s:
         events = list(s)
         final = s.get_final_response()
     added = [e for e in events if e.type == "response.output_item.added"]
@@ -170,20 +174,24 @@ def test_messages_tool_use_round_trip(claude):
               "input_schema": READ_FILE["parameters"]}]
     conv = [{"role": "user", "content": "Show me pom.xml"}]
     prefill = {"role": "assistant", "content": "<tool_call>\n"}
-    kw = {"model": "tiny", "max_tokens": 60, "tools": tools, "tool_choice": {"type": "any"}, "extra_body": GREEDY}
+    # the Messages API passes no logit_bias on (as b1-0c1e570), so the random model keeps adding calls
+    # to the block (comma-separated, parallel being the template's default) until max_tokens; the
+    # final parse keeps the calls made and the cut one, as b1's does for the same request
+    kw = {"model": "tiny", "max_tokens": 120, "tools": tools, "tool_choice": {"type": "any"}, "extra_body": GREEDY}
     m = claude.messages.create(messages=conv + [prefill], **kw)
-    assert m.stop_reason == "tool_use"
-    (use,) = m.content
-    assert use.type == "tool_use" and use.name == "read_file" and use.input["path"] in ("pom.xml", "src/Main.java")
-    assert len(use.id) == 32
+    assert m.stop_reason == "max_tokens" and len(m.content) >= 2
+    assert all(u.type == "tool_use" and u.name == "read_file" and len(u.id) == 32 for u in m.content)
+    assert all(u.input["path"] in ("pom.xml", "src/Main.java") for u in m.content[:-1])  # the last one was cut
+    assert len({u.id for u in m.content}) == len(m.content)
+    use = m.content[0]
 
     with claude.messages.stream(messages=conv + [prefill], **kw) as s:
         events = list(s)
         final = s.get_final_message()
     starts = [e for e in events if e.type == "content_block_start"]
-    assert [(e.index, e.content_block.type) for e in starts] == [(0, "tool_use")]
+    assert [(e.index, e.content_block.type) for e in starts] == [(i, "tool_use") for i in range(len(m.content))]
     assert any(e.type == "input_json" for e in events)
-    assert final.stop_reason == "tool_use" and final.content[0].input == use.input
+    assert final.stop_reason == "max_tokens" and [u.input for u in final.content] == [u.input for u in m.content]
 
     # the tool result goes back; the model answers in text
     follow = conv + [{"role": "assistant", "content": [{"type": "tool_use", "id": use.id, "name": use.name,

@@ -106,12 +106,20 @@ def test_hermes_several_calls_content_and_variants():
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in m.tool_calls] == [
         ("a", '{"x": 1}'), ("b", '{"y": [1, 2]}'), ("c", '{"z": true}')]
     assert len({c["id"] for c in m.tool_calls}) == 3
+    # b1-0c1e570's grammar lets one block hold several calls, separated by commas
+    m = parse_chat_output('<tool_call>\n{"name": "a", "arguments": {}} ,\n {"name": "b", "arguments": {"y": 2}}\n'
+                          "</tool_call>", format="Hermes 2 Pro")
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in m.tool_calls] == [("a", "{}"), ("b", '{"y": 2}')]
     # not JSON after the marker: plain text
     m = parse_chat_output("use <tool_call> tags", format="Hermes 2 Pro")
     assert m.content == "use <tool_call> tags" and m.tool_calls == []
-    # cut off inside a call: the final parse keeps it as text
-    m = parse_chat_output('<tool_call>{"name": "a", "argu', format="Hermes 2 Pro")
-    assert m.tool_calls == [] and m.content == '<tool_call>{"name": "a", "argu'
+    # cut off (max_tokens) inside a call: as b1-0c1e570's lenient final parse, the calls made so far
+    # and nothing of the unfinished one; a call whose closing tag is missing counts as made
+    m = parse_chat_output('Hi <tool_call>\n{"name": "a", "arguments": {}}, {"name": "b", "argu', format="Hermes 2 Pro")
+    assert [c["function"]["name"] for c in m.tool_calls] == ["a"] and m.content == "Hi "
+    m = parse_chat_output('<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool', format="Hermes 2 Pro")
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in m.tool_calls] == [("a", '{"x": 1}')]
+    assert m.content == ""
     # tools not requested: nothing is parsed
     m = parse_chat_output(EX13_GEN, format="Hermes 2 Pro", parse_tool_calls=False, prefix="<tool_call>\n")
     assert m.content == "<tool_call>\n" + EX13_GEN and m.tool_calls == []

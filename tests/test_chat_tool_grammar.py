@@ -1,10 +1,12 @@
 """Tool-call grammars (runtime/chat/tool_grammar.py): every format's grammar accepts its calls, the
-Hermes grammars for tool_choice required and auto come from one builder with their old texts, and
-what a chat request with tools gets (grammar, laziness, triggers, errors)."""
+Hermes grammars for tool_choice required and auto are llama-server b1-0c1e570's (recorded from it
+into tests/data/b1_hermes_grammars.json by scripts/record_b1_tool_grammars.py), and what a chat
+request with tools gets (grammar, laziness, triggers, the prefill it has seen, errors)."""
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -49,7 +51,7 @@ def _accepts(gbnf: str, text: str) -> bool:
 
 GOOD = {
     "Hermes 2 Pro": ('<tool_call>\n{"name": "read_file", "arguments": {"path": "pom.xml"}}\n</tool_call>',
-                     '<tool_call>{"name": "read_file", "arguments": {"path": "README"}}</tool_call>'),
+                     '<tool_call>\n{"name": "read_file", "arguments": {"path": "README"}}</tool_call>'),
     "Llama 3.x": ('{"name": "ls", "parameters": {}}', '{"name": "rm", "parameters": {}}'),
     "Mistral Nemo": ('[TOOL_CALLS][{"name": "read_file", "arguments": {"path": "src/Main.java"}, "id": "abcDEF123"}]',
                      '[TOOL_CALLS][{"name": "read_file", "arguments": {"path": "src/Main.java"}, "id": "abc"}]'),
@@ -75,9 +77,12 @@ def test_tool_call_grammar_accepts_calls_and_rejects_bad_ones(fmt):
 
 
 def test_tool_call_grammar_parallel_and_think():
-    one = '<tool_call>{"name": "ls", "arguments": {}}</tool_call>'
-    assert not _accepts(tool_call_grammar(TOOLS, "Hermes 2 Pro", parallel=False), one + one)
-    assert _accepts(tool_call_grammar(TOOLS, "Hermes 2 Pro", parallel=True), one + "\n" + one)
+    one = '<tool_call>\n{"name": "ls", "arguments": {}}</tool_call>'
+    two = '<tool_call>\n{"name": "ls", "arguments": {}}, {"name": "ls", "arguments": {}}\n</tool_call>'
+    # b1-0c1e570: blocks follow each other either way; several calls in one block only when parallel
+    for parallel in (False, True):
+        assert _accepts(tool_call_grammar(TOOLS, "Hermes 2 Pro", parallel=parallel), one + "\n\n\n" + one + "\n")
+        assert _accepts(tool_call_grammar(TOOLS, "Hermes 2 Pro", parallel=parallel), two) is parallel
     g = tool_call_grammar(TOOLS, "Hermes 2 Pro", thinking_forced_open=True)
     assert _accepts(g, "</think>\n" + one) and _accepts(g, one)
     assert _accepts(tool_call_grammar(TOOLS, "Generic", allow_response=True), '{"response": "no tool"}')
@@ -87,18 +92,19 @@ def test_tool_call_grammar_parallel_and_think():
 
 def test_required_hermes_tool_grammar_allows_free_text_before_the_call():
     """tool_choice required on a Hermes/Qwen template: as llama-server b1-0c1e570 (and the lesson's
-    Example 13 says), free text may come before the first <tool_call>; a prefilled `<tool_call>`
-    continues inside the call."""
+    Example 13 says), any text without the `<tool_call>\n` marker may come before the first call;
+    a prefilled `<tool_call>\n` is text the grammar has already seen (`ToolGrammar.prefix`)."""
     tools = [TOOLS[0]]
     call = '<tool_call>\n{"name": "read_file", "arguments": {"path": "pom.xml"}}\n</tool_call>'
     g = _required_hermes(tools, opened=False)
     assert _accepts(g, call)
     assert _accepts(g, "Let me look at it. " + call)
     assert not _accepts(g, "Let me look at it.")  # the call itself stays required
-    assert not _accepts(g, "a <b> tag " + call)  # free text has no '<'
-    opened = _required_hermes(tools, opened=True)
-    assert _accepts(opened, '\n{"name": "read_file", "arguments": {"path": "pom.xml"}}\n</tool_call>')
-    assert not _accepts(opened, "text " + call)
+    assert _accepts(g, "a <b> tag, a <tool_call> without its newline: " + call)
+    assert not _accepts(g, "<tool_call>\nnot json " + call)  # the marker starts a call
+    tg = tool_grammar_for(tools, "Hermes 2 Pro", "required", parallel=False, prefill="<tool_call>\n")
+    assert tg.prefix == "<tool_call>\n" and tg.grammar == g
+    assert tool_grammar_for(tools, "Hermes 2 Pro", "required", parallel=False, prefill="Sure").prefix == "Sure"
 
 
 def _required_hermes(tools, opened):
@@ -106,48 +112,58 @@ def _required_hermes(tools, opened):
                             prefill="<tool_call>\n" if opened else "").grammar
 
 
-# -- the one Hermes builder, and every format's grammar text as before the chat room ------------------
+# -- the Hermes grammars are b1-0c1e570's; the other formats' texts as before the chat room ------------
 
-HERMES = json.loads((DATA / "chat_hermes_grammars.json").read_text(encoding="utf-8"))
-
-
-def _case_id(c: dict) -> str:
-    return "{tools}-{required}-{parallel}-{opened}-{thinking_forced_open}".format(**c)
+B1 = json.loads((DATA / "b1_hermes_grammars.json").read_text(encoding="utf-8"))
+HERMES = json.loads((DATA / "chat_hermes_grammars.json").read_text(encoding="utf-8"))  # the pinned tool sets
 
 
-@pytest.mark.parametrize("case", HERMES["cases"], ids=_case_id)
-def test_hermes_grammars_come_from_one_builder_with_their_old_texts(case, monkeypatch):
-    """tool_choice required (llama-server's: free text first, "\\n"? around the JSON) and auto (lazy,
-    tc-space) differ in whitespace and so in sampled tokens: both texts stay exactly as recorded from
-    api/chat.py::hermes_tool_grammar and runtime/chat_parser.py::tool_call_grammar, built by one function."""
-    calls = []
-    real = tool_grammar.hermes_grammar
+def _rules(text: str) -> dict[str, str]:
+    return dict(line.split(" ::= ", 1) for line in text.strip().splitlines())
 
-    def spy(*args, **kwargs):
-        calls.append(kwargs["required"])
-        return real(*args, **kwargs)
 
-    monkeypatch.setattr(tool_grammar, "hermes_grammar", spy)
-    tools = HERMES["tools"][case["tools"]]
-    if case["required"]:
-        tg = tool_grammar_for(tools, "Hermes 2 Pro", "required", case["parallel"],
-                              prefill="<tool_call>\n" if case["opened"] else "")
-        assert (tg.lazy, tg.triggers) == (None, ())
+def _reachable(rules: dict[str, str]) -> dict[str, str]:
+    """The rules the root reaches (b1 lists JSON rules its tool grammars do not use)."""
+    seen, todo = set(), ["root"]
+    while todo:
+        k = todo.pop()
+        if k in seen or k not in rules:
+            continue
+        seen.add(k)
+        body = re.sub(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|\{\d+(?:,\d*)?\}', " ", rules[k])
+        todo += re.findall(r"[A-Za-z][A-Za-z0-9-]*", body)
+    return {k: rules[k] for k in sorted(seen)}
+
+
+@pytest.mark.parametrize("case", B1["cases"], ids=lambda c: c["name"])
+def test_hermes_grammars_are_b1s(case):
+    """Rule for rule what b1-0c1e570 sends for the same tools, except what it writes of its own
+    context (the generation prompt it primes the required root with, its numbering of the `until`
+    rule) and the lazy grammar's `tool-calls`, which b1 writes as `(tool-call? space)+` (an item
+    that may be empty, which this engine refuses) and here `(tool-call | space-some)*` (the same
+    strings: calls and whitespace in any order)."""
+    parallel = case["parallel_tool_calls"] is not False  # the Qwen2.5 template's default: parallel
+    tg = tool_grammar_for(case["tools"], "Hermes 2 Pro", case["tool_choice"], parallel)
+    theirs = re.sub(r"until-\d+", "until-tool-call", case["grammar"])
+    theirs = theirs.replace('root ::= "<|im_start|>assistant\\n" space', "root ::= space")
+    want, got = _reachable(_rules(theirs)), _reachable(_rules(tg.grammar))
+    if case["tool_choice"] == "auto":
+        assert want.pop("tool-calls") == "(tool-call? space)+"
+        assert got.pop("tool-calls") == "(tool-call | space-some)*" and got.pop("space-some") == want["space"][2:]
+        assert (tg.lazy, list(tg.triggers)) == (True, [t["value"] for t in case["grammar_triggers"]])
     else:
-        tg = tool_grammar_for(tools, "Hermes 2 Pro", "auto", case["parallel"],
-                              thinking_forced_open=case["thinking_forced_open"])
-        assert (tg.lazy, tg.triggers) == (True, ("<tool_call>",))
-        assert tool_call_grammar(tools, "Hermes 2 Pro", case["parallel"],
-                                 thinking_forced_open=case["thinking_forced_open"]) == case["grammar"]
-    assert calls and set(calls) == {case["required"]}
-    assert tg.grammar == case["grammar"]
+        assert tg.lazy is None and case["grammar_lazy"] is False
+    assert got == want
 
 
 def test_every_format_grammar_text_is_unchanged():
+    """The other formats' grammars keep the texts they had before runtime/chat/ (Hermes: above)."""
     pinned = json.loads((DATA / "chat_tool_grammar_sha256.json").read_text(encoding="utf-8"))["sha256"]
     assert len(pinned) == 216
     for key, digest in pinned.items():
         tools, fmt, parallel, think, response = key.split("|")
+        if fmt == "Hermes 2 Pro":
+            continue
         g = tool_call_grammar(HERMES["tools"][tools], fmt, parallel == "True", thinking_forced_open=think == "True",
                               allow_response=response == "True")
         assert hashlib.sha256(g.encode()).hexdigest()[:16] == digest, key
@@ -166,7 +182,8 @@ def test_tool_grammar_for_picks_grammar_laziness_and_triggers():
     assert tool_call_triggers("Llama 3.x") == ['{"'] and tool_call_triggers("Generic") == []
     # a prefilled <tool_call> gets the required Hermes grammar whatever the format, continuing inside the call
     tg = tool_grammar_for(TOOLS, "Llama 3.x", "required", False, prefill="<tool_call>\n")
-    assert tg.lazy is None and tg.grammar.startswith('root ::= "\\n"? tool-call-json')
+    assert tg.lazy is None and tg.grammar.startswith("root ::= space until-tool-call? tool-calls")
+    assert tg.prefix == "<tool_call>\n"  # the grammar continues after the prefill, as b1 primes it
     # ... but not for tool_choice auto
     assert tool_grammar_for(TOOLS, "Llama 3.x", "auto", False, prefill="<tool_call>\n").lazy is True
 
@@ -203,7 +220,10 @@ def test_apply_grammar_maps_the_request():
     assert p.grammar == _required_hermes(TOOLS, opened=False) and (p.grammar_lazy, p.grammar_triggers) == (True, ["x"])
     p = params(grammar_lazy=False, grammar_triggers=[])
     apply_grammar(None, ChatPrep({}, "", "Hermes 2 Pro", "auto", tools=TOOLS, tool_choice="auto"), p)
-    assert (p.grammar_lazy, p.grammar_triggers) == (True, ["<tool_call>"])
+    assert (p.grammar_lazy, p.grammar_triggers) == (True, ["<tool_call>\n"])
+    prep = ChatPrep({}, "", "Hermes 2 Pro", "auto", prefill="<tool_call>\n", tools=TOOLS, tool_choice="required")
+    apply_grammar(None, prep, params())
+    assert prep.grammar_prefix == "<tool_call>\n"  # the task's grammar_prefix: the grammar has seen the prefill
     p = params(grammar='root ::= "x"')  # the request's own grammar wins
     apply_grammar(None, ChatPrep({}, "", "Hermes 2 Pro", "auto", tools=TOOLS, tool_choice="required"), p)
     assert p.grammar == 'root ::= "x"'

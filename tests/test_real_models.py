@@ -126,12 +126,20 @@ TOOLS = [{"type": "function", "function": {
 def test_qwen25_tool_call_round_trip(servers):
     """The 0.5B coder model, asked plainly, writes the call's JSON without the <tool_call> tags (so
     there is nothing to parse); the assistant turn is therefore prefilled with "<tool_call>\n", after
-    which the required-tool grammar holds the call and the Hermes parser must return it."""
+    which the required-tool grammar holds the call and the Hermes parser must return it. With the
+    template's default (parallel calls) b1-0c1e570's grammar lets the block take more calls after a
+    comma, and this model keeps adding cities until max_tokens, as llama-server does on this file
+    (2026-12-05: Paris, London, Berlin, ...); one call per block ends the turn."""
     srv = servers(QWEN)
     messages = [{"role": "user", "content": "What is the weather in Paris right now?"}]
     body = {"messages": messages + [{"role": "assistant", "content": "<tool_call>\n"}], "tools": TOOLS,
             "tool_choice": "required", "max_tokens": 40, "temperature": 0}
     r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=900).json()
+    choice = r["choices"][0]
+    assert choice["finish_reason"] == "length" and len(choice["message"]["tool_calls"]) >= 2, r
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris"}
+    assert {c["function"]["name"] for c in choice["message"]["tool_calls"]} == {"get_weather"}
+    r = httpx.post(srv.url + "/v1/chat/completions", json={**body, "parallel_tool_calls": False}, timeout=900).json()
     choice = r["choices"][0]
     assert choice["finish_reason"] == "tool_calls", r
     calls = choice["message"]["tool_calls"]

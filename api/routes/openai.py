@@ -117,7 +117,7 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
     params = parse_sampling(prep.body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
     await off_loop(chat_api.apply_grammar, ctx, prep, params)  # parses the grammar: off the event loop
     task = parse_task(prep.body, prompt_tokens, params, cfg.n_predict, openai=True)
-    task.chat_format = prep.echo_format
+    task.chat_format, task.grammar_prefix = prep.echo_format, prep.grammar_prefix
     cmpl_id = "chatcmpl-" + random_id()
     model = cfg.model_name
     if task.stream and n > 1:

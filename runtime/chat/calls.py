@@ -61,7 +61,7 @@ def read_call_object(s: str, i: int, name_key: str = "name", args_keys: tuple[st
             if k in e.spans:
                 args = _args_text(s, e.spans[k])
             elif e.open_key == k and e.open_start >= 0 and e.open_start < len(s) and s[e.open_start] != '"':
-                args = s[e.open_start:]
+                args = s[e.open_start:].rstrip()  # as b1-0c1e570's partial parse: no trailing whitespace
         raise CutCall(ParsedCall(call_name if isinstance(call_name, str) else None, args or "", None, True)
                       if call_name is not None and args else None) from None
     try:

@@ -86,13 +86,16 @@ def _parse_hermes(text: str, partial: bool) -> tuple[str, list[ParsedCall]]:
                 call = ParsedCall(fname, text[k:end])
                 close = Marker.HERMES_FUNCTION_CLOSE
             e = skip_ws(text, end)
+            while marker == Marker.HERMES_CALL_OPEN and text.startswith(",", e):  # b1: several calls, comma-separated
+                calls.append(call)
+                end, call = read_call_object(text, skip_ws(text, e + 1))
+                e = skip_ws(text, end)
             if text.startswith(close, e):
                 e += len(close)
             elif e >= len(text) or close.startswith(text[e:]):
-                # closing tag not (fully) generated yet
-                if not partial:
-                    raise Invalid("unterminated tool call")
-                call.partial = True
+                # closing tag not (fully) generated yet; at the end (b1's lenient final parse, e.g.
+                # after max_tokens) the call counts as made
+                call.partial = partial
                 calls.append(call)
                 return "".join(content), calls
             else:
@@ -100,10 +103,10 @@ def _parse_hermes(text: str, partial: bool) -> tuple[str, list[ParsedCall]]:
             calls.append(call)
             pos = skip_ws(text, e)
         except Incomplete as exc:
-            if partial:
-                return "".join(content), calls + cut_calls(exc)
-            content.append(text[j:])
-            break
+            # the text ends inside a call (streaming, or a final parse after max_tokens): the calls
+            # made so far and the cut one once its name is complete, its arguments as far as they
+            # go (b1-0c1e570's lenient parse, final or not)
+            return "".join(content), calls + cut_calls(exc)
         except Invalid:
             # not a call after all: the marker is plain text
             content.append(marker)

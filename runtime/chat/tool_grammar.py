@@ -3,21 +3,23 @@ format's tool-call syntax, each call naming a declared tool with arguments valid
 `parameters` JSON schema (via `grammar.json_schema_to_gbnf`).
 
 `tool_grammar_for(...)` is what a chat request needs: which grammar, whether it waits for a trigger
-word, and which words. `tool_call_grammar(tools, format, ...)` is the per-format builder, and
-`hermes_grammar(...)` the one Hermes builder behind both Hermes spellings:
+word, which words, and what of the prompt the grammar has already seen. `tool_call_grammar(tools,
+format, ...)` is the per-format builder; the Hermes / Qwen2.5 syntax gets `hermes_grammar(...)`,
+b1-0c1e570's generated grammar for it (common/chat-auto-parser-generator.cpp, the tools' PEG parser
+as GBNF, read from its `generation_settings.grammar`):
 
-* required (`required=True`): the grammar for tool_choice required on a Hermes/Qwen template, as
-  an earlier llama-server wrote it (b1-0c1e570's generated grammar differs: text up to the trigger
-  `<tool_call>\n` may hold `<`, several calls per block and per turn; docs/DESIGN.md): free text
-  without `<` may come before the first `<tool_call>`, the JSON
-  sits between optional newlines, parallel calls are separated by one newline, a tool without
-  `parameters` takes any object, and a prompt ending in a prefilled `<tool_call>` continues inside
-  the call.
-* lazy (`required=False`): tool_choice auto, active from the `<tool_call>` trigger on: flexible
-  whitespace (`tc-space`) around the JSON and after each call, a leading `</think>` when the prompt
-  left a think block open, a tool without `parameters` takes `{}`.
-
-The two spellings let different tokens through, so both are kept exactly as they were.
+* every call `<tool_call>\n`, whitespace, the call object `{"name": "<tool>", "arguments": {...}}`
+  (with `parallel`, several objects separated by commas), whitespace, `</tool_call>`; one or more
+  such blocks with whitespace between and after them;
+* required (`required=True`): any text that does not contain `<tool_call>\n` may come first
+  (`until-tool-call`); b1 primes the grammar with the generation prompt and a prefilled assistant
+  turn, so the request's grammar continues after its prefill (`ToolGrammar.prefix`);
+* auto: lazy, from the trigger `<tool_call>\n`;
+* a tool without `parameters` takes `{}`.
+The text differs from b1's only where b1 writes its own context into it (the generation prompt at
+the start of the required root, its numbering of the `until` rule, JSON rules it lists but does not
+use) and in the lazy grammar's `tool-calls`, spelled so that no repeated item may be empty
+(tests/test_chat_tool_grammar.py compares with grammars recorded from b1).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ _GBNF_SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
 
 # words that start a tool call (grammar_triggers of a lazy grammar); formats not listed have none
 _TRIGGERS: Mapping[ChatFormat, tuple[str, ...]] = MappingProxyType({
-    ChatFormat.HERMES_2_PRO: (Marker.HERMES_CALL_OPEN,),
+    ChatFormat.HERMES_2_PRO: (Marker.HERMES_CALL_OPEN + "\n",),
     ChatFormat.MISTRAL_NEMO: (Marker.MISTRAL_CALLS,),
     ChatFormat.DEEPSEEK_R1: (Marker.DS_CALLS_BEGIN,),
     ChatFormat.LLAMA_3X: ('{"',),
@@ -48,10 +50,12 @@ class ToolGrammarError(ValueError):
 @dataclass(frozen=True)
 class ToolGrammar:
     """The grammar of a chat request with tools. `lazy`: wait for one of `triggers`; None leaves the
-    request's own grammar_lazy / grammar_triggers as they are (the required Hermes grammar)."""
+    request's own grammar_lazy / grammar_triggers as they are (the required Hermes grammar).
+    `prefix`: generated text the grammar has already seen (a prefilled assistant turn)."""
     grammar: str
     lazy: bool | None
     triggers: tuple[str, ...] = ()
+    prefix: str = ""
 
 
 def tool_call_triggers(format: str) -> list[str]:
@@ -64,24 +68,24 @@ def tool_grammar_for(tools: list[dict], format: str, tool_choice: str, parallel:
     """The grammar a chat request with `tools` gets, None for none.
 
     tool_choice required forces a call: on a Hermes template, or after a prefilled `<tool_call>`,
-    with llama-server's required Hermes grammar (free text may come first), else with the format's
-    grammar from the start. auto adds the format's grammar lazily, active once the model writes a
-    trigger word, so free text stays possible before it (formats without triggers get none).
-    Raises ToolGrammarError with the message llama-server answers bad tools with.
+    with b1-0c1e570's required Hermes grammar (text may come first) primed with the prefill, else
+    with the format's grammar from the start. auto adds the format's grammar lazily, active once the
+    model writes a trigger word, so free text stays possible before it (formats without triggers get
+    none). Raises ToolGrammarError with the message llama-server answers bad tools with.
     """
     if not tools or tool_choice not in (ToolChoice.REQUIRED, ToolChoice.AUTO):
         return None
     opened = prefill.rstrip().endswith(Marker.HERMES_CALL_OPEN)
     if tool_choice == ToolChoice.REQUIRED and (format == ChatFormat.HERMES_2_PRO or opened):
         try:
-            fns = _functions(tools, any_object_without_params=True)
+            fns = _functions(tools)
         except ValueError:
             raise ToolGrammarError("Missing tool function name") from None
         try:
-            grammar = hermes_grammar(fns, parallel, required=True, opened=opened)
+            grammar = hermes_grammar(fns, parallel, required=True)
         except Exception as e:  # GrammarError, or a malformed schema: as for a request's json_schema
             raise ToolGrammarError(f"JSON schema conversion failed: {e}") from e
-        return ToolGrammar(grammar, None)
+        return ToolGrammar(grammar, None, prefix=prefill)
     lazy = tool_choice == ToolChoice.AUTO
     triggers = tuple(tool_call_triggers(format))
     if lazy and not triggers:
@@ -147,16 +151,14 @@ def _schema_rules(schema: dict, prefix: str) -> str:
     return _prefix_rules(_schema_gbnf(schema), prefix).strip()
 
 
-def _functions(tools: list[dict], any_object_without_params: bool) -> list[dict]:
-    """`{"name", "parameters"}` of each tool. A tool that declares no parameters takes any object
-    (the required Hermes grammar) or only `{}` (all others)."""
+def _functions(tools: list[dict]) -> list[dict]:
+    """`{"name", "parameters"}` of each tool. A tool that declares no parameters takes only `{}`."""
     fns = []
     for t in tools or []:
         fn = t.get("function", t) if isinstance(t, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise ValueError("each tool needs function.name")
-        params = fn.get("parameters") or (
-            {"type": "object"} if any_object_without_params else {"type": "object", "properties": {}})
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
         fns.append({"name": fn["name"], "parameters": params})
     if not fns:
         raise ValueError("tool_call_grammar needs at least one tool")
@@ -176,29 +178,87 @@ def _call_schema(fn: dict, args_key: str, with_id: dict | None = None) -> dict:
 # ---------------------------------------------------------------------------------------------
 # builders
 
-def hermes_grammar(fns: list[dict], parallel: bool, required: bool, opened: bool = False,
-                   thinking_forced_open: bool = False) -> str:
-    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (several when `parallel`), spelled
-    for tool_choice required or for a lazy grammar (see the module doc). `opened`: required only,
-    the prompt already ends inside `<tool_call>`. `thinking_forced_open`: lazy only, allow a
-    leading `</think>`."""
-    calls = [_call_schema(f, "arguments") for f in fns]
+def hermes_grammar(fns: list[dict], parallel: bool, required: bool, thinking_forced_open: bool = False) -> str:
+    """b1-0c1e570's grammar of `<tool_call>` blocks (see the module doc): for tool_choice required
+    (text without the marker first) or for a lazy grammar from the trigger (`thinking_forced_open`:
+    lazy only, a leading `</think>` allowed). Rules sorted by name, as b1 prints them."""
+    rules: dict[str, str] = {"space": _GBNF_SPACE}
+    names = []
+    for fn in fns:
+        name = "tool-" + re.sub(r"[^A-Za-z0-9]", "-", fn["name"])
+        names.append(name)
+        rules[name] = ('"{" space "\\"name\\"" space ":" space ("\\"" ' + _gbnf_literal(fn["name"]) +
+                       ' "\\"") space "," space "\\"arguments\\"" space ":" space ' + name + '-schema space "}"')
+        rules.update(_tool_schema_rules(fn["parameters"], name + "-schema"))
+    alts = "(" + " | ".join(names) + ")"
+    more = f' (space "," space {alts})*' if parallel else ""
+    rules["tool-call"] = f'{_gbnf_literal(Marker.HERMES_CALL_OPEN + chr(10))} space {alts}{more} space ' \
+                         f'{_gbnf_literal(Marker.HERMES_CALL_CLOSE)}'
     if required:
-        schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-        rules = re.sub(r"^root ::=", "tool-call-json ::=", _schema_gbnf(schema), flags=re.M)
-        ws, json_rule = '"\\n"?', "tool-call-json"
+        rules["tool-calls"] = "(tool-call space)+"
+        rules["root"] = "space until-tool-call? tool-calls"
+        rules.update(_until_rules("until-tool-call", Marker.HERMES_CALL_OPEN + "\n"))
     else:
-        rules = _schema_rules({"anyOf": calls}, "tc-")
-        ws, json_rule = "tc-space", "tc-root"
-    inside = f'{ws} {json_rule} {ws} {_gbnf_literal(Marker.HERMES_CALL_CLOSE)}'  # after the opening tag
-    call = f"{_gbnf_literal(Marker.HERMES_CALL_OPEN)} {inside}"
-    if required:
-        rest = f' ( "\\n" {call} )*' if parallel else ""
-        root = f"root ::= {inside if opened else 'tool-free ' + call}{rest}\n"
-        return root + ("" if opened else "tool-free ::= [^<]*\n") + rules
-    head = _think_head(thinking_forced_open)
-    lines = [rules, f"tool-call ::= {call} tc-space", f"root ::= {head}" + ("tool-call+" if parallel else "tool-call")]
-    return _with_space("\n".join(lines))
+        # b1 writes (tool-call? space)+, whose repeated item may be empty, which this grammar engine
+        # refuses (left recursion); the same strings: calls and non-empty whitespace in any order
+        rules["tool-calls"] = "(tool-call | space-some)*"
+        rules["space-some"] = _GBNF_SPACE.removeprefix("| ")
+        head = _think_head(thinking_forced_open).replace("tc-space", "space")
+        rules["root"] = head + "(tool-call | tool-calls)" if head else "tool-call | tool-calls"
+    return "".join(f"{k} ::= {v}\n" for k, v in sorted(rules.items()))
+
+
+def _tool_schema_rules(schema: dict, name: str) -> dict[str, str]:
+    """The rules of a tool's arguments schema as b1 names them: its root `name`, the rules of its own
+    parts `name-...`, the primitives shared (`string`, `integer`, ...); `{}` with no properties is
+    `"{" space "}"`."""
+    if isinstance(schema, dict) and schema.get("type") == "object" and schema.get("properties") == {} \
+            and not schema.get("additionalProperties") and not schema.get("required"):
+        return {name: '"{" space "}"'}
+    from grammar.json_schema import SHARED_RULES  # lazy, as _schema_gbnf
+
+    def rename(rule: str) -> str:  # name-root -> name; name-<primitive> -> the primitive's shared name
+        rest = rule[len(name) + 1:] if rule.startswith(name + "-") else None
+        return rule if rest is None else name if rest == "root" else rest if rest in SHARED_RULES else rule
+
+    out = {}
+    for line in _schema_rules(schema, name + "-").splitlines():
+        k, sep, v = line.partition(" ::= ")
+        if sep:  # a rule's references are identifiers that start with the prefix (never inside literals)
+            out[rename(k)] = re.sub(r"[A-Za-z0-9_-]+", lambda m: rename(m.group(0)), v)
+    return out
+
+
+def _until_rules(name: str, marker: str) -> dict[str, str]:
+    """Rules for any text not containing `marker` (b1's `until-N`): state k has matched marker[:k];
+    each state may end, or read a character and move as the marker's prefix automaton does."""
+    n = len(marker)
+    fail = [0] * (n + 1)  # KMP failure function
+    for i in range(1, n):
+        k = fail[i]
+        while k and marker[i] != marker[k]:
+            k = fail[k]
+        fail[i + 1] = k + 1 if marker[i] == marker[k] else 0
+
+    def state(k: int) -> str:
+        return name if k == 0 else f"{name}-{k:02d}"
+
+    def step(k: int, c: str) -> int:
+        while k and marker[k] != c:
+            k = fail[k]
+        return k + 1 if marker[k] == c else 0
+
+    rules = {}
+    for k in range(n):
+        moves = {c: step(k, c) for c in dict.fromkeys(marker)}  # other characters go back to state 0
+        alts = [f"[{_class_char(c)}] {state(to)}" for c, to in sorted(moves.items(), key=lambda m: m[1]) if 0 < to < n]
+        stay = "".join(_class_char(c) for c in sorted(c for c, to in moves.items() if to))
+        rules[state(k)] = "| " + " | ".join(alts + [f"[^{stay}] {name}"])
+    return rules
+
+
+def _class_char(c: str) -> str:
+    return {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "]": "\\]", "^": "\\^", "-": "\\-"}.get(c, c)
 
 
 def _think_head(thinking_forced_open: bool) -> str:
@@ -222,7 +282,7 @@ def tool_call_grammar(tools: list[dict], format: str, parallel: bool = False,
     `allow_response`: Generic format only, also allow `{"response": "..."}` (tool_choice auto).
     For lazy use (tool_choice auto) start the grammar at one of `tool_call_triggers(format)`.
     """
-    fns = _functions(tools, any_object_without_params=False)
+    fns = _functions(tools)
     if format == ChatFormat.HERMES_2_PRO:
         return hermes_grammar(fns, parallel, required=False, thinking_forced_open=thinking_forced_open)
     head = _think_head(thinking_forced_open)

@@ -85,13 +85,14 @@ class Vocabulary:
             if grammar_prefix:
                 self._advance_grammar_over(matcher, grammar_prefix)
 
-    def _advance_grammar_over(self, matcher, text: str) -> None:
-        """Feed text already in the prompt (a prefilled assistant turn) through the grammar."""
-        for t in self.tokenizer.encode(text, add_special=False, parse_special=True):
-            try:
-                matcher.advance(t)
-            except Exception:  # noqa: BLE001 - text outside the grammar: leave it unconstrained there
-                return
+    @staticmethod
+    def _advance_grammar_over(matcher, text: str) -> None:
+        """Feed text already in the prompt (a prefilled assistant turn) through the grammar, as
+        llama-server primes a chat grammar with what the assistant turn already holds."""
+        try:
+            matcher.advance_bytes(text.encode("utf-8"))
+        except Exception:  # noqa: BLE001 - text outside the grammar: the grammar starts from the top
+            pass
 
     def _dry_breaker_ids(self, breakers: list[str]) -> set[int]:
         ids: set[int] = set()
