@@ -184,13 +184,16 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     if tools and not caps.get("supports_tool_calls", True):
         tools = []
     chat_format = tmpl.format(bool(tools), tool_choice, "json_schema" in out, jinja=cfg.jinja)
+    grammar_prefix = ""
     if chat_format == ChatFormat.PEG_NATIVE and out.get("json_schema") is not None and not body.get("grammar"):
-        # b1-0c1e570: the schema's JSON, bare or in a ```json fence (the content is the JSON alone)
+        # b1-0c1e570: the schema's JSON, bare or in a ```json fence (the content is the JSON alone),
+        # the grammar primed with a prefilled assistant turn (the JSON may have begun there)
         out["grammar"] = schema_to_grammar_or_400(out.pop("json_schema"), json_response_grammar)
+        grammar_prefix = prefill
     return ChatPrep(out, prompt, chat_format, reasoning_format, prefill, think_prefix, tools, tool_choice,
                     # b1-0c1e570's default: whether the template can render several calls
                     f.boolean("parallel_tool_calls", caps.get("supports_parallel_tool_calls", False)),
-                    include_usage, ChatFormat.PEG_NATIVE if cfg.jinja else ChatFormat.CONTENT_ONLY)
+                    include_usage, ChatFormat.PEG_NATIVE if cfg.jinja else ChatFormat.CONTENT_ONLY, grammar_prefix)
 
 
 # ------------------------------------------------------------------------------------------

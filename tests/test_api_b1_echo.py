@@ -2,8 +2,9 @@
 `n_probs` (not only `logprobs`) gives logprobs, streamed too, and so do /v1/completions stream chunks;
 `tool_choice` that is not a string is "auto" (its json_value default); the debug echo `__verbose`
 is on by default under -v (log verbosity > 9), on streams too; chat requests echo the "peg-native"
-format with Jinja; probability lists name control tokens "" (no --special). The real app and engine
-on conftest's tiny model, and one on the same model with the Qwen2.5 template (tools).
+format with Jinja; probability lists name control tokens "" (no --special); a JSON-schema grammar
+continues a prefilled answer. The real app and engine on conftest's tiny model, and one on the same
+model with the Qwen2.5 template (tools).
 """
 from __future__ import annotations
 
@@ -25,15 +26,34 @@ def sse_json(body: bytes) -> list[dict]:
             if p.startswith("data: ") and p != "data: [DONE]"]
 
 
+def _engine(d, **kw) -> Engine:
+    path = d / "api-tiny.gguf"
+    write_tiny_model(path, spec_with(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=1024,
+                                     name="api-tiny", seed=7), vocab="builtin")
+    e = Engine(EngineConfig(model_path=str(path), n_ctx=1024, n_parallel=2, verbosity=0, warmup=False, **kw))
+    e.load()
+    e.start()
+    return e
+
+
 @pytest.fixture(scope="module")
-def client(api_engine, api_client):
-    with api_client(api_engine) as c:
+def engine(tmp_path_factory):
+    """conftest's tiny model on an engine of this module's own (the session's api_engine keeps the
+    cache state the other modules' tests expect)."""
+    e = _engine(tmp_path_factory.mktemp("api-b1-echo"))
+    yield e
+    e.stop()
+
+
+@pytest.fixture(scope="module")
+def client(engine, api_client):
+    with api_client(engine) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
-def verbose_client(api_engine, api_client):
-    with api_client(api_engine, verbose=True) as c:  # what `-v` (or `-lv 10`) sets
+def verbose_client(engine, api_client):
+    with api_client(engine, verbose=True) as c:  # what `-v` (or `-lv 10`) sets
         yield c
 
 
@@ -90,8 +110,8 @@ def test_verbose_echo_follows_the_log_verbosity(client, verbose_client):
     assert d["generation_settings"]["chat_format"] == "Content-only"
 
 
-def test_control_tokens_are_listed_without_text(api_engine):
-    tok = api_engine.tokenizer
+def test_control_tokens_are_listed_without_text(engine):
+    tok = engine.tokenizer
     eos = tok.eos_id
     assert tok.is_control(eos) and tok.piece(eos) != b""
     vocab = Vocabulary(tok, frozenset(tok.eot_ids), set(tok.control_ids()))
@@ -102,14 +122,8 @@ def test_control_tokens_are_listed_without_text(api_engine):
 @pytest.fixture(scope="module")
 def qwen_client(tmp_path_factory, shared_dir, api_client):
     """The tiny model with the Qwen2.5 template (Hermes tool calls), two slots."""
-    d = tmp_path_factory.mktemp("api-qwen-template")
-    path = d / "api-tiny.gguf"
-    write_tiny_model(path, spec_with(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=1024,
-                                     name="api-tiny", seed=7), vocab="builtin")
-    e = Engine(EngineConfig(model_path=str(path), n_ctx=2048, n_parallel=2, verbosity=0, warmup=False,
-                            chat_template_file=str(shared_dir / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja")))
-    e.load()
-    e.start()
+    e = _engine(tmp_path_factory.mktemp("api-qwen-template"),
+                chat_template_file=str(shared_dir / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"))
     try:
         with api_client(e) as c:
             yield c
@@ -137,11 +151,25 @@ def test_tool_choice_object_is_auto(qwen_client):
     assert r.status_code == 400 and r.json()["error"]["message"] == "Invalid tool_choice: sometimes"
 
 
-def test_tool_choice_needs_jinja(api_engine, api_client):
-    with api_client(api_engine, jinja=False) as c:
+def test_tool_choice_needs_jinja(engine, api_client):
+    with api_client(engine, jinja=False) as c:
         r = c.post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 1, "tool_choice": "none"})
         assert r.status_code == 400 and r.json()["error"]["message"] == "tool_choice param requires --jinja flag"
         d = c.post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 1, "verbose": True}).json()
         assert d["__verbose"]["generation_settings"]["chat_format"] == "Content-only"
         assert c.post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 1,
                                                     "tool_choice": {"type": "function"}}).status_code == 200
+
+
+def test_json_schema_grammar_continues_a_prefilled_answer(qwen_client):
+    """b1-0c1e570 primes a chat request's JSON-schema grammar with the prefilled assistant turn: the
+    model continues the JSON begun there, and the content is the whole JSON (prefill included)."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    body = {"messages": MSGS + [{"role": "assistant", "content": '{"name": "'}], "max_tokens": 60, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}}
+    d = qwen_client.post("/v1/chat/completions", json=body).json()
+    content = d["choices"][0]["message"]["content"]
+    assert content.startswith('{"name": "'), content
+    obj = json.loads(content)
+    assert set(obj) == {"name", "age"} and isinstance(obj["age"], int)
