@@ -17,13 +17,13 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+from record_real_references import wait_ready  # noqa: E402
 OUT = ROOT / "tests" / "data" / "b1_hermes_grammars.json"
 SHARED = ROOT.parent / "shared"
 
@@ -76,13 +76,7 @@ def main() -> int:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{args.port}"
         try:
-            for _ in range(600):
-                try:
-                    if httpx.get(url + "/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.1)
+            wait_ready(url, proc)
             cases = []
             for name, tools, choice, parallel in CASES:
                 body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools, "tool_choice": choice,
