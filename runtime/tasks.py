@@ -95,6 +95,7 @@ class TokenOut:
     logprob: float | None = None
     timings: "Timings | None" = None  # with CompletionTask.timings_per_token, and on a stop word
     n_cached: int = 0  # prompt tokens the task reused from the cache
+    n_decoded: int = 0  # tokens generated so far, this one included (some are not streamed: UTF-8)
 
 
 @dataclass

@@ -173,3 +173,31 @@ def test_json_schema_grammar_continues_a_prefilled_answer(qwen_client):
     assert content.startswith('{"name": "'), content
     obj = json.loads(content)
     assert set(obj) == {"name", "age"} and isinstance(obj["age"], int)
+
+
+def test_stream_partials_follow_llama_servers_process_token(client):
+    """b1-0c1e570 streams a partial for every token except one that leaves an incomplete UTF-8
+    character (nor does it list that token's probabilities), with "" while text is held back as a
+    possible stop word, and for the end-of-generation token; `tokens_predicted` counts every token.
+    Here the grammar spells a 4-byte character that this vocabulary only has as byte tokens."""
+    body = {"prompt": "The best book", "n_predict": 12, "temperature": 0, "n_probs": 1,
+            "grammar": 'root ::= "\U0001D11E\U0001D11E end"'}
+    whole = client.post("/completion", json=body).json()
+    assert whole["content"] == "\U0001D11E\U0001D11E end" and whole["stop_type"] == "eos"
+    n = whole["tokens_predicted"]  # 8 byte tokens, " ", "end", the end of generation
+    listed = [p["token"] for p in whole["completion_probabilities"]]
+    assert n >= 10 and len(listed) == n - 6 and listed[:2] == ["\U0001D11E", "\U0001D11E"]
+    chunks = sse_json(client.post("/completion", json={**body, "stream": True}).content)
+    partials, final = chunks[:-1], chunks[-1]
+    assert final["stop"] is True and final["tokens_predicted"] == n
+    assert [p["content"] for p in partials[:2]] == ["\U0001D11E", "\U0001D11E"]
+    assert [p["tokens_predicted"] for p in partials[:2]] == [4, 8]  # the 3 byte tokens before each: not sent
+    assert len(partials) == n - 6 and all(len(p["completion_probabilities"]) == 1 for p in partials)
+    assert partials[-1]["content"] == "" and partials[-1]["tokens_predicted"] == n  # the end-of-generation token
+    # a possible stop word holds text back: its tokens still stream, with ""
+    body = {"prompt": "The best book", "n_predict": 40, "temperature": 0, "grammar": 'root ::= "a b c d e f"',
+            "stop": [" c d e X"], "stream": True}
+    *partials, final = sse_json(client.post("/completion", json=body).content)
+    assert [p["tokens_predicted"] for p in partials] == list(range(1, final["tokens_predicted"] + 1))
+    assert "".join(p["content"] for p in partials) == "a b c d e f"
+    assert any(p["content"] == "" for p in partials[:-1])

@@ -75,12 +75,11 @@ def completion_final_json(ctx: ApiContext, req: NativeRequest, res: CompletionRe
     return d
 
 
-def partial_json(index: int, ev: TokenOut, n_predicted: int, n_prompt: int,
-                 probs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def partial_json(index: int, ev: TokenOut, n_prompt: int, probs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A streamed token as llama-server b1-0c1e570's native partial (its to_json_non_oaicompat): the
     token id always, the running count, then the timings and `probs` when there are any."""
     d: dict[str, Any] = {"index": index, "content": ev.text, "tokens": [ev.id], "stop": False, "id_slot": -1,
-                         "tokens_predicted": n_predicted, "tokens_evaluated": n_prompt}
+                         "tokens_predicted": ev.n_decoded, "tokens_evaluated": n_prompt}
     if ev.timings is not None:
         d["timings"] = ev.timings.as_dict()
     if probs:
@@ -91,20 +90,15 @@ def partial_json(index: int, ev: TokenOut, n_predicted: int, n_prompt: int,
 async def native_stream(ctx: ApiContext, req: NativeRequest) -> Response:
     """SSE stream of one native request: a chunk per token, then the final object."""
     handle = ctx.engine.submit(req.task)
-    n_predicted = 0
 
     def on_token(ev: TokenOut) -> list[dict[str, Any]]:
-        nonlocal n_predicted
-        n_predicted += 1
-        if not ev.text and not req.task.return_tokens and req.n_probs <= 0:
-            return []
         probs = probs_json(ctx.tokenizer, [ev], req.post_sampling) if req.n_probs > 0 else None
-        return [partial_json(req.index, ev, n_predicted, len(req.task.prompt_tokens), probs)]
+        return [partial_json(req.index, ev, len(req.task.prompt_tokens), probs)]
 
     def on_progress(ev: PromptProgress) -> list[dict[str, Any]]:
-        # llama-server's progress partial: an empty token (id 0), the running counts
+        # llama-server's progress partial: an empty token (id 0), nothing generated yet
         d = {"index": req.index, "content": "", "tokens": [0], "stop": False, "id_slot": -1,
-             "tokens_predicted": n_predicted, "tokens_evaluated": len(req.task.prompt_tokens)}
+             "tokens_predicted": 0, "tokens_evaluated": len(req.task.prompt_tokens)}
         return [with_progress(d, ev, req.task.timings_per_token)]
 
     return await stream_events(ctx.cfg.sse_ping_interval, handle, on_token,

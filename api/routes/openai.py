@@ -70,18 +70,13 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
         keys = ("choices", "created", "model", "system_fingerprint", "object", "usage", "id", "__verbose", "timings")
         return json_response({k: d[k] for k in keys if k in d})
     handle = ctx.engine.submit(task)
-    n_predicted = 0
 
     def on_token(ev: TokenOut) -> list[dict[str, Any]]:
-        nonlocal n_predicted
-        n_predicted += 1
-        if not ev.text:
-            return []
         probs = probs_json(ctx.tokenizer, [ev], False) if params.n_probs > 0 else None
         d = base({"text": ev.text, "index": 0, "logprobs": {"content": probs} if probs else None,
                   "finish_reason": None})
         if verbose:
-            d["__verbose"] = partial_json(0, ev, n_predicted, len(toks), probs)
+            d["__verbose"] = partial_json(0, ev, len(toks), probs)
         if ev.timings is not None:
             d["timings"] = ev.timings.as_dict()
         return [d]

@@ -217,11 +217,15 @@ class Scheduler:
         stop_word, delta = r.text.push(self.vocab.piece(tok), is_eog)
         if r.lazy_grammar is not None:
             maybe_trigger_grammar(r)
-        ev = TokenOut(tok, delta, n_cached=r.n_cached)
+        ev = TokenOut(tok, delta, n_cached=r.n_cached, n_decoded=r.n_decoded)
+        # llama-server's process_token: a token that leaves an incomplete UTF-8 character is neither
+        # streamed nor listed in the probabilities; every other one is, its text "" while held back
+        complete = not r.text.incomplete
         if task.params.n_probs > 0:
             ev.probs = [self.vocab.token_prob(t, lp) for t, lp in sampled.top]
             ev.logprob = sampled.logprob
-            r.probs.append(ev)
+            if complete:
+                r.probs.append(ev)
         stop, truncated = check_stop(r.text, stop_word, is_eog, n_cached=len(s.tokens), n_ctx=s.n_ctx,
                                      n_decoded=r.n_decoded, n_predict=r.n_predict, n_indent=task.n_indent,
                                      t_max_ms=task.t_max_predict_ms, t_prompt_done=r.t_prompt_done)
@@ -231,7 +235,7 @@ class Scheduler:
             r.stop_type = stop
         if task.timings_per_token or stop is StopType.WORD:  # when llama-server's partial result has stats
             ev.timings = running_timings(r, time.perf_counter())
-        if task.stream and (ev.text or ev.probs or stop is None):
+        if task.stream and complete:
             r.handle.emit(ev)
         if stop is not None:
             self.finish(s)

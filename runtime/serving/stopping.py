@@ -65,6 +65,7 @@ class TextState:
         self.has_new_line = False
         self._last_nl = 0  # start of the line after the last newline seen by indent_stop
         self._dec = codecs.getincrementaldecoder("utf-8")("replace")
+        self.incomplete = False  # the last token left an incomplete UTF-8 character at the end
 
     def push(self, piece: bytes, is_eog: bool = False) -> tuple[str | None, str]:
         """Add one token's bytes; returns (stop word if one completed, text to send now)."""
@@ -72,7 +73,8 @@ class TextState:
         self.text += new
         if "\n" in new:
             self.has_new_line = True
-        if self._dec.getstate()[0]:
+        self.incomplete = bool(self._dec.getstate()[0])
+        if self.incomplete:
             return None, ""  # incomplete UTF-8 character at the end
         pos = self.n_sent
         tail = self.text[pos:]
