@@ -32,10 +32,12 @@ from typing import Any
 from runtime.chat.formats import ChatFormat, Marker, ToolChoice
 
 _GBNF_SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
+# b1-0c1e570's Hermes call marker: the opening tag and its newline (grammar literal, lazy trigger, `until`)
+_HERMES_OPEN = Marker.HERMES_CALL_OPEN + "\n"
 
 # words that start a tool call (grammar_triggers of a lazy grammar); formats not listed have none
 _TRIGGERS: Mapping[ChatFormat, tuple[str, ...]] = MappingProxyType({
-    ChatFormat.HERMES_2_PRO: (Marker.HERMES_CALL_OPEN + "\n",),
+    ChatFormat.HERMES_2_PRO: (_HERMES_OPEN,),
     ChatFormat.MISTRAL_NEMO: (Marker.MISTRAL_CALLS,),
     ChatFormat.DEEPSEEK_R1: (Marker.DS_CALLS_BEGIN,),
     ChatFormat.LLAMA_3X: ('{"',),
@@ -192,18 +194,18 @@ def hermes_grammar(fns: list[dict], parallel: bool, required: bool, thinking_for
         rules.update(_tool_schema_rules(fn["parameters"], name + "-schema"))
     alts = "(" + " | ".join(names) + ")"
     more = f' (space "," space {alts})*' if parallel else ""
-    rules["tool-call"] = f'{_gbnf_literal(Marker.HERMES_CALL_OPEN + chr(10))} space {alts}{more} space ' \
+    rules["tool-call"] = f'{_gbnf_literal(_HERMES_OPEN)} space {alts}{more} space ' \
                          f'{_gbnf_literal(Marker.HERMES_CALL_CLOSE)}'
     if required:
         rules["tool-calls"] = "(tool-call space)+"
         rules["root"] = "space until-tool-call? tool-calls"
-        rules.update(_until_rules("until-tool-call", Marker.HERMES_CALL_OPEN + "\n"))
+        rules.update(_until_rules("until-tool-call", _HERMES_OPEN))
     else:
         # b1 writes (tool-call? space)+, whose repeated item may be empty, which this grammar engine
         # refuses (left recursion); the same strings: calls and non-empty whitespace in any order
         rules["tool-calls"] = "(tool-call | space-some)*"
         rules["space-some"] = _GBNF_SPACE.removeprefix("| ")
-        head = _think_head(thinking_forced_open).replace("tc-space", "space")
+        head = _think_head(thinking_forced_open, "space")
         rules["root"] = head + "(tool-call | tool-calls)" if head else "tool-call | tool-calls"
     return "".join(f"{k} ::= {v}\n" for k, v in sorted(rules.items()))
 
@@ -261,9 +263,10 @@ def _class_char(c: str) -> str:
     return {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "]": "\\]", "^": "\\^", "-": "\\-"}.get(c, c)
 
 
-def _think_head(thinking_forced_open: bool) -> str:
-    """The start of a root rule: a leading `</think>` is allowed when the prompt left one open."""
-    return f'( {_gbnf_literal(Marker.THINK_END)} tc-space )? ' if thinking_forced_open else ""
+def _think_head(thinking_forced_open: bool, space: str = "tc-space") -> str:
+    """The start of a root rule: a leading `</think>` (then the grammar's `space` rule) is allowed
+    when the prompt left one open."""
+    return f'( {_gbnf_literal(Marker.THINK_END)} {space} )? ' if thinking_forced_open else ""
 
 
 def _with_space(gbnf: str) -> str:

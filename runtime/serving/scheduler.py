@@ -221,11 +221,10 @@ class Scheduler:
         # llama-server's process_token: a token that leaves an incomplete UTF-8 character is neither
         # streamed nor listed in the probabilities; every other one is, its text "" while held back
         complete = not r.text.incomplete
-        if task.params.n_probs > 0:
+        if task.params.n_probs > 0 and complete:
             ev.probs = [self.vocab.token_prob(t, lp) for t, lp in sampled.top]
             ev.logprob = sampled.logprob
-            if complete:
-                r.probs.append(ev)
+            r.probs.append(ev)
         stop, truncated = check_stop(r.text, stop_word, is_eog, n_cached=len(s.tokens), n_ctx=s.n_ctx,
                                      n_decoded=r.n_decoded, n_predict=r.n_predict, n_indent=task.n_indent,
                                      t_max_ms=task.t_max_predict_ms, t_prompt_done=r.t_prompt_done)
