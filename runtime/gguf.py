@@ -31,12 +31,14 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-__all__ = ["GGUFTensorInfo", "GGUFFile", "KV", "read_gguf", "read_gguf_metadata", "tensor_data"]
+__all__ = ["GGUFTensorInfo", "GGUFFile", "KV", "UnreadArray", "read_gguf", "read_gguf_metadata", "tensor_data",
+           "light_header", "map_file"]
 
 # a metadata entry as the writer takes it: key, value, type, array item type
 KV = tuple[str, Any, GGUFValueType, "GGUFValueType | None"]
@@ -232,6 +234,50 @@ def read_gguf(path: str | os.PathLike, with_tensors: bool = True, map_data: bool
         gf.data = np.frombuffer(mm, dtype=np.uint8)  # keeps `mm` alive as long as a view exists
     else:
         mm.close()
+    return gf
+
+
+class UnreadArray(Sequence):
+    """A metadata array a `light_header` left out: its length at once, its items read from the file
+    on first use (the tokenizer arrays, which a forked start-up turns into the tokenizer itself)."""
+
+    def __init__(self, path: str, key: str, n: int) -> None:
+        self.path, self.key, self.n = path, key, n
+        self._items: list | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if self._items is None:
+            self._items = read_gguf(self.path, with_tensors=False).metadata[self.key]
+        return self._items[i]
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "key": self.key, "n": self.n, "_items": None}
+
+    def __repr__(self) -> str:
+        return f"UnreadArray({self.key!r}, {self.n} items)"
+
+
+def light_header(gf: GGUFFile, path: str | os.PathLike, min_items: int = 4096) -> GGUFFile:
+    """`gf` without its data and with every metadata array of `min_items` or more as an
+    `UnreadArray`: small to pickle (a Qwen2 header: ~30 KB instead of ~8 MB)."""
+    md = {k: UnreadArray(str(path), k, len(v)) if isinstance(v, list) and len(v) >= min_items else v
+          for k, v in gf.metadata.items()}
+    return GGUFFile(md, gf.value_types, gf.tensors, gf.version, gf.alignment, gf.data_offset)
+
+
+def map_file(gf: GGUFFile, path: str | os.PathLike) -> GGUFFile:
+    """`gf` (a header of `path`, e.g. a `light_header` read elsewhere) with the file mapped as
+    `read_gguf(..., map_data=True)` maps it; raises if the file is now shorter than its tensors."""
+    mm = _open_mapping(Path(path), mmap.ACCESS_COPY)
+    end = max((t.offset + t.n_bytes for t in gf.tensors), default=0)
+    if len(mm) < end:
+        size = len(mm)
+        mm.close()
+        raise ValueError(f"truncated GGUF: {path}: expected at least {end} bytes, it has {size}")
+    gf.data = np.frombuffer(mm, dtype=np.uint8)
     return gf
 
 

@@ -200,3 +200,30 @@ def test_malformed_value_type_and_version(tmp_path):
     path.write_bytes(b"GGUF" + struct.pack("<IQQ", 1, 0, 0))
     with pytest.raises(ValueError, match="unsupported GGUF version 1"):
         read_gguf(path)
+
+
+def test_light_header_leaves_big_arrays_unread_and_maps_the_file(tmp_path):
+    """`light_header` (what a forked start-up sends) keeps every value but its big arrays, which
+    read the file on first use; `map_file` maps the data as read_gguf(map_data=True) does."""
+    import pickle
+
+    from runtime.gguf import UnreadArray, light_header, map_file
+
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, TinyModelSpec(n_layer=1, n_embd=64, n_head=2, n_head_kv=2, n_ff=128), vocab="builtin")
+    full = read_gguf(path)
+    light = pickle.loads(pickle.dumps(light_header(full, path, min_items=100)))
+    unread = {k for k, v in light.metadata.items() if isinstance(v, UnreadArray)}
+    assert "tokenizer.ggml.tokens" in unread and "general.architecture" not in unread
+    assert len(pickle.dumps(light)) < len(pickle.dumps(full)) / 4
+    for k in unread:
+        v, want = light.metadata[k], full.metadata[k]
+        assert len(v) == len(want) and v._items is None  # the length alone reads nothing
+        assert list(v) == want and v[-1] == want[-1]
+    mapped = map_file(light, path)
+    want = read_gguf(path, map_data=True)
+    for t in full.tensors:
+        assert np.array_equal(tensor_data(mapped, t), tensor_data(want, t))
+    path.write_bytes(path.read_bytes()[:full.tensors[-1].offset])  # the file shrank since
+    with pytest.raises(ValueError, match="truncated GGUF"):
+        map_file(light_header(full, path), path)

@@ -47,11 +47,12 @@ def _logits(m: Model, ids: list[int]) -> torch.Tensor:
     return m.forward(kv, [SeqBatch(seq, ids, 0)])[0]
 
 
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "threads"])
 @pytest.mark.parametrize("key", sorted(SPECS))
-def test_preloaded_model_is_the_ordinary_model(tmp_path, key):
+def test_preloaded_model_is_the_ordinary_model(tmp_path, key, fork):
     path = tmp_path / f"{key}.gguf"
     write_tiny_model(path, SPECS[key], vocab="builtin" if key.startswith("llama") else None)
-    pre = Preload(str(path)).take(str(path))
+    pre = Preload(str(path), fork=fork).take(str(path))
     assert pre is not None and pre.packed
     fast = Model(load_model(path, preloaded=pre), "cpu")
     slow = Model(load_model(path), "cpu")
@@ -73,6 +74,56 @@ def test_preloaded_model_is_the_ordinary_model(tmp_path, key):
             pre.tokenizer.result()
     else:
         assert pre.tokenizer.result().n_vocab == want
+
+
+SHARED_VOCAB = ROOT.parent / "shared" / "vocab"
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama-spm"])
+def test_the_forked_read_gives_the_header_and_tokenizer_of_the_file(name):
+    """The child process's header (its big arrays left unread, their lengths known) and tokenizer
+    (encoder built here) are the file's: same metadata, same tokens for llama.cpp's vectors."""
+    path = SHARED_VOCAB / f"ggml-vocab-{name}.gguf"
+    if not path.exists():
+        pytest.skip(f"{path} not available")
+    from runtime.gguf import UnreadArray, read_gguf
+
+    pre = Preload(str(path), fork=True).take(str(path))
+    want = read_gguf(path)
+    md = pre.gguf.metadata
+    assert set(md) == set(want.metadata) and pre.gguf.data is not None
+    unread = {k for k, v in md.items() if isinstance(v, UnreadArray)}
+    assert "tokenizer.ggml.tokens" in unread and "tokenizer.ggml.token_type" in unread
+    for k, v in md.items():
+        assert len(v) == len(want.metadata[k]) if k in unread else v == want.metadata[k]
+    assert md["tokenizer.ggml.tokens"][7] == want.metadata["tokenizer.ggml.tokens"][7]  # read on use
+    tok, ref = pre.tokenizer.result(), load_tokenizer(path)
+    texts = Path(str(path) + ".inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    assert len(texts) > 40
+    assert [tok.encode(t) for t in texts] == [ref.encode(t) for t in texts]
+    assert tok.token_pieces() == ref.token_pieces()
+
+
+def test_a_failing_child_leaves_the_read_to_the_server(tmp_path, monkeypatch):
+    """A child that fails before its header (or before its tokenizer) sends nothing more: the
+    server reads the file (or builds the tokenizer) itself, with the same result."""
+    from runtime import preload as preload_mod
+
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, SPECS["qwen2-q4_k-tied"], vocab="builtin")
+    want = load_tokenizer(path)
+
+    def fail(*a, **k):
+        raise RuntimeError("child failure")
+
+    for name in ("tokenizer_from_gguf_metadata", "light_header"):  # the child runs the patched copy
+        with monkeypatch.context() as m:
+            m.setattr(preload_mod, name, fail)
+            pre = Preload(str(path), fork=True).take(str(path))
+        assert pre is not None and pre.packed
+        tok = pre.tokenizer.result()
+        assert tok.encode("hello world") == want.encode("hello world") and tok.n_vocab == want.n_vocab
+        assert pre.gguf.metadata["tokenizer.ggml.tokens"][:5] == ["!", '"', "#", "$", "%"]
 
 
 def test_take_is_once_and_for_its_own_file(tmp_path):

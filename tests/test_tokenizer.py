@@ -411,3 +411,25 @@ def test_spm_merges_are_cached_and_reused(tmp_path, monkeypatch):
     other[100] += 1.0
     f._spm_merges(vocab, other, texts)
     assert calls == [1, 1, 1] and len(list((tmp_path / "tokenizers").glob("spm-merges-*.npy"))) == 2
+
+
+@pytest.mark.parametrize("name", VOCAB_NAMES)
+def test_vocab_vectors_through_a_pickled_tokenizer(name):
+    """A forked start-up (runtime/preload.py) pickles the tokenizer before its encoder is built:
+    the unpickled one, its encoder built, tokenizes llama.cpp's vectors as the ordinary one."""
+    import pickle
+
+    from runtime.gguf import read_gguf_metadata
+
+    md = read_gguf_metadata(_need_vocab(name))
+    sent = tokenizer_from_gguf_metadata(md, build_encoder=False)
+    tok = pickle.loads(pickle.dumps(sent, protocol=5)).build_encoder()
+    assert tok.build_encoder() is tok  # once
+    cases = _cases(name)
+    bad = [(text, want) for text, want in cases if tok.encode(text, add_special=False, parse_special=False) != want]
+    assert not bad, bad[:3]
+    ref = _tok(name)
+    assert tok.token_pieces() == ref.token_pieces() and tok.fim_ids == ref.fim_ids and tok.eot_ids == ref.eot_ids
+    assert tok.token_id(ref.token_text(ref.eos_id)) == ref.eos_id  # its text index rebuilt on first use
+    with pytest.raises(TypeError, match="before build_encoder"):
+        pickle.dumps(tok)

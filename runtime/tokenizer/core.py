@@ -52,6 +52,7 @@ class Tokenizer:
         self._attrs = attrs              # [n_vocab] llama_token_attr bits
         self._scores = scores
         self._hf = hf                    # fragment encoder: no added tokens, no post-processor
+        #                                  (or its from_gguf.EncoderRecipe until build_encoder)
         self._pieces = pieces            # [n_vocab] token_to_piece(id, special=True)
         self.vocab_type = vocab_type
         self.n_vocab = len(texts)
@@ -87,6 +88,24 @@ class Tokenizer:
         self._specials_all = tuple(specials)
         self._specials_user = tuple(s for s in specials if not s.parse_only)
         self._special_firsts = frozenset(s.text[0] for s in specials)
+
+    def build_encoder(self) -> Tokenizer:
+        """Make the fragment encoder of a Tokenizer built with `build_encoder=False` (or
+        unpickled); returns self."""
+        if not isinstance(self._hf, tokenizers.Tokenizer):
+            self._hf = self._hf.build()
+        return self
+
+    def __getstate__(self) -> dict:
+        """Pickled before its encoder is built (a forked start-up sends it to the server, which
+        builds the encoder: `tokenizers` objects pickle as JSON, slower to read than to build)."""
+        if isinstance(self._hf, tokenizers.Tokenizer):
+            raise TypeError("a Tokenizer pickles only before build_encoder "
+                            "(tokenizer_from_gguf_metadata(md, build_encoder=False))")
+        return {**self.__dict__, "_token_to_id": None}  # rebuilt on first use
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
     # -- token properties ---------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from runtime.tokenizer.vocab import (ATTR_CONTROL, ATTR_NORMAL, ATTR_RSTRIP, ATT
                                      FIM_EOG_TEXTS, FIM_TEXTS, TYPE_TO_ATTR, VOCAB_TYPE_BPE,
                                      VOCAB_TYPE_SPM, token_pieces)
 
-__all__ = ["tokenizer_from_gguf_metadata", "VOCAB_KINDS"]
+__all__ = ["tokenizer_from_gguf_metadata", "VOCAB_KINDS", "EncoderRecipe"]
 
 
 @dataclass
@@ -82,7 +82,11 @@ def _spm_merges(vocab: dict[str, int], scores: np.ndarray, texts: list[bytes] | 
     pair of the vocabulary's own strings (no copies). The ranked (id of a, id of b) pairs are kept
     in the cache (`_spm_merge_ids`): found again at the next start, they skip the search (Gemma 3:
     ~1.4 of its ~1.5 s)."""
-    ab = _spm_merge_ids(vocab, scores, texts)
+    return _merge_strings(vocab, _spm_merge_ids(vocab, scores, texts))
+
+
+def _merge_strings(vocab: dict[str, int], ab: np.ndarray) -> list[tuple[str, str]]:
+    """Ranked merges as int32 [n, 2] ids -> pairs of the vocabulary's own strings."""
     strs: list[str | None] = [None] * (max(vocab.values()) + 1 if vocab else 0)
     for t, i in vocab.items():
         strs[i] = t
@@ -176,31 +180,49 @@ def _split_merges(lines: Sequence[str]) -> list[tuple[str, str]]:
     return out
 
 
+@dataclass(frozen=True)
+class EncoderRecipe:
+    """What builds a vocabulary's fragment encoder (a `tokenizers` BPE), as plain data: a forked
+    start-up (runtime/preload.py) computes it in a child process and pickles it, and the server
+    only runs `build` (the `tokenizers` constructor, ~0.15 s for 150k tokens, holding the GIL)."""
+    vocab: dict[str, int]
+    merges: list[tuple[str, str]] | None  # BPE: the GGUF merges; SPM: None, `merge_ids` instead
+    merge_ids: np.ndarray | None = None  # SPM: int32 [n, 2] ranked (id of a, id of b)
+    pre: PreSpec | None = None  # BPE: the pre-tokenizer
+    byte_fallback: bool = False
+    unk_token: str | None = None
+
+    def build(self) -> tokenizers.Tokenizer:
+        merges = self.merges if self.merges is not None else _merge_strings(self.vocab, self.merge_ids)
+        if self.pre is None:
+            return tokenizers.Tokenizer(models.BPE(vocab=self.vocab, merges=merges, byte_fallback=self.byte_fallback,
+                                                   unk_token=self.unk_token))
+        try:
+            bpe = models.BPE(vocab=self.vocab, merges=merges, ignore_merges=self.pre.ignore_merges)
+        except Exception:  # a merge whose parts or result are not tokens: llama.cpp never uses it
+            vocab = self.vocab
+            merges = [(a, b) for a, b in merges if a in vocab and b in vocab and (a + b) in vocab]
+            bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=self.pre.ignore_merges)
+        hf = tokenizers.Tokenizer(bpe)
+        hf.pre_tokenizer = hf_pre_tokenizer(self.pre)
+        return hf
+
+
 def _bpe_encoder(md: Mapping[str, Any], s: _Settings, vocab: dict[str, int], texts: list[bytes],
-                 scores: np.ndarray | None) -> tokenizers.Tokenizer:
-    merges = _parse_merges(md.get("tokenizer.ggml.merges", []))
-    ignore = s.spec.ignore_merges
-    try:
-        bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore)
-    except Exception:  # a merge whose parts or result are not tokens: llama.cpp never uses it
-        merges = [(a, b) for a, b in merges if a in vocab and b in vocab and (a + b) in vocab]
-        bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore)
-    hf = tokenizers.Tokenizer(bpe)
-    hf.pre_tokenizer = hf_pre_tokenizer(s.spec)
-    return hf
+                 scores: np.ndarray | None) -> EncoderRecipe:
+    return EncoderRecipe(vocab, _parse_merges(md.get("tokenizer.ggml.merges", [])), pre=s.spec)
 
 
 def _spm_encoder(md: Mapping[str, Any], s: _Settings, vocab: dict[str, int], texts: list[bytes],
-                 scores: np.ndarray | None) -> tokenizers.Tokenizer:
+                 scores: np.ndarray | None) -> EncoderRecipe:
     sc = scores if scores is not None else np.zeros(len(texts), dtype=np.float32)
     unk_text = texts[s.unk].decode("utf-8", errors="replace") if s.unk >= 0 else None
-    bpe = models.BPE(vocab=vocab, merges=_spm_merges(vocab, sc, texts), byte_fallback=True, unk_token=unk_text)
-    return tokenizers.Tokenizer(bpe)
+    return EncoderRecipe(vocab, None, _spm_merge_ids(vocab, sc, texts), byte_fallback=True, unk_token=unk_text)
 
 
 class VocabKind(NamedTuple):
     settings: Callable[[str | None], _Settings]  # (tokenizer.ggml.pre) -> defaults
-    encoder: Callable[..., tokenizers.Tokenizer]  # (md, settings, vocab, texts, scores)
+    encoder: Callable[..., EncoderRecipe]  # (md, settings, vocab, texts, scores)
 
 
 # tokenizer.ggml.model -> how to build it
@@ -409,9 +431,10 @@ def _fim_ids(md: Mapping[str, Any], tok: Tokenizer) -> dict[str, int]:
 
 # ---------------------------------------------------------------------------------------------
 
-def tokenizer_from_gguf_metadata(md: Mapping[str, Any]) -> Tokenizer:
+def tokenizer_from_gguf_metadata(md: Mapping[str, Any], *, build_encoder: bool = True) -> Tokenizer:
     """Build a Tokenizer from GGUF key/values (as `runtime.gguf.read_gguf_metadata` returns them;
-    string arrays may be bytes or str, numeric arrays any sequence)."""
+    string arrays may be bytes or str, numeric arrays any sequence). `build_encoder=False`: the
+    fragment encoder is left as its recipe (picklable; `Tokenizer.build_encoder` makes it)."""
     model = _text(md.get("tokenizer.ggml.model"))
     if model is None:
         raise ValueError("GGUF has no tokenizer.ggml.model")
@@ -435,14 +458,14 @@ def tokenizer_from_gguf_metadata(md: Mapping[str, Any]) -> Tokenizer:
     str_texts = _special_looking_texts(texts)
     eog, warnings = _detect_eog(s, str_texts, attrs)
     _model_attrs(md, str_texts, attrs)
-    hf = kind.encoder(md, s, vocab, texts, scores)
+    recipe = kind.encoder(md, s, vocab, texts, scores)
     pieces = token_pieces(texts, attrs, s.vocab_type)
 
-    tok = Tokenizer(texts=texts, attrs=attrs, scores=scores, vocab_type=s.vocab_type, hf=hf,
+    tok = Tokenizer(texts=texts, attrs=attrs, scores=scores, vocab_type=s.vocab_type, hf=recipe,
                     pieces=pieces, bos_id=s.bos, eos_id=s.eos, eot_id=s.eot, unk_id=s.unk,
                     pad_id=s.pad, eog_ids=eog, add_bos=s.add_bos, add_eos=s.add_eos,
                     add_space_prefix=s.add_space_prefix, clean_spaces=s.clean_spaces,
                     chat_template=_text(md.get("tokenizer.chat_template")), pre=s.pre, model=model)
     tok.warnings = warnings
     tok.fim_ids = _fim_ids(md, tok)
-    return tok
+    return tok.build_encoder() if build_encoder else tok
