@@ -17,6 +17,7 @@ a markdown table to stderr.
 from __future__ import annotations
 
 import argparse
+import http.client
 import asyncio
 import json
 import os
@@ -24,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import httpx
@@ -95,16 +97,28 @@ def stop(p: subprocess.Popen) -> None:
             p.wait()
 
 
+def health_status(url: str) -> int | None:
+    """GET /health with the standard library: ~0.05 ms of CPU a poll. (`httpx.get` builds an SSL
+    context per call, ~20 ms of CPU: polling every 20 ms with it took half a core from the server
+    starting beside it on a 2-core machine, 0.3-0.5 s of tritium's load.)"""
+    u = urllib.parse.urlsplit(url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=2)
+    try:
+        c.request("GET", "/health")
+        return c.getresponse().status
+    except OSError:
+        return None
+    finally:
+        c.close()
+
+
 def wait_health(url: str, p: subprocess.Popen, timeout: float) -> float:
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < timeout:
         if p.poll() is not None:
             raise RuntimeError(f"server exited with {p.returncode} before /health answered")
-        try:
-            if httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200:
-                return time.perf_counter() - t0
-        except httpx.HTTPError:
-            pass
+        if health_status(url) == 200:
+            return time.perf_counter() - t0
         time.sleep(0.02)  # the load time's resolution
     raise RuntimeError(f"{url}: not healthy after {timeout} s")
 

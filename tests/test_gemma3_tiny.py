@@ -83,7 +83,11 @@ def test_file_and_config(model_files):
 # closer than that, so some prompts part (q8_0 f32attn: prompts 3 and 7 after 16 and 19 tokens;
 # q4_k f32attn: prompts 5 and 7 after 3 and 23). "default" (float16 flash attention in llama-server)
 # adds the rounding tests/test_qwen3moe.py's NEED describes (q8_0: 1/8 identical, q4_k: 4/8).
-NEED = {("f32", "f32attn"): 8, ("q8_0", "f32attn"): 6, ("q4_k", "f32attn"): 6,
+# q4_k f32attn is 5 on a 2-core AMD EPYC (2026-12-05, same code as the Intel Xeon's 6): prompt 3
+# parts there after 6 tokens, where tritium's top-2 logits are 1.05408 and 1.05239 (llama-server's
+# token second, 0.0017 behind), within the few 1e-3 above: the compiled kernels round differently
+# per CPU.
+NEED = {("f32", "f32attn"): 8, ("q8_0", "f32attn"): 6, ("q4_k", "f32attn"): 5,
         ("f32", "default"): 8, ("q8_0", "default"): 1, ("q4_k", "default"): 4}
 
 
