@@ -81,9 +81,19 @@ class _Forked:
     pieces, each piece would take the GIL back from the imports (~160 turns for a Qwen2 vocab)."""
 
     def __init__(self, path: str):
+        """Raises OSError where a memory file, a pipe or a fork cannot be had (nothing left open)."""
         self._mem = os.memfd_create("tritium-preload", os.MFD_CLOEXEC)
-        r, w = os.pipe()
-        self.pid = os.fork()
+        try:
+            r, w = os.pipe()
+        except OSError:
+            os.close(self._mem)
+            raise
+        try:
+            self.pid = os.fork()
+        except OSError:
+            for fd in (self._mem, r, w):
+                os.close(fd)
+            raise
         if self.pid == 0:  # the child: never returns
             os.close(r)
             _child(path, w, self._mem)
@@ -160,7 +170,12 @@ class Preload:
         self.path = path
         self._n_threads = n_threads
         self._result: Preloaded | None = None
-        self._forked = _Forked(path) if (fork_usable() if fork is None else fork) else None
+        self._forked = None
+        if fork_usable() if fork is None else fork:
+            try:
+                self._forked = _Forked(path)
+            except (OSError, AttributeError):  # no memfd_create (old kernel), no fork: read here
+                pass
         self._thread = threading.Thread(target=self._run, name="tritium-preload", daemon=True)
         self._thread.start()
 

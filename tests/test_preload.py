@@ -126,6 +126,33 @@ def test_a_failing_child_leaves_the_read_to_the_server(tmp_path, monkeypatch):
         assert pre.gguf.metadata["tokenizer.ggml.tokens"][:5] == ["!", '"', "#", "$", "%"]
 
 
+@pytest.mark.parametrize("missing", ["memfd_create", "fork"])
+def test_no_child_where_the_system_gives_none(tmp_path, monkeypatch, missing):
+    """No memory file (an old kernel) or no fork (EAGAIN): the read runs in the server, nothing is
+    left open."""
+    import gc
+    import os
+
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, SPECS["qwen2-q4_k-tied"], vocab="builtin")
+    load_tokenizer(path)
+
+    def refuse(*a, **k):
+        raise OSError(11, "refused")
+
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    with monkeypatch.context() as m:
+        m.setattr(os, missing, refuse)
+        p = Preload(str(path), fork=True)
+        assert p._forked is None
+        pre = p.take(str(path))
+    assert pre is not None and pre.packed and pre.tokenizer.result().encode("hi") == load_tokenizer(path).encode("hi")
+    del p, pre  # the mapping holds a descriptor of the file
+    gc.collect()
+    if fds is not None:
+        assert len(os.listdir("/proc/self/fd")) == fds
+
+
 def test_take_is_once_and_for_its_own_file(tmp_path):
     path = tmp_path / "m.gguf"
     write_tiny_model(path, SPECS["qwen2-q4_k-tied"])
