@@ -22,8 +22,10 @@ model does not build is merely repacked for nothing (tests/test_preload.py check
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -82,6 +84,7 @@ class _Forked:
 
     def __init__(self, path: str):
         """Raises OSError where a memory file, a pipe or a fork cannot be had (nothing left open)."""
+        parent = os.getpid()
         self._mem = os.memfd_create("tritium-preload", os.MFD_CLOEXEC)
         try:
             r, w = os.pipe()
@@ -96,7 +99,7 @@ class _Forked:
             raise
         if self.pid == 0:  # the child: never returns
             os.close(r)
-            _child(path, w, self._mem)
+            _child(path, w, self._mem, parent)
         os.close(w)
         self._pipe = r
 
@@ -121,9 +124,17 @@ class _Forked:
             pass
 
 
-def _child(path: str, pipe: int, mem: int) -> None:
+def _child(path: str, pipe: int, mem: int, parent: int) -> None:
     code = 1
     try:
+        # ends with the server: a start-up killed now leaves no child reading on (Linux prctl
+        # PR_SET_PDEATHSIG; a parent gone before it was set is seen by getppid)
+        try:
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+        except (OSError, AttributeError):  # no prctl: the child ends at its next write instead
+            pass
+        if os.getppid() != parent:
+            return
         os.nice(19)  # the server's imports come first on a busy core
         gf = read_gguf(path)
         off = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -163,6 +164,32 @@ def test_no_child_where_the_system_gives_none(tmp_path, monkeypatch, missing):
     after = open_fds()
     assert not [f for f in after if "tritium-preload" in f]  # the memory file
     assert sum(f.startswith("pipe:") for f in after) <= sum(f.startswith("pipe:") for f in before)
+
+
+def test_the_child_ends_with_the_server(tmp_path):
+    """A start-up killed while its child still reads (here: the server process exits at once)
+    leaves no child behind: it dies with its parent."""
+    path = SHARED_VOCAB / "ggml-vocab-qwen2.gguf"  # ~0.5 s of tokenizer work for the child
+    if not path.exists():
+        pytest.skip(f"{path} not available")
+    out = tmp_path / "child"
+    code = ("import os, sys; from runtime.preload import Preload; p = Preload(sys.argv[1], fork=True); "
+            "open(sys.argv[2], 'w').write(open(f'/proc/self/task/{os.getpid()}/children').read()); os._exit(0)")
+    # no pipe shared with the child: run() returns when the parent has exited
+    subprocess.run([sys.executable, "-c", code, str(path), str(out)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=60, check=True)
+    pid = int(out.read_text().split()[0])
+
+    def alive() -> bool:  # a zombie (not yet reaped by init) counts as gone
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 0.05  # the child's own work lasts ~0.5 s
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert not alive()
 
 
 def test_take_is_once_and_for_its_own_file(tmp_path):
