@@ -29,9 +29,9 @@ import math
 import mmap
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -250,7 +250,7 @@ class UnreadArray(Sequence):
 
     def __getitem__(self, i):
         if self._items is None:
-            self._items = read_gguf(self.path, with_tensors=False).metadata[self.key]
+            self._items = read_gguf_metadata(self.path)[self.key]
         return self._items[i]
 
     def __getstate__(self) -> dict:

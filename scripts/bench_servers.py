@@ -17,8 +17,8 @@ a markdown table to stderr.
 from __future__ import annotations
 
 import argparse
-import http.client
 import asyncio
+import http.client
 import json
 import os
 import signal

@@ -393,23 +393,26 @@ def test_spm_merges_are_cached_and_reused(tmp_path, monkeypatch):
     md = read_gguf_metadata(_need_vocab("llama-spm"))
     texts, vocab = f._texts_and_vocab(md["tokenizer.ggml.tokens"])
     scores = np.asarray(md["tokenizer.ggml.scores"], dtype=np.float32)
-    first = f._spm_merges(vocab, scores, texts)
-    assert first == f._spm_merges(vocab, scores)  # uncached: the same search
+    def spm_merges(sc, tx=None):  # the ranked merges an SPM recipe builds its encoder with
+        return f._merge_strings(vocab, f._spm_merge_ids(vocab, sc, tx))
+
+    first = spm_merges(scores, texts)
+    assert first == spm_merges(scores)  # uncached: the same search
     files = list((tmp_path / "tokenizers").glob("spm-merges-*.npy"))
     assert len(files) == 1 and len(first) > 1000
 
     calls = []
     real = f._spm_search
     monkeypatch.setattr(f, "_spm_search", lambda *a: calls.append(1) or real(*a))
-    assert f._spm_merges(vocab, scores, texts) == first and not calls  # read back, no search
+    assert spm_merges(scores, texts) == first and not calls  # read back, no search
     files[0].write_bytes(b"not an array")
-    assert f._spm_merges(vocab, scores, texts) == first and calls == [1]  # recomputed
-    assert f._spm_merges(vocab, scores, texts) == first and calls == [1]  # and rewritten
+    assert spm_merges(scores, texts) == first and calls == [1]  # recomputed
+    assert spm_merges(scores, texts) == first and calls == [1]  # and rewritten
     np.save(files[0], np.array([[0, len(texts)]], dtype=np.int32))  # an array, but an id past the end
-    assert f._spm_merges(vocab, scores, texts) == first and calls == [1, 1]
+    assert spm_merges(scores, texts) == first and calls == [1, 1]
     other = scores.copy()
     other[100] += 1.0
-    f._spm_merges(vocab, other, texts)
+    spm_merges(other, texts)
     assert calls == [1, 1, 1] and len(list((tmp_path / "tokenizers").glob("spm-merges-*.npy"))) == 2
 
 

@@ -104,9 +104,6 @@ class Tokenizer:
                             "(tokenizer_from_gguf_metadata(md, build_encoder=False))")
         return {**self.__dict__, "_token_to_id": None}  # rebuilt on first use
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-
     # -- token properties ---------------------------------------------------------------------
 
     def token_type(self, tid: int) -> int:

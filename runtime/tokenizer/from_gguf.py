@@ -75,16 +75,6 @@ def _bpe_settings(pre: str | None) -> _Settings:
     return s
 
 
-def _spm_merges(vocab: dict[str, int], scores: np.ndarray, texts: list[bytes] | None = None) -> list[tuple[str, str]]:
-    """Every (a, b) with a, b, a+b tokens, ranked by the score of a+b (higher first; ties by the id
-    of a+b, then the split point). Built lean: Gemma 3's vocabulary gives 514,847 merges, so the
-    candidates are collected as (id, split) integers and sorted in numpy, and each merge is a
-    pair of the vocabulary's own strings (no copies). The ranked (id of a, id of b) pairs are kept
-    in the cache (`_spm_merge_ids`): found again at the next start, they skip the search (Gemma 3:
-    ~1.4 of its ~1.5 s)."""
-    return _merge_strings(vocab, _spm_merge_ids(vocab, scores, texts))
-
-
 def _merge_strings(vocab: dict[str, int], ab: np.ndarray) -> list[tuple[str, str]]:
     """Ranked merges as int32 [n, 2] ids -> pairs of the vocabulary's own strings."""
     strs: list[str | None] = [None] * (max(vocab.values()) + 1 if vocab else 0)
@@ -94,7 +84,12 @@ def _merge_strings(vocab: dict[str, int], ab: np.ndarray) -> list[tuple[str, str
 
 
 def _spm_search(vocab: dict[str, int], scores: np.ndarray) -> np.ndarray:
-    """The ranked merges as int32 [n, 2] (id of a, id of b)."""
+    """The SPM merges: every (a, b) with a, b, a+b tokens, ranked by the score of a+b (higher first;
+    ties by the id of a+b, then the split point), as int32 [n, 2] (id of a, id of b). Built lean:
+    Gemma 3's vocabulary gives 514,847 merges, so the candidates are collected as (id, split)
+    integers and sorted in numpy (`_merge_strings` then pairs the vocabulary's own strings, no
+    copies). `_spm_merge_ids` keeps the result in the cache: found again at the next start, it skips
+    the search (Gemma 3: ~1.4 of its ~1.5 s)."""
     found = [tid << 20 | k for tok, tid in vocab.items() for k in range(1, min(len(tok), 1 << 20))
              if tok[:k] in vocab and tok[k:] in vocab]  # (id, split) packed in one int
     packed = np.array(found, dtype=np.int64)
