@@ -153,6 +153,11 @@ typedef struct {
     const int32_t *xs;
     const int16_t *bsum;
     int M, K;
+    /* made per job by run_jobs for the kernels that read scales in place (qdot_gemm.c):
+       Q6_K: boff int32 [M][K / 16] = -32 * bsum; Q4_K / Q5_K: bm int8 [M][K / 256][16], the sums
+       of the 8 32-column sub-blocks split as 128 * hi + lo (lo 0..127): lo[8] then hi[8] */
+    const int32_t *boff;
+    const int8_t *bm;
 } qd_acts;
 
 /* qdot_panel.c: one panel -> scratch. Returns the codes to read ([K / 4][32]): the scratch, or the

@@ -21,22 +21,42 @@
 
 #define MRMAX 4
 
+/* Small batches of the K-quants on VNNI read the scale fields straight from the panel instead of
+   a decoded copy in scratch (no round trip through memory, and the weights stay one sequential
+   stream: the panel's scale fields are prefetched as it starts). 1: Q6_K (one vpmovsxbd per
+   sub-block; each sub-block's int32 sum starts at -32 * its activation sum, so no mins pass);
+   2: Q4_K / Q5_K (the 6-bit fields unpacked in registers; the mins by four vpdpbusd against the
+   sub-block sums split into bytes). The same integers as the scratch path: the same bits. */
+#if defined(QD_VNNI)
+#define QD_INLINE_SCALES(type, fused) \
+    ((fused) ? (type) == QD_Q6_K ? 1 : ((type) == QD_Q4_K || (type) == QD_Q5_K) ? 2 : 0 : 0)
+#else
+#define QD_INLINE_SCALES(type, fused) 0
+#endif
+
+
 #if defined(QD_AVX2)
 #define ALWAYS static inline __attribute__((always_inline))
 
 ALWAYS __m256i bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
 ALWAYS __m256i ldv(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
-/* Small batches stream the weights from memory once: software prefetch QD_PF bytes ahead (the
-   panels are contiguous, so this runs on into the next panel's scales and codes). 1 KB: on a
-   2-core AMD EPYC (~48 GB/s on two cores) the 1.5B-shaped Q4_K_M decode step took 36-37 ms with
-   it against 41-43 ms at 4 KB (chosen on a ~22 GB/s machine), 8 KB 43 ms, 16 KB 45 ms, 512 B 35 ms
-   (scripts/profile_cpu_decode.py, one sequence). */
+/* Small batches stream the weights from memory once. With 4 activation rows per kernel call the
+   kernels software-prefetch QD_PF bytes ahead (the panels are contiguous, so this runs on into the
+   next panel's scales and codes); with 1-3 rows the hardware prefetcher alone does better. On a
+   2-core AMD EPYC, the matmuls of one 1.5B-shaped Q4_K_M decode step, two builds interleaved
+   (32.5 against 34.8 ms at one row, 38.3 against 39.5 at three; 47.1 against 50.3 at four the
+   other way): with the scale fields read in place the kernels got fast enough that the prefetches
+   only took issue slots and line-fill buffers from the demand stream. 1 KB at four rows: 4 KB was
+   41-43 ms against 36-37 on that machine in the whole step, 8 KB 43, 16 KB 45. */
 #ifndef QD_HEADPF
 #define QD_HEADPF 16384
 #endif
 #ifndef QD_PF
 #define QD_PF 1024
+#endif
+#ifndef QD_PF_MR
+#define QD_PF_MR 4
 #endif
 ALWAYS void prefetch_ahead(const uint8_t *p, int n) {
     for (int o = 0; o < n; o += 64) _mm_prefetch((const char *)(p + QD_PF + o), _MM_HINT_T0);
@@ -105,7 +125,7 @@ ALWAYS void mk_a(const int type, const int fused, const int MR, const int chunk,
         __m256i acc[MRMAX];
         #pragma GCC unroll 4
         for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_si256();
-        if (fused) prefetch_ahead(codes + (size_t)b * cbytes, cbytes);
+        if (fused && MR >= QD_PF_MR) prefetch_ahead(codes + (size_t)b * cbytes, cbytes);
 #if defined(QD_VNNI)
         #pragma GCC unroll 8
         for (int kg = 0; kg < 8; ++kg) {
@@ -161,12 +181,14 @@ ALWAYS void mk_a(const int type, const int fused, const int MR, const int chunk,
 /* K-quants. nsub: scale sub-blocks per 256 (8: 32 columns each, 16: 16 columns each);
    chunk: k-groups summed in int16 per vpmaddwd (AVX2); fold: the mins share d (Q6_K, Q3_K). */
 ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, const int chunk, const int fold,
-                 const uint8_t *codes, int cbytes, const qd_scratch *s, int nb, const qd_acts *a, int m0, float *out) {
+                 const uint8_t *codes, int cbytes, const uint8_t *scl, const qd_scratch *s, int nb, const qd_acts *a,
+                 int m0, float *out) {
     __m256 accf[MRMAX];
     const size_t K = (size_t)a->K, K16 = K / 16;
     const int8_t *const xq0 = a->xq + (size_t)m0 * K;
     const int16_t *const bs0 = a->bsum + (size_t)m0 * K16;
     const int kgs = 64 / nsub, gbytes = cbytes / 8;
+    const int inl = QD_INLINE_SCALES(type, fused);
     #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) accf[m] = _mm256_setzero_ps();
     for (int b = 0; b < nb; ++b) {
@@ -174,14 +196,33 @@ ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, 
         #pragma GCC unroll 4
         for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_si256();
         const int32_t *scb = s->sc + (size_t)b * nsub * 8;
-        if (fused) prefetch_ahead(codes + (size_t)b * cbytes, cbytes);
-        #pragma GCC unroll 2
+        const uint8_t *sb = scl + (size_t)b * (inl == 1 ? 144 : 128);  /* inl: this block's scale fields */
+        if (fused && MR >= QD_PF_MR) prefetch_ahead(codes + (size_t)b * cbytes, cbytes);
+        if (inl) _mm_prefetch((const char *)(sb + 512), _MM_HINT_T0);
+        __m256i u[4];  /* inl 2: bytes j of lanes: u[0] sc 0-3, u[1] sc 4-7, u[2] m 0-3, u[3] m 4-7 */
+        if (inl == 2) {
+            const __m256i k1 = _mm256_set1_epi32(0x3f3f3f3f), k2 = _mm256_set1_epi32(0x0f0f0f0f),
+                          k3 = _mm256_set1_epi32(0x03030303);
+            const __m256i w0 = ldv(sb + 32), w1 = ldv(sb + 64), w2 = ldv(sb + 96);
+            u[0] = _mm256_and_si256(w0, k1);
+            u[1] = _mm256_or_si256(_mm256_and_si256(w2, k2), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w0, 6), k3), 4));
+            u[2] = _mm256_and_si256(w1, k1);
+            u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), k2),
+                                   _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), k3), 4));
+        }
+        #pragma GCC unroll 16
         for (int j = 0; j < nsub; ++j) {
-            const __m256i scv = _mm256_loadu_si256((const __m256i *)(scb + 8 * j));
+            const __m256i scv =
+                inl == 1 ? _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 16 + 8 * j)))
+                : inl == 2 ? _mm256_and_si256(_mm256_srli_epi32(u[j / 4], 8 * (j % 4)), _mm256_set1_epi32(0xFF))
+                : _mm256_loadu_si256((const __m256i *)(scb + 8 * j));
 #if defined(QD_VNNI)
             __m256i t[MRMAX];
+            /* inl: the -32 offset of the codes starts each sub-block's sum (scale * (sum c x - 32 sum x)
+               is the same integer as the folded mins below) */
             #pragma GCC unroll 4
-            for (int m = 0; m < MR; ++m) t[m] = _mm256_setzero_si256();
+            for (int m = 0; m < MR; ++m)
+                t[m] = inl == 1 ? _mm256_set1_epi32(a->boff[(size_t)(m0 + m) * K16 + 16 * b + j]) : _mm256_setzero_si256();
             #pragma GCC unroll 8
             for (int kg = 0; kg < kgs; ++kg) {
                 const int k = j * kgs + kg;
@@ -210,11 +251,29 @@ ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, 
             }
 #endif
         }
-        const __m256 dw = _mm256_loadu_ps(s->d + 8 * b);
+        const __m256 dw = inl ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sb)) : _mm256_loadu_ps(s->d + 8 * b);
         const int32_t *mnb = s->mn + (size_t)b * 64;
         #pragma GCC unroll 4
         for (int m = 0; m < MR; ++m) {
             const float xd = a->xd[(size_t)(m0 + m) * nb + b];
+            if (inl == 1) {
+                accf[m] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(acc[m]), accf[m]);
+                continue;
+            }
+#if defined(QD_VNNI)
+            if (inl == 2) {  /* mins = sum_j m_j (128 hi_j + lo_j) */
+                const int8_t *bm = a->bm + ((size_t)(m0 + m) * nb + b) * 16;
+                const __m256i z = _mm256_setzero_si256();
+                const __m256i lo = QD_DPBUSD(QD_DPBUSD(z, u[2], bcast4(bm)), u[3], bcast4(bm + 4));
+                const __m256i hi = QD_DPBUSD(QD_DPBUSD(z, u[2], bcast4(bm + 8)), u[3], bcast4(bm + 12));
+                const __m256i mins = _mm256_add_epi32(lo, _mm256_slli_epi32(hi, 7));
+                const __m256 xdv = _mm256_set1_ps(xd);
+                const __m256 dmw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16)));
+                accf[m] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xdv), _mm256_cvtepi32_ps(acc[m]), accf[m]);
+                accf[m] = _mm256_fnmadd_ps(_mm256_mul_ps(dmw, xdv), _mm256_cvtepi32_ps(mins), accf[m]);
+                continue;
+            }
+#endif
             const int16_t *bs = bs0 + m * K16 + 16 * b;
             __m256i mins = _mm256_setzero_si256();
             #pragma GCC unroll 8
@@ -246,10 +305,10 @@ ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, 
 #define MR_SWITCH(F, ...) switch (MR) { case 1: F(1, __VA_ARGS__); break; case 2: F(2, __VA_ARGS__); break; \
                                         case 3: F(3, __VA_ARGS__); break; default: F(4, __VA_ARGS__); }
 
-static void run_panel(int type, int fused, int MR, const uint8_t *c, int cbytes, const qd_scratch *s, int nb,
-                      const qd_acts *a, int m0, float *out) {
+static void run_panel(int type, int fused, int MR, const uint8_t *c, int cbytes, const uint8_t *scl,
+                      const qd_scratch *s, int nb, const qd_acts *a, int m0, float *out) {
 #define MKA(n, T, f, chunk, off, hm) mk_a(T, f, n, chunk, off, hm, c, cbytes, s, nb, a, m0, out)
-#define MKK(n, T, f, nsub, chunk, fold) mk_k(T, f, n, nsub, chunk, fold, c, cbytes, s, nb, a, m0, out)
+#define MKK(n, T, f, nsub, chunk, fold) mk_k(T, f, n, nsub, chunk, fold, c, cbytes, scl, s, nb, a, m0, out)
 #define A_CASE(T, chunk, off, hm) \
     case T: if (fused) MR_SWITCH(MKA, T, 1, chunk, off, hm) else MR_SWITCH(MKA, T, 0, chunk, off, hm) break;
 #define K_CASE(T, nsub, chunk, fold) \
@@ -399,9 +458,9 @@ static void run_pair(int type, int MR, const uint8_t *c2, const qd_scratch *sA, 
 
 #else  /* ------------------------------------------------------------------ portable */
 
-static void run_panel(int type, int fused, int MR, const uint8_t *c, int cbytes, const qd_scratch *s, int nb,
-                      const qd_acts *a, int m0, float *out) {
-    (void)fused; (void)cbytes;  /* the portable build always decodes into scratch */
+static void run_panel(int type, int fused, int MR, const uint8_t *c, int cbytes, const uint8_t *scl,
+                      const qd_scratch *s, int nb, const qd_acts *a, int m0, float *out) {
+    (void)fused; (void)cbytes; (void)scl;  /* the portable build always decodes into scratch */
     const qd_type *t = qd_type_info(type);
     const int K = a->K;
     for (int m = 0; m < MR; ++m) {
@@ -446,8 +505,8 @@ static void run_panel(int type, int fused, int MR, const uint8_t *c, int cbytes,
 #endif
 
 /* thread-local scratch, grown on demand */
-static __thread uint8_t *tl_buf, *tl_act, *tl_pair;
-static __thread size_t tl_cap, tl_act_cap, tl_pair_cap;
+static __thread uint8_t *tl_buf, *tl_act, *tl_pair, *tl_boff;
+static __thread size_t tl_cap, tl_act_cap, tl_pair_cap, tl_boff_cap;
 
 static void *tl_grow(uint8_t **buf, size_t *cap, size_t need) {
     if (*cap < need) {
@@ -540,6 +599,27 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
             for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)(p0 + o), _MM_HINT_T1);
         }
 #endif
+        qd_acts al;
+        const int inl = QD_INLINE_SCALES(jb->type, fused);
+        if (inl) {  /* this thread's activation sums in the form the kernel reads (qd_acts), once per job */
+            const size_t n = (size_t)M * (K / 16);
+            al = *a;
+            if (inl == 1) {
+                int32_t *bo = (int32_t *)tl_grow(&tl_boff, &tl_boff_cap, 4 * n);
+                for (size_t i = 0; i < n; ++i) bo[i] = -32 * (int32_t)a->bsum[i];
+                al.boff = bo;
+            } else {
+                int8_t *bm = (int8_t *)tl_grow(&tl_boff, &tl_boff_cap, n);
+                for (size_t i = 0; i < n / 16; ++i)
+                    for (int j = 0; j < 8; ++j) {
+                        const int sj = a->bsum[16 * i + 2 * j] + a->bsum[16 * i + 2 * j + 1];  /* |sj| <= 32 * 128 */
+                        bm[16 * i + j] = (int8_t)(sj & 127);
+                        bm[16 * i + 8 + j] = (int8_t)(sj >> 7);
+                    }
+                al.bm = bm;
+            }
+            a = &al;
+        }
         uint8_t *buf = (uint8_t *)tl_grow(&tl_buf, &tl_cap, sb * (size_t)G + 64);
         qd_scratch sc[16];
         const uint8_t *codes[16];
@@ -548,7 +628,12 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
             const int p0 = it * G, p1 = p0 + G < np ? p0 + G : np;
             for (int p = p0; p < p1; ++p) {
                 const uint8_t *panel = jb->W + (size_t)p * pb;
-                if (fused) { qd_decode_scales(t, panel, K, &sc[p - p0]); codes[p - p0] = qd_codes_of(t, panel, K); }
+                if (fused) {
+                    if (!inl) qd_decode_scales(t, panel, K, &sc[p - p0]);
+                    else  /* the scale fields up front, as the decode into scratch touched them */
+                        for (size_t o = 0; o < qd_scales_bytes(t, K); o += 64) __builtin_prefetch(panel + o, 0, 3);
+                    codes[p - p0] = qd_codes_of(t, panel, K);
+                }
                 else codes[p - p0] = qd_decode_panel(t, panel, K, &sc[p - p0]);
             }
 #if defined(QD_ZMM)
@@ -575,7 +660,7 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
 #endif
                 for (; p < p1; ++p) {
                     float out[MRMAX * 8];
-                    run_panel(jb->type, fused, MR, codes[p - p0], t->codes, &sc[p - p0], nb, a, m0, out);
+                    run_panel(jb->type, fused, MR, codes[p - p0], t->codes, jb->W + (size_t)p * pb, &sc[p - p0], nb, a, m0, out);
                     const int n0 = 8 * p, nn = jb->N - n0 < 8 ? jb->N - n0 : 8;
                     for (int m = 0; m < MR; ++m) memcpy(jb->y + (size_t)(m0 + m) * jb->ldy + n0, out + 8 * m, sizeof(float) * nn);
                 }
