@@ -1,10 +1,10 @@
 /* qdot: integer-dot quantized matmul for the CPU path (see kernels/cpu/qdot.py).
 
    Weights: every GGUF quantized type is repacked once into "x8" panels of 8 output rows, holding
-   exactly the bits of the GGUF blocks (same size, up to < 128 bytes of padding per panel):
+   exactly the bits of the GGUF blocks (same size, up to < 64 bytes of padding per panel):
 
-     panel p (rows 8p .. 8p+7) = [scales of block 0][scales of block 1]... (padded to 64 bytes)
-                                 [codes of block 0][codes of block 1]...   (padded to 64 bytes)
+     panel p (rows 8p .. 8p+7) = [scales of block 0][codes of block 0][scales of block 1][codes of
+                                 block 1]... (padded to 64 bytes)
 
    The codes of a block are grouped by 32 columns; inside a group every plane is one 32-byte vector
    of "8 rows x 4 consecutive columns" (byte r * 4 + j is row r, column 4 * kg + j of k-group kg),
@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <stdatomic.h>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -85,16 +86,20 @@ static inline const qd_type *qd_type_info(int type) {
     return 0;
 }
 
-/* panel = [scales of all blocks, padded to 64 bytes][codes of all blocks], padded to 64 bytes:
-   read front to back, one sequential stream over the whole weight */
-static inline size_t qd_scales_bytes(const qd_type *t, int K) {
-    return ((size_t)(K / t->bs) * (size_t)t->scales + 63) & ~(size_t)63;
-}
+/* panel = for each block: [its scale fields][its codes], the blocks one after another, the whole
+   padded to 64 bytes: one sequential stream over the weight, each block's scales just before the
+   codes they scale (read front to back by the small-batch kernels, which take the scale fields in
+   place: with all scales of a panel ahead of all its codes, two streams a panel apart, the hardware
+   prefetchers left the scale reads of a 1.5B model's decode step waiting on memory) */
+static inline size_t qd_block_stride(const qd_type *t) { return (size_t)t->scales + (size_t)t->codes; }
 static inline size_t qd_panel_bytes(const qd_type *t, int K) {
-    return (qd_scales_bytes(t, K) + (size_t)(K / t->bs) * (size_t)t->codes + 63) & ~(size_t)63;
+    return ((size_t)(K / t->bs) * qd_block_stride(t) + 63) & ~(size_t)63;
 }
-static inline const uint8_t *qd_codes_of(const qd_type *t, const uint8_t *panel, int K) {
-    return panel + qd_scales_bytes(t, K);
+static inline const uint8_t *qd_scales_at(const qd_type *t, const uint8_t *panel, int b) {
+    return panel + (size_t)b * qd_block_stride(t);
+}
+static inline const uint8_t *qd_codes_at(const qd_type *t, const uint8_t *panel, int b) {
+    return panel + (size_t)b * qd_block_stride(t) + t->scales;
 }
 
 static inline float qd_f16(uint16_t h) {
@@ -159,6 +164,19 @@ typedef struct {
     const int32_t *boff;
     const int8_t *bm;
 } qd_acts;
+
+/* qdot_sched.c: the small batches' work split. A thread's range of panel indices (over the jobs of
+   a call, in order), front | back << 32: the owner takes from the front, other threads steal from
+   the back once theirs is empty. One cache line each. */
+typedef struct {
+    _Alignas(64) _Atomic uint64_t w;
+    char pad[56];
+} qd_range;
+#define QD_MAX_THREADS 64
+/* thread tid of nt: the panels whose middle byte falls in its share of the jobs' bytes */
+void qd_range_init(qd_range *r, const int *np, const size_t *panel_bytes, int nj, int tid, int nt);
+long qd_take_front(qd_range *r, int n, int *got);  /* the first of *got <= n panels, or -1 when empty */
+long qd_take_back(qd_range *r);                     /* one panel, or -1 */
 
 /* qdot_panel.c: one panel -> scratch. Returns the codes to read ([K / 4][32]): the scratch, or the
    panel itself where the codes need no decoding (Q8_0). `qd_decode_panel` is the build's vector

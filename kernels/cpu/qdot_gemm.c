@@ -20,6 +20,7 @@
 #include <omp.h>
 
 #define MRMAX 4
+#define QD_GROUP_MAX 8  /* weights in one qd_group (qdot_lib.GROUP_MAX) */
 
 /* Small batches of the K-quants on VNNI read the scale fields straight from the panel instead of
    a decoded copy in scratch (no round trip through memory, and the weights stay one sequential
@@ -49,9 +50,6 @@ ALWAYS __m256i ldv(const uint8_t *p) { return _mm256_loadu_si256((const __m256i 
    other way): with the scale fields read in place the kernels got fast enough that the prefetches
    only took issue slots and line-fill buffers from the demand stream. 1 KB at four rows: 4 KB was
    41-43 ms against 36-37 on that machine in the whole step, 8 KB 43, 16 KB 45. */
-#ifndef QD_HEADPF
-#define QD_HEADPF 16384
-#endif
 #ifndef QD_PF
 #define QD_PF 1024
 #endif
@@ -97,9 +95,11 @@ ALWAYS __m256i code_kg(const int type, const uint8_t *g, int kg) {
 }
 
 /* The code vector of k-group k (0 .. bs/4 - 1) of block b: from the decoded scratch (stride 256 per
-   32 columns) or, fused, from the panel itself (cbytes per block, gbytes per 32-column group). */
-ALWAYS __m256i wv(const int type, const int fused, const uint8_t *codes, int cbytes, int gbytes, int bs, int b, int k) {
-    if (fused && type != QD_Q8_0) return code_kg(type, codes + (size_t)b * cbytes + (size_t)(k / 8) * gbytes, k % 8);
+   32 columns) or, fused, from the panel itself (codes of block 0 at `codes`, the blocks `stride`
+   bytes apart, gbytes per 32-column group). */
+ALWAYS __m256i wv(const int type, const int fused, const uint8_t *codes, int stride, int gbytes, int bs, int b, int k) {
+    if (fused && type != QD_Q8_0) return code_kg(type, codes + (size_t)b * stride + (size_t)(k / 8) * gbytes, k % 8);
+    if (fused) return ldv(codes + (size_t)b * stride + 32 * k);  /* Q8_0 */
     return ldv(codes + (size_t)b * bs * 8 + 32 * k);
 }
 
@@ -107,7 +107,7 @@ ALWAYS __m256i wv(const int type, const int fused, const uint8_t *codes, int cby
    chunk: k-groups summed in int16 (AVX2); has_m: Q4_1 / Q5_1 add m_w * d_x * sum_x;
    Q8_0 codes are signed (AVX2: sign trick; VNNI: +128 bias, removed through the sums). */
 ALWAYS void mk_a(const int type, const int fused, const int MR, const int chunk, int off, const int has_m,
-                 const uint8_t *codes, int cbytes, const qd_scratch *s, int nb, const qd_acts *a, int m0, float *out) {
+                 const uint8_t *codes, int stride, const qd_scratch *s, int nb, const qd_acts *a, int m0, float *out) {
     __m256 accf[MRMAX];
     /* rows as one base pointer + stride: x86 addressing does the rest (no pointer array to spill) */
     const size_t K = (size_t)a->K;
@@ -125,11 +125,11 @@ ALWAYS void mk_a(const int type, const int fused, const int MR, const int chunk,
         __m256i acc[MRMAX];
         #pragma GCC unroll 4
         for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_si256();
-        if (fused && MR >= QD_PF_MR) prefetch_ahead(codes + (size_t)b * cbytes, cbytes);
+        if (fused && MR >= QD_PF_MR) prefetch_ahead(codes + (size_t)b * stride, stride);
 #if defined(QD_VNNI)
         #pragma GCC unroll 8
         for (int kg = 0; kg < 8; ++kg) {
-            __m256i w = wv(type, fused, codes, cbytes, cbytes, 32, b, kg);
+            __m256i w = wv(type, fused, codes, stride, stride, 32, b, kg);
             if (s8) w = _mm256_xor_si256(w, bias);
             #pragma GCC unroll 4
             for (int m = 0; m < MR; ++m) acc[m] = QD_DPBUSD(acc[m], w, bcast4(xq0 + m * K + 32 * b + 4 * kg));
@@ -138,7 +138,7 @@ ALWAYS void mk_a(const int type, const int fused, const int MR, const int chunk,
         if (s8) {
             #pragma GCC unroll 8
             for (int kg = 0; kg < 8; ++kg) {
-                const __m256i w = wv(type, fused, codes, cbytes, cbytes, 32, b, kg), aw = _mm256_sign_epi8(w, w);
+                const __m256i w = wv(type, fused, codes, stride, stride, 32, b, kg), aw = _mm256_sign_epi8(w, w);
                 #pragma GCC unroll 4
                 for (int m = 0; m < MR; ++m)
                     acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(
@@ -152,7 +152,7 @@ ALWAYS void mk_a(const int type, const int fused, const int MR, const int chunk,
                 for (int m = 0; m < MR; ++m) a16[m] = _mm256_setzero_si256();
                 #pragma GCC unroll 8
                 for (int kg = c0; kg < c0 + chunk; ++kg) {
-                    const __m256i w = wv(type, fused, codes, cbytes, cbytes, 32, b, kg);
+                    const __m256i w = wv(type, fused, codes, stride, stride, 32, b, kg);
                     #pragma GCC unroll 4
                     for (int m = 0; m < MR; ++m)
                         a16[m] = _mm256_add_epi16(a16[m], _mm256_maddubs_epi16(w, bcast4(xq0 + m * K + 32 * b + 4 * kg)));
@@ -181,13 +181,15 @@ ALWAYS void mk_a(const int type, const int fused, const int MR, const int chunk,
 /* K-quants. nsub: scale sub-blocks per 256 (8: 32 columns each, 16: 16 columns each);
    chunk: k-groups summed in int16 per vpmaddwd (AVX2); fold: the mins share d (Q6_K, Q3_K). */
 ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, const int chunk, const int fold,
-                 const uint8_t *codes, int cbytes, const uint8_t *scl, const qd_scratch *s, int nb, const qd_acts *a,
+                 const uint8_t *codes, int stride, const uint8_t *scl, const qd_scratch *s, int nb, const qd_acts *a,
                  int m0, float *out) {
     __m256 accf[MRMAX];
     const size_t K = (size_t)a->K, K16 = K / 16;
     const int8_t *const xq0 = a->xq + (size_t)m0 * K;
     const int16_t *const bs0 = a->bsum + (size_t)m0 * K16;
-    const int kgs = 64 / nsub, gbytes = cbytes / 8;
+    /* code bytes of a 32-column group: 8 rows x 32 codes of 2 (Q2_K) .. 6 (Q6_K) bits */
+    const int kgs = 64 / nsub, gbytes = type == QD_Q2_K ? 64 : type == QD_Q3_K ? 96 : type == QD_Q4_K ? 128
+                                        : type == QD_Q5_K ? 160 : 192;
     const int inl = QD_INLINE_SCALES(type, fused);
     #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) accf[m] = _mm256_setzero_ps();
@@ -196,9 +198,8 @@ ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, 
         #pragma GCC unroll 4
         for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_si256();
         const int32_t *scb = s->sc + (size_t)b * nsub * 8;
-        const uint8_t *sb = scl + (size_t)b * (inl == 1 ? 144 : 128);  /* inl: this block's scale fields */
-        if (fused && MR >= QD_PF_MR) prefetch_ahead(codes + (size_t)b * cbytes, cbytes);
-        if (inl) _mm_prefetch((const char *)(sb + 512), _MM_HINT_T0);
+        const uint8_t *sb = scl + (size_t)b * stride;  /* inl: this block's scale fields */
+        if (fused && MR >= QD_PF_MR) prefetch_ahead(codes + (size_t)b * stride, stride);
         __m256i u[4];  /* inl 2: bytes j of lanes: u[0] sc 0-3, u[1] sc 4-7, u[2] m 0-3, u[3] m 4-7 */
         if (inl == 2) {
             const __m256i k1 = _mm256_set1_epi32(0x3f3f3f3f), k2 = _mm256_set1_epi32(0x0f0f0f0f),
@@ -226,7 +227,7 @@ ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, 
             #pragma GCC unroll 8
             for (int kg = 0; kg < kgs; ++kg) {
                 const int k = j * kgs + kg;
-                const __m256i w = wv(type, fused, codes, cbytes, gbytes, 256, b, k);
+                const __m256i w = wv(type, fused, codes, stride, gbytes, 256, b, k);
                 #pragma GCC unroll 4
                 for (int m = 0; m < MR; ++m) t[m] = QD_DPBUSD(t[m], w, bcast4(xq0 + m * K + 256 * b + 4 * k));
             }
@@ -241,7 +242,7 @@ ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, 
                 #pragma GCC unroll 8
                 for (int kg = c0; kg < c0 + chunk; ++kg) {
                     const int k = j * kgs + kg;
-                    const __m256i w = wv(type, fused, codes, cbytes, gbytes, 256, b, k);
+                    const __m256i w = wv(type, fused, codes, stride, gbytes, 256, b, k);
                     #pragma GCC unroll 4
                     for (int m = 0; m < MR; ++m)
                         a16[m] = _mm256_add_epi16(a16[m], _mm256_maddubs_epi16(w, bcast4(xq0 + m * K + 256 * b + 4 * k)));
@@ -305,10 +306,10 @@ ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, 
 #define MR_SWITCH(F, ...) switch (MR) { case 1: F(1, __VA_ARGS__); break; case 2: F(2, __VA_ARGS__); break; \
                                         case 3: F(3, __VA_ARGS__); break; default: F(4, __VA_ARGS__); }
 
-static void run_panel(int type, int fused, int MR, const uint8_t *c, int cbytes, const uint8_t *scl,
+static void run_panel(int type, int fused, int MR, const uint8_t *c, int stride, const uint8_t *scl,
                       const qd_scratch *s, int nb, const qd_acts *a, int m0, float *out) {
-#define MKA(n, T, f, chunk, off, hm) mk_a(T, f, n, chunk, off, hm, c, cbytes, s, nb, a, m0, out)
-#define MKK(n, T, f, nsub, chunk, fold) mk_k(T, f, n, nsub, chunk, fold, c, cbytes, scl, s, nb, a, m0, out)
+#define MKA(n, T, f, chunk, off, hm) mk_a(T, f, n, chunk, off, hm, c, stride, s, nb, a, m0, out)
+#define MKK(n, T, f, nsub, chunk, fold) mk_k(T, f, n, nsub, chunk, fold, c, stride, scl, s, nb, a, m0, out)
 #define A_CASE(T, chunk, off, hm) \
     case T: if (fused) MR_SWITCH(MKA, T, 1, chunk, off, hm) else MR_SWITCH(MKA, T, 0, chunk, off, hm) break;
 #define K_CASE(T, nsub, chunk, fold) \
@@ -458,9 +459,9 @@ static void run_pair(int type, int MR, const uint8_t *c2, const qd_scratch *sA, 
 
 #else  /* ------------------------------------------------------------------ portable */
 
-static void run_panel(int type, int fused, int MR, const uint8_t *c, int cbytes, const uint8_t *scl,
+static void run_panel(int type, int fused, int MR, const uint8_t *c, int stride, const uint8_t *scl,
                       const qd_scratch *s, int nb, const qd_acts *a, int m0, float *out) {
-    (void)fused; (void)cbytes; (void)scl;  /* the portable build always decodes into scratch */
+    (void)fused; (void)stride; (void)scl;  /* the portable build always decodes into scratch */
     const qd_type *t = qd_type_info(type);
     const int K = a->K;
     for (int m = 0; m < MR; ++m) {
@@ -505,8 +506,10 @@ static void run_panel(int type, int fused, int MR, const uint8_t *c, int cbytes,
 #endif
 
 /* thread-local scratch, grown on demand */
-static __thread uint8_t *tl_buf, *tl_act, *tl_pair, *tl_boff;
-static __thread size_t tl_cap, tl_act_cap, tl_pair_cap, tl_boff_cap;
+static __thread uint8_t *tl_buf, *tl_act;
+static __thread size_t tl_cap, tl_act_cap;
+static __thread __attribute__((unused)) uint8_t *tl_pair, *tl_boff, *tl_bm;  /* vector builds only */
+static __thread __attribute__((unused)) size_t tl_pair_cap, tl_boff_cap, tl_bm_cap;
 
 static void *tl_grow(uint8_t **buf, size_t *cap, size_t need) {
     if (*cap < need) {
@@ -543,8 +546,7 @@ typedef struct {
 #ifndef QD_FUSED_MAX
 #define QD_FUSED_MAX 8  /* up to this many rows: codes decoded in registers, once per MRMAX rows */
 #endif
-static int panels_per_item(int M, int K, int nb) {
-    if (M <= QD_FUSED_MAX) return 1;
+static int panels_per_item(int K, int nb) {
     int G = (int)((192 * 1024) / scratch_bytes(K, nb));
 #if defined(QD_ZMM)
     G = G / 2 * 2;  /* whole pairs (plus their interleaved codes: ~1.5x the scratch in L2) */
@@ -554,8 +556,15 @@ static int panels_per_item(int M, int K, int nb) {
 #endif
 }
 
-/* Runs inside a parallel region: this thread's share of the work items of all jobs, split by
-   weight bytes (jobs of different types and sizes balance). */
+#if defined(QD_AVX2)
+#define QD_FUSED(M) ((M) <= QD_FUSED_MAX)
+#else
+#define QD_FUSED(M) 0  /* the portable build always decodes into scratch */
+#endif
+
+/* Runs inside a parallel region, for more than QD_FUSED_MAX rows: this thread's share of the work
+   items of all jobs, split by weight bytes (jobs of different types and sizes balance). The panels
+   of an item are decoded once into scratch, then read by every MRMAX rows. */
 static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, const qd_acts *a8_K, int M) {
     const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
     double total = 0;
@@ -569,7 +578,7 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
         const qd_job *jb = &jobs[j];
         const qd_type *t = qd_type_info(jb->type);
         const qd_acts *a = t->kq ? a8_K : a8_0;
-        const int nb = K / t->bs, np = (jb->N + 7) / 8, G = panels_per_item(M, K, nb);
+        const int nb = K / t->bs, np = (jb->N + 7) / 8, G = panels_per_item(K, nb);
         const size_t pb = qd_panel_bytes(t, K), sb = scratch_bytes(K, nb);
         const double jbytes = (double)np * (double)pb;
         if (at + jbytes <= lo || at >= hi) { at += jbytes; continue; }
@@ -582,63 +591,16 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
 #undef MID
         at += jbytes;
         if (i0 >= i1) continue;
-#if defined(QD_AVX2)
-        /* up to QD_FUSED_MAX rows: codes decoded in registers from the panel (one read of the weights
-           from memory; a second group of MRMAX rows finds the panel in L1/L2); more rows: the panels
-           of an item decoded once into scratch, read by every MRMAX rows */
-        const int fused = M <= QD_FUSED_MAX;
-#else
-        const int fused = 0;
-#endif
-#if defined(QD_AVX2) && !defined(QD_NO_HEADPF)
-        if (fused) {  /* cold start of a stream: many lines in flight at once (to L2), the running
-                         prefetch in the kernels then keeps QD_PF bytes ahead */
-            const uint8_t *p0 = jb->W + (size_t)i0 * G * pb;
-            size_t n = (size_t)(i1 - i0) * G * pb;
-            n = n < QD_HEADPF ? n : QD_HEADPF;
-            for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)(p0 + o), _MM_HINT_T1);
-        }
-#endif
-        qd_acts al;
-        const int inl = QD_INLINE_SCALES(jb->type, fused);
-        if (inl) {  /* this thread's activation sums in the form the kernel reads (qd_acts), once per job */
-            const size_t n = (size_t)M * (K / 16);
-            al = *a;
-            if (inl == 1) {
-                int32_t *bo = (int32_t *)tl_grow(&tl_boff, &tl_boff_cap, 4 * n);
-                for (size_t i = 0; i < n; ++i) bo[i] = -32 * (int32_t)a->bsum[i];
-                al.boff = bo;
-            } else {
-                int8_t *bm = (int8_t *)tl_grow(&tl_boff, &tl_boff_cap, n);
-                for (size_t i = 0; i < n / 16; ++i)
-                    for (int j = 0; j < 8; ++j) {
-                        const int sj = a->bsum[16 * i + 2 * j] + a->bsum[16 * i + 2 * j + 1];  /* |sj| <= 32 * 128 */
-                        bm[16 * i + j] = (int8_t)(sj & 127);
-                        bm[16 * i + 8 + j] = (int8_t)(sj >> 7);
-                    }
-                al.bm = bm;
-            }
-            a = &al;
-        }
         uint8_t *buf = (uint8_t *)tl_grow(&tl_buf, &tl_cap, sb * (size_t)G + 64);
         qd_scratch sc[16];
         const uint8_t *codes[16];
         for (int g = 0; g < G; ++g) sc[g] = scratch_at(buf + sb * (size_t)g, K, nb);
         for (int it = i0; it < i1; ++it) {
             const int p0 = it * G, p1 = p0 + G < np ? p0 + G : np;
-            for (int p = p0; p < p1; ++p) {
-                const uint8_t *panel = jb->W + (size_t)p * pb;
-                if (fused) {
-                    if (!inl) qd_decode_scales(t, panel, K, &sc[p - p0]);
-                    else  /* the scale fields up front, as the decode into scratch touched them */
-                        for (size_t o = 0; o < qd_scales_bytes(t, K); o += 64) __builtin_prefetch(panel + o, 0, 3);
-                    codes[p - p0] = qd_codes_of(t, panel, K);
-                }
-                else codes[p - p0] = qd_decode_panel(t, panel, K, &sc[p - p0]);
-            }
+            for (int p = p0; p < p1; ++p) codes[p - p0] = qd_decode_panel(t, jb->W + (size_t)p * pb, K, &sc[p - p0]);
 #if defined(QD_ZMM)
             uint8_t *pairs = NULL;
-            if (!fused && p1 - p0 >= 2) {
+            if (p1 - p0 >= 2) {
                 pairs = (uint8_t *)tl_grow(&tl_pair, &tl_pair_cap, (size_t)(G / 2) * K * 16 + 64);
                 for (int p = p0; p + 1 < p1; p += 2)
                     z_interleave(codes[p - p0], codes[p + 1 - p0], K, pairs + (size_t)((p - p0) / 2) * K * 16);
@@ -660,7 +622,7 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
 #endif
                 for (; p < p1; ++p) {
                     float out[MRMAX * 8];
-                    run_panel(jb->type, fused, MR, codes[p - p0], t->codes, jb->W + (size_t)p * pb, &sc[p - p0], nb, a, m0, out);
+                    run_panel(jb->type, 0, MR, codes[p - p0], (int)qd_block_stride(t), jb->W + (size_t)p * pb, &sc[p - p0], nb, a, m0, out);
                     const int n0 = 8 * p, nn = jb->N - n0 < 8 ? jb->N - n0 : 8;
                     for (int m = 0; m < MR; ++m) memcpy(jb->y + (size_t)(m0 + m) * jb->ldy + n0, out + 8 * m, sizeof(float) * nn);
                 }
@@ -669,8 +631,104 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
     }
 }
 
+/* The work split of the small batches (qdot_sched.c): this thread's range of the jobs' panels. */
+static void init_range(const qd_job *jobs, int nj, int K, qd_range *ranges) {
+    int np[QD_GROUP_MAX];
+    size_t pb[QD_GROUP_MAX];
+    for (int j = 0; j < nj; ++j) {
+        np[j] = (jobs[j].N + 7) / 8;
+        pb[j] = qd_panel_bytes(qd_type_info(jobs[j].type), K);
+    }
+    const int tid = omp_get_thread_num();
+    qd_range_init(&ranges[tid], np, pb, nj, tid, omp_get_num_threads());
+}
+
+#if defined(QD_AVX2)
+#ifndef QD_CHUNK_BYTES
+#define QD_CHUNK_BYTES 65536  /* weight bytes per take from a thread's own range (qdot_sched.c) */
+#endif
+/* Runs inside a parallel region, up to QD_FUSED_MAX rows, after every thread's init_range: panels
+   one at a time from this thread's range, then from the back of the others' (qdot_sched.c); each
+   panel's codes decoded in registers (one read of the weights from memory; a second group of MRMAX
+   rows finds the panel in L1/L2). */
+static void run_fused(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, const qd_acts *a8_K, int M,
+                      qd_range *ranges) {
+    const int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    /* K-quants whose kernels read the scale fields in place take the activation sums in their own
+       form (qd_acts), made once per call by each thread */
+    qd_acts aK = *a8_K;
+    int need1 = 0, need2 = 0;
+    long start[QD_GROUP_MAX + 1];
+    size_t sbmax = 0, pbmin = SIZE_MAX;
+    start[0] = 0;
+    for (int j = 0; j < nj; ++j) {
+        const qd_type *t = qd_type_info(jobs[j].type);
+        const int inl = QD_INLINE_SCALES(jobs[j].type, 1);
+        need1 |= inl == 1;
+        need2 |= inl == 2;
+        start[j + 1] = start[j] + (jobs[j].N + 7) / 8;
+        const size_t sb = scratch_bytes(K, K / t->bs), pb = qd_panel_bytes(t, K);
+        sbmax = sb > sbmax ? sb : sbmax;
+        pbmin = pb < pbmin ? pb : pbmin;
+    }
+    const size_t n16 = (size_t)M * (K / 16);
+    if (need1) {
+        int32_t *bo = (int32_t *)tl_grow(&tl_boff, &tl_boff_cap, 4 * n16);
+        for (size_t i = 0; i < n16; ++i) bo[i] = -32 * (int32_t)a8_K->bsum[i];
+        aK.boff = bo;
+    }
+    if (need2) {
+        int8_t *bm = (int8_t *)tl_grow(&tl_bm, &tl_bm_cap, n16);
+        for (size_t i = 0; i < n16 / 16; ++i)
+            for (int j = 0; j < 8; ++j) {
+                const int sj = a8_K->bsum[16 * i + 2 * j] + a8_K->bsum[16 * i + 2 * j + 1];  /* |sj| <= 32 * 128 */
+                bm[16 * i + j] = (int8_t)(sj & 127);
+                bm[16 * i + 8 + j] = (int8_t)(sj >> 7);
+            }
+        aK.bm = bm;
+    }
+    uint8_t *buf = (uint8_t *)tl_grow(&tl_buf, &tl_cap, sbmax + 64);
+    const int chunk = pbmin >= QD_CHUNK_BYTES ? 1 : (int)(QD_CHUNK_BYTES / pbmin);
+    long gi = 0;
+    int left = 0, j = 0;
+    for (;; ++gi, --left) {
+        if (left == 0) {  /* the next panels of this thread's range, or one from the back of another's */
+            gi = qd_take_front(&ranges[tid], chunk, &left);
+            for (int v = 1; gi < 0 && v < nt; ++v) {
+                gi = qd_take_back(&ranges[(tid + v) % nt]);
+                left = 1;
+            }
+            if (gi < 0) break;
+            j = 0;
+        }
+        while (gi >= start[j + 1]) ++j;
+        const qd_job *jb = &jobs[j];
+        const qd_type *t = qd_type_info(jb->type);
+        const qd_acts *a = t->kq ? &aK : a8_0;
+        const int nb = K / t->bs, p = (int)(gi - start[j]);
+        const uint8_t *panel = jb->W + (size_t)p * qd_panel_bytes(t, K);
+        qd_scratch sc = scratch_at(buf, K, nb);
+        if (!QD_INLINE_SCALES(jb->type, 1)) qd_decode_scales(t, panel, K, &sc);
+        const uint8_t *codes = qd_codes_at(t, panel, 0);
+        for (int m0 = 0; m0 < M; m0 += MRMAX) {
+            const int MR = M - m0 < MRMAX ? M - m0 : MRMAX;
+            float out[MRMAX * 8];
+            run_panel(jb->type, 1, MR, codes, (int)qd_block_stride(t), panel, &sc, nb, a, m0, out);
+            const int n0 = 8 * p, nn = jb->N - n0 < 8 ? jb->N - n0 : 8;
+            for (int m = 0; m < MR; ++m) memcpy(jb->y + (size_t)(m0 + m) * jb->ldy + n0, out + 8 * m, sizeof(float) * nn);
+        }
+    }
+}
+#else
+static void run_fused(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, const qd_acts *a8_K, int M,
+                      qd_range *ranges) {
+    (void)jobs; (void)nj; (void)K; (void)a8_0; (void)a8_K; (void)M; (void)ranges;  /* QD_FUSED is 0 */
+}
+#endif
+
 static int threads_for(double bytes, int M, int nthreads) {
     /* below ~64 KB of weights a second thread costs more than it saves */
+    nthreads = nthreads < QD_MAX_THREADS ? nthreads : QD_MAX_THREADS;
     return bytes * (M < 4 ? M : 4) < 65536.0 ? 1 : nthreads;
 }
 
@@ -683,15 +741,24 @@ int qd_matmul(int type, const uint8_t *W, int N, int K, const int8_t *xq, const 
     const qd_acts a = {xq, xd, xs, bsum, M, K};
     const qd_job job = {type, N, W, y, ldy};
     nthreads = threads_for((double)((N + 7) / 8) * qd_panel_bytes(t, K), M, nthreads);
+    qd_range ranges[QD_MAX_THREADS];
+    const int fused = QD_FUSED(M);
     #pragma omp parallel num_threads(nthreads)
-    run_jobs(&job, 1, K, &a, &a, M);
+    {
+        if (fused) {
+            init_range(&job, 1, K, ranges);
+            #pragma omp barrier
+            run_fused(&job, 1, K, &a, &a, M, ranges);
+        } else {
+            run_jobs(&job, 1, K, &a, &a, M);
+        }
+    }
     return 0;
 }
 
 /* A group of weights reading the same input (q/k/v, gate/up): x float32 [M][K] (row stride ldx)
    quantized once per activation kind the group needs, inside the same parallel region as the
    matmuls; weight i writes y columns [off_i, off_i + N_i) with off_i = N_0 + ... + N_{i-1}. */
-#define QD_GROUP_MAX 8
 typedef struct {
     int nw, K;
     int types[QD_GROUP_MAX], Ns[QD_GROUP_MAX];
@@ -731,8 +798,11 @@ int qd_group_run(const qd_group *g, const float *x, long ldx, int M, float *y, l
         aK.M = M; aK.K = K;
     }
     nthreads = threads_for(bytes, M, nthreads);
+    qd_range ranges[QD_MAX_THREADS];
+    const int fused = QD_FUSED(M);
     #pragma omp parallel num_threads(nthreads)
     {
+        if (fused) init_range(jobs, g->nw, K, ranges);
         #pragma omp for schedule(static)
         for (int m = 0; m < M; ++m) {
             if (need0) qd_quant_row_q8_0(x + (size_t)m * ldx, K, (int8_t *)a0.xq + (size_t)m * K,
@@ -740,8 +810,10 @@ int qd_group_run(const qd_group *g, const float *x, long ldx, int M, float *y, l
             if (needK) qd_quant_row_q8_K(x + (size_t)m * ldx, K, (int8_t *)aK.xq + (size_t)m * K,
                                          (float *)aK.xd + (size_t)m * (K / 256), (int16_t *)aK.bsum + (size_t)m * (K / 16));
         }
-        /* the implicit barrier of the omp for: every row quantized before any matmul */
-        run_jobs(jobs, g->nw, K, &a0, &aK, M);
+        /* the implicit barrier of the omp for: every row quantized, and every range set, before any
+           matmul */
+        if (fused) run_fused(jobs, g->nw, K, &a0, &aK, M, ranges);
+        else run_jobs(jobs, g->nw, K, &a0, &aK, M);
     }
     return 0;
 }

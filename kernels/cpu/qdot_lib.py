@@ -13,7 +13,7 @@ from . import native
 
 log = logging.getLogger("kernels.cpu.qdot")
 
-_SOURCES = ("qdot_repack.c", "qdot_panel.c", "qdot_quant.c", "qdot_gemm.c")
+_SOURCES = ("qdot_repack.c", "qdot_panel.c", "qdot_quant.c", "qdot_sched.c", "qdot_gemm.c")
 
 _AVX2 = ("-mavx2", "-mfma", "-mf16c", "-mbmi2")
 ISA_FLAGS: dict[str, tuple[str, ...]] = {
@@ -150,5 +150,5 @@ def repacked_bytes(qtype: int, rows: int, cols: int) -> int:
     bs, _, _ = TYPES[int(qtype)]
     c, s = _CODES_SCALES[int(qtype)]
     nb = cols // bs
-    panel = (nb * s + 63) // 64 * 64 + nb * c
+    panel = nb * (s + c)  # per block: scale fields, then codes (qdot.h)
     return ((rows + 7) // 8) * ((panel + 63) // 64 * 64)

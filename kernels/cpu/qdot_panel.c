@@ -9,7 +9,7 @@ static inline int32_t pair16(int a, int b) { return (int32_t)((uint32_t)(uint16_
 
 static void s_scales(const qd_type *t, const uint8_t *scl, int nb, qd_scratch *s) {
     for (int b = 0; b < nb; ++b) {
-        const uint8_t *p = scl + (size_t)b * t->scales;
+        const uint8_t *p = qd_scales_at(t, scl, b);
         float *d = s->d + 8 * b, *dm = s->dm + 8 * b;
         int32_t *sc = s->sc + (size_t)b * t->nsub * 8, *mn = s->mn + (size_t)b * 64;
         for (int r = 0; r < 8; ++r) {
@@ -83,11 +83,13 @@ static void s_bit2(const uint8_t *pl, int dst, uint8_t *o) {
 const uint8_t *qd_decode_panel_scalar(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s) {
     const int nb = K / t->bs, ng = t->bs / 32, gbytes = t->codes / ng;
     s_scales(t, panel, nb, s);
-    const uint8_t *codes = qd_codes_of(t, panel, K);
-    if (t->type == QD_Q8_0) return codes;
+    if (t->type == QD_Q8_0) {  /* the signed bytes as they are, made contiguous */
+        for (int b = 0; b < nb; ++b) memcpy(s->codes + (size_t)b * 256, qd_codes_at(t, panel, b), 256);
+        return s->codes;
+    }
     for (int b = 0; b < nb; ++b)
         for (int g = 0; g < ng; ++g) {
-            const uint8_t *gp = codes + (size_t)b * t->codes + (size_t)g * gbytes;
+            const uint8_t *gp = qd_codes_at(t, panel, b) + (size_t)g * gbytes;
             uint8_t *o = s->codes + ((size_t)b * ng + g) * 256;
             switch (t->type) {
             case QD_Q4_0: case QD_Q4_1: case QD_Q4_K: s_nib(gp, o); break;
@@ -180,7 +182,7 @@ static inline __m256i byte_of(__m256i v, int j) {
 
 static void v_scales(const qd_type *t, const uint8_t *scl, int nb, qd_scratch *s) {
     for (int b = 0; b < nb; ++b) {
-        const uint8_t *p = scl + (size_t)b * t->scales;
+        const uint8_t *p = qd_scales_at(t, scl, b);
         int32_t *sc = s->sc + (size_t)b * t->nsub * 8, *mn = s->mn + (size_t)b * 64;
         _mm256_storeu_ps(s->d + 8 * b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)));
         switch (t->type) {
@@ -277,12 +279,14 @@ void qd_decode_scales(const qd_type *t, const uint8_t *panel, int K, qd_scratch 
 const uint8_t *qd_decode_panel(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s) {
     const int nb = K / t->bs, ng = t->bs / 32, gbytes = t->codes / ng;
     v_scales(t, panel, nb, s);
-    const uint8_t *codes = qd_codes_of(t, panel, K);
-    if (t->type == QD_Q8_0) return codes;
+    if (t->type == QD_Q8_0) {  /* the signed bytes as they are, made contiguous */
+        for (int b = 0; b < nb; ++b) memcpy(s->codes + (size_t)b * 256, qd_codes_at(t, panel, b), 256);
+        return s->codes;
+    }
     const int type = t->type;
     for (int b = 0; b < nb; ++b)
         for (int g = 0; g < ng; ++g) {
-            const uint8_t *gp = codes + (size_t)b * t->codes + (size_t)g * gbytes;
+            const uint8_t *gp = qd_codes_at(t, panel, b) + (size_t)g * gbytes;
             uint8_t *o = s->codes + ((size_t)b * ng + g) * 256;
             __m256i c[8];
             switch (type) {

@@ -156,7 +156,7 @@ int qd_repack(int type, const uint8_t *src, long src_stride, int N, int K, uint8
     const size_t pb = qd_panel_bytes(t, K);
     #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int p = 0; p < np; ++p) {
-        uint8_t *panel = dst + (size_t)p * pb, *scl = panel, *codes = panel + qd_scales_bytes(t, K);
+        uint8_t *panel = dst + (size_t)p * pb;
         uint8_t q[256];
         memset(panel, 0, pb);
         for (int r = 0; r < 8 && 8 * p + r < N; ++r) {
@@ -164,7 +164,7 @@ int qd_repack(int type, const uint8_t *src, long src_stride, int N, int K, uint8
             for (int b = 0; b < nb; ++b) {
                 const uint8_t *blk = row + (size_t)b * t->ts;
                 if (!t->kq) {  /* 32-blocks: GGUF qs are already our nibble plane; qh our bit mask */
-                    uint8_t *g = codes + (size_t)b * t->codes;
+                    uint8_t *g = (uint8_t *)qd_codes_at(t, panel, b);
                     const int o = type == QD_Q4_0 || type == QD_Q5_0 || type == QD_Q8_0 ? 2 : 4;
                     if (type == QD_Q8_0) {
                         for (int kg = 0; kg < 8; ++kg) st32(g + 32 * kg + 4 * r, ld32(blk + 2 + 4 * kg));
@@ -174,12 +174,12 @@ int qd_repack(int type, const uint8_t *src, long src_stride, int N, int K, uint8
                         for (int v = 0; v < 4; ++v) st32(g + 32 * v + 4 * r, ld32(qs + 4 * v));
                         if (hb) put_bit1_mask(g + 128, r, ld32(blk + o));
                     }
-                    put_scales(type, scl + (size_t)b * t->scales, r, blk);
+                    put_scales(type, (uint8_t *)qd_scales_at(t, panel, b), r, blk);
                     continue;
                 }
                 gguf_codes(type, blk, q);
-                for (int g = 0; g < ng; ++g) put_group(type, codes + (size_t)b * t->codes + g * gbytes, r, q + 32 * g);
-                put_scales(type, scl + (size_t)b * t->scales, r, blk);
+                for (int g = 0; g < ng; ++g) put_group(type, (uint8_t *)qd_codes_at(t, panel, b) + g * gbytes, r, q + 32 * g);
+                put_scales(type, (uint8_t *)qd_scales_at(t, panel, b), r, blk);
             }
         }
     }
