@@ -1,10 +1,11 @@
 """Integer-dot quantized matmul for the CPU path (C sources: kernels/cpu/qdot*.c, layout in qdot.h).
 
 Weights: `prepare` repacks the GGUF blocks of one tensor, once at load, into "x8" panels of 8
-output rows holding exactly the same bits (same size: < 128 bytes of padding per 8 rows, rows
-padded to a multiple of 8; +0.004% on Qwen2.5-0.5B Q4_K_M): codes grouped so that one u8 x s8 dot
-instruction yields the 8 rows' sums in 8 int32 lanes, 4-bit codes kept as nibbles, 5th/6th bits as
-bit planes, the GGUF scale fields (fp16 d / dmin, packed 6-bit K-quant scales) 8 rows side by side.
+output rows holding exactly the same bits (same size: < 64 bytes of padding per 8 rows, rows
+padded to a multiple of 8): codes grouped so that one u8 x s8 dot instruction yields the 8 rows'
+sums in 8 int32 lanes, 4-bit codes kept as nibbles, 5th/6th bits as bit planes, the GGUF scale
+fields (fp16 d / dmin, packed 6-bit K-quant scales) 8 rows side by side, each block's scale fields
+just before its codes.
 The caller then drops the GGUF mapping (or passes release_source=True): no second copy of the
 model. Why a repack rather than reading the mapped blocks in place: the interleaved panels need no
 horizontal reductions, convert 8 fp16 scales per instruction, read as one sequential stream, and
