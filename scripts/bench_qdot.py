@@ -89,6 +89,21 @@ def load_llama(tree: str):
     return lb
 
 
+def llama_matmuls(llama, mm, infos, names, M: int, threads: int) -> list:
+    """One ggml matmul per weight of `names` (llama.cpp runs them one by one), each with its own
+    random float32 input of M rows: [(handle, input)]; `llama.gb_run(handle)` runs one, `gb_free`
+    frees it."""
+    out = []
+    for name in names:
+        info = infos[name]
+        cols = info.shape[0]
+        g_ = llama.gb_setup(int(info.qtype), info.n_elements // cols, cols, _np_view(mm, info).ctypes.data, M, threads, 1)
+        xin = torch.randn(M, cols)
+        llama.gb_set_x(g_, xin.data_ptr())
+        out.append((g_, xin))
+    return out
+
+
 def rss_mib() -> float:
     with open("/proc/self/status") as f:
         for line in f:
@@ -133,16 +148,7 @@ def step_bench(qdot, gf, mm, args) -> None:
                 qdot.matmul_group(h, gu, n_threads=args.threads)
                 qdot.matmul_group(f, down, n_threads=args.threads)
             qdot.matmul_group(h, head, n_threads=args.threads)
-        gbs = []
-        if llama:  # one ggml matmul per weight, same order (llama.cpp runs them one by one)
-            for name in order:
-                info = infos[name]
-                cols = info.shape[0]
-                raw = _np_view(mm, info)
-                g_ = llama.gb_setup(int(info.qtype), info.n_elements // cols, cols, raw.ctypes.data, M, args.threads, 1)
-                xin = torch.randn(M, cols)
-                llama.gb_set_x(g_, xin.data_ptr())
-                gbs.append((g_, xin))
+        gbs = llama_matmuls(llama, mm, infos, order, M, args.threads) if llama else []
 
         def lstep():
             for g_, _ in gbs:

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from kernels.cpu import qdot, qdot_lib  # noqa: E402
 from runtime.gguf import read_gguf  # noqa: E402
-from scripts.bench_qdot import _np_view, load_llama  # noqa: E402
+from scripts.bench_qdot import _np_view, llama_matmuls, load_llama  # noqa: E402
 
 SRC = REPO / "kernels" / "cpu"
 FLAGS = ["-O3", "-mtune=native", "-std=gnu11", "-ffp-contract=off", *qdot_lib.ISA_FLAGS["avx512vnni"],
@@ -110,15 +110,8 @@ def main() -> None:
             sys.exit(f"build {name} gives other bits than {next(iter(libs))}")
     if args.llama:
         ll = load_llama(args.llama)
-        gbs = []
-        for name in [f"blk.{i}.{k}.weight" for i in range(nl) for k in kinds] + [head]:
-            info = infos[name]
-            cols = info.shape[0]
-            g_ = ll.gb_setup(int(info.qtype), info.n_elements // cols, cols, _np_view(mm, info).ctypes.data,
-                             M, args.threads, 1)
-            xin = torch.randn(M, cols)
-            ll.gb_set_x(g_, xin.data_ptr())
-            gbs.append((g_, xin))
+        gbs = llama_matmuls(ll, mm, infos, [f"blk.{i}.{k}.weight" for i in range(nl) for k in kinds] + [head],
+                            M, args.threads)
 
         def lstep():
             for g_, _ in gbs:
