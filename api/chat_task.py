@@ -1,6 +1,7 @@
-"""A chat-completions request body -> a CompletionTask, for the routes that convert their own API
-into a chat request first (Responses, Anthropic Messages) and for the token-counting routes
-(llama-server's `oaicompat_chat_params_parse` + `handle_completions_impl` / `handle_count_tokens`).
+"""A chat-completions request body -> a CompletionTask: for `/v1/chat/completions`, for the routes
+that convert their own API into a chat request first (Responses, Anthropic Messages) and for the
+token-counting routes (llama-server's `oaicompat_chat_params_parse` + `handle_completions_impl` /
+`handle_count_tokens`). The prompt is tokenized and the grammar compiled off the event loop.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from api import chat as chat_api
 from api.context import ApiContext
 from api.errors import ApiError
-from api.inputs import check_context
+from api.inputs import check_context, off_loop
 from api.params import parse_sampling, parse_task
 from runtime.tasks import CompletionTask, SamplingParams
 
@@ -32,19 +33,19 @@ def check_media(messages: Any) -> None:
                                "you may need to provide the mmproj", "server_error", 500)
 
 
-def prompt_tokens(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.ChatPrep, list[int]]:
+async def prompt_tokens(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.ChatPrep, list[int]]:
     check_media(body.get("messages"))
     prep = chat_api.prepare(ctx, body)
-    return prep, list(ctx.tokenizer.encode(prep.prompt, add_special=True, parse_special=True))
+    return prep, list(await off_loop(ctx.tokenizer.encode, prep.prompt, add_special=True, parse_special=True))
 
 
-def chat_task(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.ChatPrep, CompletionTask, SamplingParams]:
+async def chat_task(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.ChatPrep, CompletionTask, SamplingParams]:
     """The task a `/v1/chat/completions` request with this body runs."""
     cfg = ctx.cfg
-    prep, toks = prompt_tokens(ctx, body)
+    prep, toks = await prompt_tokens(ctx, body)
     check_context(len(toks), ctx.engine.n_ctx_slot)
     params = parse_sampling(prep.body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
-    chat_api.apply_grammar(ctx, prep, params)
+    await off_loop(chat_api.apply_grammar, ctx, prep, params)  # parses the grammar
     task = parse_task(prep.body, toks, params, cfg.n_predict, openai=True)
     task.chat_format, task.grammar_prefix = prep.echo_format, prep.grammar_prefix
     return prep, task, params

@@ -214,6 +214,21 @@ def test_messages_errors(claude):
     assert e.value.body["error"]["message"].startswith("image input is not supported - hint: ")
 
 
+def test_chat_media_parts_are_refused_as_llama_server_does(oai):
+    """A model without a multimodal projector: b1-0c1e570 answers a chat request with an image or
+    audio part with its runtime_error (500 server_error), checked against the reference binary;
+    tritium used to drop the part and answer from the text alone."""
+    img = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    for part, kind in ((img, "image"), (audio, "audio")):
+        with pytest.raises(openai.InternalServerError) as e:
+            oai.chat.completions.create(model="tiny", max_tokens=2,
+                                        messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}, part]}])
+        assert e.value.body == {"code": 500, "type": "server_error",
+                                "message": f"{kind} input is not supported - hint: if this is unexpected, "
+                                           "you may need to provide the mmproj"}
+
+
 # ---- token counting -----------------------------------------------------------------------
 
 def test_chat_input_tokens(http):

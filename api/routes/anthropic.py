@@ -31,7 +31,7 @@ router = APIRouter()
 async def messages(ctx: Ctx, request: Request) -> Response:
     require_generation(ctx.cfg)
     body = anthropic_to_chat(await read_json(request))
-    prep, task, _ = chat_task(ctx, body)
+    prep, task, _ = await chat_task(ctx, body)
     model = ctx.cfg.model_name
     msg_id = "chatcmpl-" + random_id()
     handle = ctx.engine.submit(task)
@@ -63,4 +63,4 @@ async def messages(ctx: Ctx, request: Request) -> Response:
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(ctx: Ctx, request: Request) -> Response:
     body = anthropic_to_chat(await read_json(request))
-    return json_response({"input_tokens": len(prompt_tokens(ctx, body)[1])})
+    return json_response({"input_tokens": len((await prompt_tokens(ctx, body))[1])})

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from api import chat as chat_api
+from api.chat_task import chat_task
 from api.choices import n_choices, with_children
 from api.context import BUILD_INFO, ApiContext, Ctx, random_id
 from api.errors import ApiError, json_response
@@ -105,14 +106,8 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
     cfg = ctx.cfg
     require_generation(cfg)
     body = await read_json(request)
-    prep = chat_api.prepare(ctx, body)
+    prep, task, params = await chat_task(ctx, body)
     n = n_choices(body, ctx.engine.n_slots)
-    prompt_tokens = list(await off_loop(ctx.tokenizer.encode, prep.prompt, add_special=True, parse_special=True))
-    check_context(len(prompt_tokens), ctx.engine.n_ctx_slot)
-    params = parse_sampling(prep.body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
-    await off_loop(chat_api.apply_grammar, ctx, prep, params)  # parses the grammar: off the event loop
-    task = parse_task(prep.body, prompt_tokens, params, cfg.n_predict, openai=True)
-    task.chat_format, task.grammar_prefix = prep.echo_format, prep.grammar_prefix
     cmpl_id = "chatcmpl-" + random_id()
     model = cfg.model_name
     if task.stream and n > 1:

@@ -35,7 +35,7 @@ def _usage(res: CompletionResult) -> dict[str, Any]:
 async def responses(ctx: Ctx, request: Request) -> Response:
     require_generation(ctx.cfg)
     body = responses_to_chat(await read_json(request))
-    prep, task, _ = chat_task(ctx, body)
+    prep, task, _ = await chat_task(ctx, body)
     f = Fields(prep.body)
     task.timings_per_token = f.boolean("timings_per_token", False)
     task.return_progress = f.boolean("return_progress", False)
@@ -76,20 +76,20 @@ async def responses(ctx: Ctx, request: Request) -> Response:
                                on_progress=on_progress)
 
 
-def count_tokens(ctx: ApiContext, body: dict[str, Any]) -> int:
+async def count_tokens(ctx: ApiContext, body: dict[str, Any]) -> int:
     """`handle_count_tokens`: the prompt the chat template makes of this chat request, in tokens."""
-    return len(prompt_tokens(ctx, body)[1])
+    return len((await prompt_tokens(ctx, body))[1])
 
 
 @router.post("/chat/completions/input_tokens")
 @router.post("/v1/chat/completions/input_tokens")
 async def chat_input_tokens(ctx: Ctx, request: Request) -> Response:
     body = await read_json(request)
-    return json_response({"input_tokens": count_tokens(ctx, body), "object": "response.input_tokens"})
+    return json_response({"input_tokens": await count_tokens(ctx, body), "object": "response.input_tokens"})
 
 
 @router.post("/responses/input_tokens")
 @router.post("/v1/responses/input_tokens")
 async def responses_input_tokens(ctx: Ctx, request: Request) -> Response:
     body = responses_to_chat(await read_json(request))
-    return json_response({"input_tokens": count_tokens(ctx, body), "object": "response.input_tokens"})
+    return json_response({"input_tokens": await count_tokens(ctx, body), "object": "response.input_tokens"})
