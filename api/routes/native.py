@@ -142,10 +142,13 @@ async def infill(ctx: Ctx, request: Request) -> Response:
     if not isinstance(prefix, str) or not isinstance(suffix, str):
         raise ApiError('"input_prefix" and "input_suffix" must be strings')
     prompt = body.get("prompt", "")
-    prompt_tokens = [] if prompt in ("", None) else list(tok.encode(prompt, add_special=False, parse_special=True)) \
-        if isinstance(prompt, str) else tokenize_prompt(tok, prompt)
-    toks = infill_api.format_infill(tok, prefix, suffix, extra, prompt_tokens,
-                                    ctx.engine.cfg.n_batch, ctx.cfg.n_predict, ctx.engine.n_ctx_slot)
+
+    def tokens() -> list[int]:  # off the event loop: the pieces may be megabytes
+        prompt_tokens = [] if prompt in ("", None) else list(tok.encode(prompt, add_special=False, parse_special=True)) \
+            if isinstance(prompt, str) else tokenize_prompt(tok, prompt)
+        return infill_api.format_infill(tok, prefix, suffix, extra, prompt_tokens,
+                                        ctx.engine.cfg.n_batch, ctx.cfg.n_predict, ctx.engine.n_ctx_slot)
+    toks = await off_loop(tokens)
     check_context(len(toks), ctx.engine.n_ctx_slot)
     req = native_request(ctx, body, toks, 0)
     req.task.infill = True

@@ -1,5 +1,5 @@
-"""Text <-> tokens without generating: `/tokenize`, `/detokenize`, `/apply-template`, and the prompt size
-of a chat request (`/v1/chat/completions/input_tokens`)."""
+"""Text <-> tokens without generating: `/tokenize`, `/detokenize`, `/apply-template` (the prompt size
+of a chat request, `/v1/chat/completions/input_tokens`, is in api/routes/responses.py)."""
 from __future__ import annotations
 
 from typing import Any
@@ -59,13 +59,3 @@ async def apply_template(ctx: Ctx, request: Request) -> Response:
     body = await read_json(request)
     prep = chat_api.prepare(ctx, body)
     return json_response({"prompt": prep.prompt})
-
-
-@router.post("/chat/completions/input_tokens")
-@router.post("/v1/chat/completions/input_tokens")
-async def chat_input_tokens(ctx: Ctx, request: Request) -> Response:
-    """How many tokens the chat request's prompt is (llama-server's handle_count_tokens)."""
-    body = await read_json(request)
-    prep = chat_api.prepare(ctx, body)
-    n = len(ctx.tokenizer.encode(prep.prompt, add_special=True, parse_special=True))
-    return json_response({"input_tokens": n, "object": "response.input_tokens"})
