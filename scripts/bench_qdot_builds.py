@@ -12,8 +12,10 @@ ggml matmul per weight as llama.cpp runs them) as one more contestant.
     python scripts/bench_qdot_builds.py MODEL cur= nopf=-DQD_PF_MR=5 --m 1 --reps 20 \\
         --llama /work/lsb/src/llama_cpp_python-0.3.36/vendor/llama.cpp
 
-Prints min / p25 / median ms per step for each build. The weights are repacked once (the layout
-is the same for every build: defines that change it are not comparable here).
+Prints min / p25 / median ms per step for each build; --per-kind also the median time of each kind
+of matmul over a step (q/k/v, o, gate/up, down, head; llama.cpp's q, k, v and gate, up apart), each
+call timed alone. The weights are repacked once (the layout is the same for every build: defines
+that change it are not comparable here).
 """
 from __future__ import annotations
 
@@ -65,6 +67,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama", default=None, help="llama.cpp source tree with build/bin/libggml*.so")
+    ap.add_argument("--per-kind", action="store_true", help="also time each kind of matmul of a step")
     args = ap.parse_args()
     if "avx512vnni" not in qdot_lib.supported_isas():
         sys.exit("this script builds the AVX-512 VNNI kernels; this CPU cannot run them")
@@ -95,10 +98,15 @@ def main() -> None:
     xs = {K: torch.randn(M, K) for K in {g.K for g in groups}}
     ys = [torch.empty(M, g.rows) for g in groups]
 
-    def step(lb):
-        for g, y in zip(groups, ys):
+    group_kinds = ["q/k/v", "o", "gate/up", "down"] * nl + ["head"]
+
+    def step(lb, per_kind=None):
+        for g, y, kind in zip(groups, ys, group_kinds):
             x = xs[g.K]
+            t0 = time.perf_counter()
             lb.qd_group_run(g._ptr, x.data_ptr(), x.stride(0), M, y.data_ptr(), y.stride(0), args.threads)
+            if per_kind is not None:
+                per_kind[kind] = per_kind.get(kind, 0.0) + time.perf_counter() - t0
 
     steps = {name: (lambda lb=lb: step(lb)) for name, lb in libs.items()}
     ref = None
@@ -113,9 +121,14 @@ def main() -> None:
         gbs = llama_matmuls(ll, mm, infos, [f"blk.{i}.{k}.weight" for i in range(nl) for k in kinds] + [head],
                             M, args.threads)
 
-        def lstep():
-            for g_, _ in gbs:
+        llama_kinds = [k.removeprefix("attn_").removeprefix("ffn_") for k in kinds] * nl + ["head"]
+
+        def lstep(per_kind=None):
+            for (g_, _), kind in zip(gbs, llama_kinds):
+                t0 = time.perf_counter()
                 ll.gb_run(g_)
+                if per_kind is not None:
+                    per_kind[kind] = per_kind.get(kind, 0.0) + time.perf_counter() - t0
         steps["llama.cpp"] = lstep
     times = {name: [] for name in steps}
     for _ in range(args.reps):
@@ -127,6 +140,21 @@ def main() -> None:
     for name, t in times.items():
         print(f"  {name:14s} min {min(t) * 1e3:7.2f}  p25 {np.percentile(t, 25) * 1e3:7.2f}  "
               f"median {statistics.median(t) * 1e3:7.2f} ms")
+    if args.per_kind:  # the first build and llama.cpp, each call timed alone, median over reps
+        first = next(iter(libs))
+        runs = {first: lambda d: step(libs[first], d)}
+        if args.llama:
+            runs["llama.cpp"] = lstep
+        acc: dict[str, dict[str, list[float]]] = {name: {} for name in runs}
+        for _ in range(args.reps):
+            for name, fn in runs.items():
+                d: dict[str, float] = {}
+                fn(d)
+                for kind, v in d.items():
+                    acc[name].setdefault(kind, []).append(v)
+        for name, by_kind in acc.items():
+            print(f"  {name:14s} " + ", ".join(f"{k} {statistics.median(v) * 1e3:.2f}" for k, v in by_kind.items())
+                  + " ms per step")
 
 
 if __name__ == "__main__":
