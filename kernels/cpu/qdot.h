@@ -139,8 +139,8 @@ static inline float qd_round_f16(float x) {
 #endif
 }
 
-/* Decoded panel (scratch), one per thread: codes [K / 4][32] u8 (8-bit Q8_0 codes stay signed
-   except in the VNNI build, where they are biased by +128); per block: d [8] and dmin / m [8]
+/* Decoded panel (scratch), one per thread: codes [K / 4][32] u8 (Q8_0: its signed bytes, copied;
+   the VNNI kernels bias them by +128 as they load them); per block: d [8] and dmin / m [8]
    float32; K-quants also sc [nsub][8] int32 (in the AVX2 build an int16 pair (s, s) per lane, for
    vpmaddwd; int32 otherwise) and mn [8][8] int32 = int16 pairs (mn of the two 16-column halves) that
    multiply the activation block sums pairwise. */

@@ -22,9 +22,9 @@
 #define MRMAX 4
 #define QD_GROUP_MAX 8  /* weights in one qd_group (qdot_lib.GROUP_MAX) */
 
-/* Small batches of the K-quants on VNNI read the scale fields straight from the panel instead of
-   a decoded copy in scratch (no round trip through memory, and the weights stay one sequential
-   stream: the panel's scale fields are prefetched as it starts). 1: Q6_K (one vpmovsxbd per
+/* Small batches of the K-quants on VNNI read the scale fields straight from the panel (each block's
+   just before its codes, qdot.h) instead of a decoded copy in scratch: no round trip through
+   memory. 1: Q6_K (one vpmovsxbd per
    sub-block; each sub-block's int32 sum starts at -32 * its activation sum, so no mins pass);
    2: Q4_K / Q5_K (the 6-bit fields unpacked in registers; the mins by four vpdpbusd against the
    sub-block sums split into bytes). The same integers as the scratch path: the same bits. */
