@@ -648,7 +648,8 @@ static void init_range(const qd_job *jobs, int nj, int K, qd_range *ranges) {
 #define QD_CHUNK_BYTES 65536  /* weight bytes per take from a thread's own range (qdot_sched.c) */
 #endif
 /* Runs inside a parallel region, up to QD_FUSED_MAX rows, after every thread's init_range: panels
-   one at a time from this thread's range, then from the back of the others' (qdot_sched.c); each
+   from the front of this thread's range, QD_CHUNK_BYTES of weights per take, then one at a time
+   from the back of the others' (qdot_sched.c); each
    panel's codes decoded in registers (one read of the weights from memory; a second group of MRMAX
    rows finds the panel in L1/L2). */
 static void run_fused(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, const qd_acts *a8_K, int M,
