@@ -158,8 +158,8 @@ typedef struct {
     const int32_t *xs;
     const int16_t *bsum;
     int M, K;
-    /* made per job by run_jobs for the kernels that read scales in place (qdot_gemm.c):
-       Q6_K: boff int32 [M][K / 16] = -32 * bsum; Q4_K / Q5_K: bm int8 [M][K / 256][16], the sums
+    /* made per call by each thread of run_fused for the kernels that read scales in place
+       (qdot_gemm.c): Q6_K: boff int32 [M][K / 16] = -32 * bsum; Q4_K / Q5_K: bm int8 [M][K / 256][16], the sums
        of the 8 32-column sub-blocks split as 128 * hi + lo (lo 0..127): lo[8] then hi[8] */
     const int32_t *boff;
     const int8_t *bm;
@@ -178,9 +178,9 @@ void qd_range_init(qd_range *r, const int *np, const size_t *panel_bytes, int nj
 long qd_take_front(qd_range *r, int n, int *got);  /* the first of *got <= n panels, or -1 when empty */
 long qd_take_back(qd_range *r);                     /* one panel, or -1 */
 
-/* qdot_panel.c: one panel -> scratch. Returns the codes to read ([K / 4][32]): the scratch, or the
-   panel itself where the codes need no decoding (Q8_0). `qd_decode_panel` is the build's vector
-   version, `qd_decode_panel_scalar` the portable one (always int32 scales). */
+/* qdot_panel.c: one panel -> scratch. Returns the codes to read ([K / 4][32]), in the scratch
+   (Q8_0's copied as they are). `qd_decode_panel` is the build's vector version,
+   `qd_decode_panel_scalar` the portable one (always int32 scales). */
 const uint8_t *qd_decode_panel(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s);
 const uint8_t *qd_decode_panel_scalar(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s);
 /* qdot_quant.c: one activation row */

@@ -187,9 +187,8 @@ ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, 
     const size_t K = (size_t)a->K, K16 = K / 16;
     const int8_t *const xq0 = a->xq + (size_t)m0 * K;
     const int16_t *const bs0 = a->bsum + (size_t)m0 * K16;
-    /* code bytes of a 32-column group: 8 rows x 32 codes of 2 (Q2_K) .. 6 (Q6_K) bits */
-    const int kgs = 64 / nsub, gbytes = type == QD_Q2_K ? 64 : type == QD_Q3_K ? 96 : type == QD_Q4_K ? 128
-                                        : type == QD_Q5_K ? 160 : 192;
+    /* code bytes of a 32-column group (the type is a constant here: the lookup folds away) */
+    const int kgs = 64 / nsub, gbytes = qd_type_info(type)->codes / 8;
     const int inl = QD_INLINE_SCALES(type, fused);
     #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) accf[m] = _mm256_setzero_ps();

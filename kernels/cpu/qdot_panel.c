@@ -5,6 +5,12 @@
 
 static inline int32_t pair16(int a, int b) { return (int32_t)((uint32_t)(uint16_t)a | (uint32_t)(uint16_t)b << 16); }
 
+/* Q8_0's codes need no decoding: its signed bytes as they are, made contiguous */
+static const uint8_t *q8_0_codes(const qd_type *t, const uint8_t *panel, int nb, qd_scratch *s) {
+    for (int b = 0; b < nb; ++b) memcpy(s->codes + (size_t)b * 256, qd_codes_at(t, panel, b), 256);
+    return s->codes;
+}
+
 /* ---------------------------------------------------------------------------------- portable */
 
 static void s_scales(const qd_type *t, const uint8_t *scl, int nb, qd_scratch *s) {
@@ -83,10 +89,7 @@ static void s_bit2(const uint8_t *pl, int dst, uint8_t *o) {
 const uint8_t *qd_decode_panel_scalar(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s) {
     const int nb = K / t->bs, ng = t->bs / 32, gbytes = t->codes / ng;
     s_scales(t, panel, nb, s);
-    if (t->type == QD_Q8_0) {  /* the signed bytes as they are, made contiguous */
-        for (int b = 0; b < nb; ++b) memcpy(s->codes + (size_t)b * 256, qd_codes_at(t, panel, b), 256);
-        return s->codes;
-    }
+    if (t->type == QD_Q8_0) return q8_0_codes(t, panel, nb, s);
     for (int b = 0; b < nb; ++b)
         for (int g = 0; g < ng; ++g) {
             const uint8_t *gp = qd_codes_at(t, panel, b) + (size_t)g * gbytes;
@@ -279,10 +282,7 @@ void qd_decode_scales(const qd_type *t, const uint8_t *panel, int K, qd_scratch 
 const uint8_t *qd_decode_panel(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s) {
     const int nb = K / t->bs, ng = t->bs / 32, gbytes = t->codes / ng;
     v_scales(t, panel, nb, s);
-    if (t->type == QD_Q8_0) {  /* the signed bytes as they are, made contiguous */
-        for (int b = 0; b < nb; ++b) memcpy(s->codes + (size_t)b * 256, qd_codes_at(t, panel, b), 256);
-        return s->codes;
-    }
+    if (t->type == QD_Q8_0) return q8_0_codes(t, panel, nb, s);
     const int type = t->type;
     for (int b = 0; b < nb; ++b)
         for (int g = 0; g < ng; ++g) {
