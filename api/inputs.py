@@ -37,42 +37,82 @@ async def off_loop(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 
-def tokenize_prompt(tok: TokenizerAPI, prompt: Any) -> list[int]:
-    """A /completion prompt: a string, a list of ids, a list mixing ids and strings
-    (`tokenize_mixed`: add_special for the first string piece, special tokens parsed), or an object
-    `{"prompt_string": ...}` (with `multimodal_data`: refused, no multimodal model here)."""
-    if isinstance(prompt, dict):
-        if "prompt_string" not in prompt:
-            raise ApiError('"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt '
-                           'string, or a list of mixed strings & tokens.')
-        if "multimodal_data" in prompt:
-            raise ApiError("Multimodal data provided, but model does not support multimodal requests.")
-        return tokenize_prompt(tok, prompt["prompt_string"])
-    if isinstance(prompt, str):
-        return list(tok.encode(prompt, add_special=True, parse_special=True))
+ELEMENTS_ERROR = ('"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt string, '
+                  'or a list of mixed strings & tokens.')
+
+
+def json_type(v: Any) -> str:
+    """nlohmann::json's type_name() of a parsed JSON value."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(v), "discarded")
+
+
+def is_int(v: Any) -> bool:
+    """is_number_integer(): a JSON integer (1.0 is a float)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def as_token(v: Any, status: int = 400) -> int:
+    """`get<llama_token>()` of one element: an int32 (wrapped), a float truncated, true / false as
+    1 / 0 (nlohmann converts booleans to numbers), else its type_error."""
+    if not isinstance(v, (int, float)):
+        kind = ("invalid_request_error", 400) if status == 400 else ("server_error", 500)
+        raise ApiError(f"[json.exception.type_error.302] type must be number, but is {json_type(v)}", *kind)
+    return ((int(v) + (1 << 31)) % (1 << 32)) - (1 << 31)
+
+
+def tokenize_mixed(tok: TokenizerAPI, prompt: Any, add_special: bool, parse_special: bool = True,
+                   status: int = 400) -> list[int]:
+    """llama-server's tokenize_mixed: a string, or a list of strings and token ids (add_special for a
+    first element that is a string). Other element types: its type_error (`status` 400 where the
+    route reports a bad prompt as invalid_request_error, 500 where it is a server_error)."""
     if isinstance(prompt, list):
         out: list[int] = []
         for i, p in enumerate(prompt):
             if isinstance(p, str):
-                out.extend(tok.encode(p, add_special=(i == 0), parse_special=True))
-            elif isinstance(p, int) and not isinstance(p, bool):
-                if not 0 <= p < tok.n_vocab:
-                    raise ApiError(f"invalid token id {p} (n_vocab = {tok.n_vocab})")
-                out.append(p)
+                out.extend(tok.encode(p, add_special=add_special and i == 0, parse_special=parse_special))
             else:
-                raise ApiError('"prompt" must be a string, a list of tokens, or a list of mixed strings & tokens')
+                out.append(as_token(p, status))
         return out
-    raise ApiError('"prompt" must be a string, a list of tokens, a list of mixed strings & tokens, or a list of prompts')
+    if not isinstance(prompt, str):
+        kind = ("invalid_request_error", 400) if status == 400 else ("server_error", 500)
+        raise ApiError(f"[json.exception.type_error.302] type must be string, but is {json_type(prompt)}", *kind)
+    return list(tok.encode(prompt, add_special=add_special, parse_special=parse_special))
+
+
+def tokenize_prompt(tok: TokenizerAPI, prompt: Any) -> list[int]:
+    """One prompt of /completion (llama-server's tokenize_input_subprompt): a string or a list mixing
+    strings and ids (`tokenize_mixed`), a list of ids, or an object `{"prompt_string": ...}` (with
+    `multimodal_data`: refused, no multimodal model here); ids outside the vocabulary are refused
+    as b1 refuses them when the task starts ("Prompt contains invalid tokens")."""
+    mixed = isinstance(prompt, list) and any(isinstance(p, str) for p in prompt) and any(is_int(p) for p in prompt)
+    if isinstance(prompt, str) or mixed:
+        toks = tokenize_mixed(tok, prompt, True)
+    elif isinstance(prompt, list) and all(is_int(p) for p in prompt):
+        toks = [as_token(p) for p in prompt]
+    elif isinstance(prompt, dict) and "prompt_string" in prompt:
+        if "multimodal_data" in prompt:
+            raise ApiError("Multimodal data provided, but model does not support multimodal requests.")
+        toks = tokenize_mixed(tok, prompt["prompt_string"], True)
+    else:
+        raise ApiError(ELEMENTS_ERROR)
+    if any(not 0 <= t < tok.n_vocab for t in toks):
+        raise ApiError("Prompt contains invalid tokens")
+    return toks
 
 
 def split_prompts(prompt: Any) -> list[Any]:
-    """A `prompt` field -> its prompts: a list without numbers (strings, token lists, prompt
+    """A `prompt` field -> its prompts: a list without integers (strings, token lists, prompt
     objects) holds one prompt per element (llama-server's tokenize_input_prompts)."""
-    if isinstance(prompt, list):
+    if isinstance(prompt, list) and not any(is_int(p) for p in prompt):
         if not prompt:
             raise ApiError('"prompt" must not be empty')
-        if not any(isinstance(p, (int, float)) and not isinstance(p, bool) for p in prompt):
-            return list(prompt)
+        return list(prompt)
     return [prompt]
 
 

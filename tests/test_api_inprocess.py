@@ -141,6 +141,51 @@ def test_error_envelopes(client, api_engine):
     assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
 
 
+ELEMENTS = ('"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt string, '
+            'or a list of mixed strings & tokens.')
+
+
+# (route, body, status, error type, message): what llama-server b1-0c1e570 answered, asked the same
+# (the reference from scripts/build_llama_server.sh, 2026-12-05)
+@pytest.mark.parametrize("route,body,status,kind,message", [
+    ("/completion", {"n_predict": 1}, 400, "invalid_request_error",
+     "[json.exception.out_of_range.403] key 'prompt' not found"),
+    ("/completion", {"prompt": None}, 400, "invalid_request_error", ELEMENTS),
+    ("/completion", {"prompt": 5}, 400, "invalid_request_error", ELEMENTS),
+    ("/completion", {"prompt": ["a", 1.5]}, 400, "invalid_request_error", ELEMENTS),
+    ("/completion", {"prompt": [[1, 2], None]}, 400, "invalid_request_error", ELEMENTS),
+    ("/completion", {"prompt": ["a", 1, None]}, 400, "invalid_request_error",
+     "[json.exception.type_error.302] type must be number, but is null"),
+    ("/completion", {"prompt": [1, -5]}, 400, "invalid_request_error", "Prompt contains invalid tokens"),
+    ("/completion", {"prompt": [1, 999999999]}, 400, "invalid_request_error", "Prompt contains invalid tokens"),
+    ("/completion", {"prompt": []}, 400, "invalid_request_error", '"prompt" must not be empty'),
+    ("/tokenize", {"content": 5}, 500, "server_error", "[json.exception.type_error.302] type must be string, but is number"),
+    ("/tokenize", {"content": None}, 500, "server_error", "[json.exception.type_error.302] type must be string, but is null"),
+    ("/tokenize", {"content": ["a", 1, None]}, 500, "server_error",
+     "[json.exception.type_error.302] type must be number, but is null"),
+])
+def test_prompt_shapes_are_refused_as_llama_server_refuses_them(client, route, body, status, kind, message):
+    r = client.post(route, json=body)
+    assert (r.status_code, r.json()) == (status, {"error": {"code": status, "message": message, "type": kind}})
+
+
+def test_prompt_lists_mix_ids_as_llama_server_does(client):
+    hello = client.post("/tokenize", json={"content": "hello"}).json()["tokens"]
+    # ids pass through /tokenize as given (even outside the vocabulary), true / 1.7 convert to 1
+    r = client.post("/tokenize", json={"content": ["hello", -5, True, 1.7]})
+    assert r.json() == {"tokens": hello + [-5, 1, 1]}
+    r = client.post("/tokenize", json={"content": [-5], "with_pieces": True})
+    assert r.status_code == 500 and r.json()["error"]["message"].startswith("vector::_M_range_check: __n (which is "
+                                                                           "18446744073709551611)")
+    # a list with a string and an integer is one prompt: strings tokenized, other elements as ids
+    d = client.post("/completion", json={"prompt": ["hello", 1, True], "n_predict": 1, "temperature": 0}).json()
+    bos = client.post("/tokenize", json={"content": "hello", "add_special": True}).json()["tokens"]
+    assert d["tokens_evaluated"] == len(bos) + 2
+    # a list without integers is one prompt per element
+    r = client.post("/completion", json={"prompt": ["hello", [1, 2]], "n_predict": 1, "temperature": 0})
+    assert [x["index"] for x in r.json()] == [0, 1]
+
+
 def test_api_key_and_cors(api_engine, api_client):
     with api_client(api_engine, api_keys=["k1"], cors_origins="https://ok.example") as c:
         r = c.get("/v1/models")

@@ -111,8 +111,8 @@ async def native_stream(ctx: ApiContext, req: NativeRequest) -> Response:
 async def completion(ctx: Ctx, request: Request) -> Response:
     require_generation(ctx.cfg)
     body = await read_json(request)
-    if "prompt" not in body or body["prompt"] is None:
-        raise ApiError('"prompt" must be provided')
+    if "prompt" not in body:
+        raise ApiError("[json.exception.out_of_range.403] key 'prompt' not found")
     prompts = split_prompts(body["prompt"])
     n = n_choices(body, ctx.engine.n_slots)
     reqs = []

@@ -10,7 +10,7 @@ from fastapi.responses import Response
 from api import chat as chat_api
 from api.context import Ctx
 from api.errors import ApiError, json_response
-from api.inputs import off_loop, read_json, tokenize_prompt
+from api.inputs import off_loop, read_json, tokenize_mixed
 from api.params import Fields
 
 router = APIRouter()
@@ -23,16 +23,16 @@ async def tokenize(ctx: Ctx, request: Request) -> Response:
     content = body.get("content")
     with_pieces = f.boolean("with_pieces", False)
     toks: list[int] = []
-    if content is not None:
-        if isinstance(content, str):
-            toks = list(await off_loop(ctx.tokenizer.encode, content, add_special=f.boolean("add_special", False),
-                                             parse_special=f.boolean("parse_special", True)))
-        else:
-            toks = await off_loop(tokenize_prompt, ctx.tokenizer, content)
+    if "content" in body:  # b1's tokenize_mixed: ids in a list are echoed as given, even outside the vocabulary
+        toks = await off_loop(tokenize_mixed, ctx.tokenizer, content, f.boolean("add_special", False),
+                              f.boolean("parse_special", True), 500)
     if not with_pieces:
         return json_response({"tokens": toks})
     out = []
     for t in toks:
+        if not 0 <= t < ctx.tokenizer.n_vocab:  # b1: id_to_token.at(t)
+            raise ApiError(f"vector::_M_range_check: __n (which is {t % (1 << 64)}) >= this->size() "
+                           f"(which is {ctx.tokenizer.n_vocab})", "server_error", 500)
         piece = ctx.tokenizer.piece(t)
         try:
             p: Any = piece.decode("utf-8")
