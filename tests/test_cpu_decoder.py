@@ -94,6 +94,43 @@ def test_fused_decode_is_bit_identical_to_the_per_op_path(tmp_path_factory, key,
                 assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("key", ["qwen2-q4_k", "gemma3-q8_0", "phi3-q4_k"])
+def test_a_token_gets_the_same_logits_however_its_prompt_is_batched(tmp_path_factory, key):
+    """llama-server's result for a prompt does not depend on what its slot had cached (a repeated
+    greedy request evaluates only the last prompt token, alone): the last token's logits are the
+    same bits for the prompt in one batch, after a cached prefix (through the fused decoder), in
+    chunks, and beside another sequence's decode."""
+    m = _model(tmp_path_factory, key)
+    g = torch.Generator().manual_seed(11)
+    prompt = torch.randint(0, 300, (37,), generator=g).tolist()
+    other = torch.randint(0, 300, (9,), generator=g).tolist()
+
+    def last_logits(chunks: list[int], with_other: bool = False) -> torch.Tensor:
+        kv = m.new_cache(128)
+        s, o = SeqKV(), SeqKV()
+        kv.reserve(s, len(prompt))
+        if with_other:
+            kv.reserve(o, len(other) + 1)
+            kv.advance_window(o, 0, len(other))
+            m.forward(kv, [SeqBatch(o, other, 0)])
+        past, out = 0, None
+        for n in chunks:
+            kv.advance_window(s, past, past + n)
+            batch = [SeqBatch(s, prompt[past:past + n], past)]
+            if with_other and n == chunks[-1]:
+                kv.advance_window(o, len(other), len(other) + 1)
+                batch.append(SeqBatch(o, [5], len(other)))
+            logits, _ = m.forward(kv, batch)
+            out = logits[0].clone()
+            past += n
+        return out
+
+    whole = last_logits([37])
+    assert torch.equal(last_logits([36, 1]), whole)
+    assert torch.equal(last_logits([10, 20, 7]), whole)
+    assert torch.equal(last_logits([30, 7], with_other=True), whole)
+
+
 def test_fused_decode_is_taken_for_decode_steps_only(tmp_path_factory, monkeypatch):
     m = _model(tmp_path_factory, "qwen2-q4_k")
     calls = []

@@ -150,6 +150,33 @@ def test_cpu_paged_decode_matches_float64(dtype, softcap, head_dim):
     assert float((full.double() - expect).norm() / expect.norm()) < 2e-3
 
 
+@pytest.mark.skipif(not cpu_gemv.available(), reason="no C compiler on this machine")
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (0, 7.0), (5, 0.0), (64, 0.0)])
+def test_cpu_prompt_rows_are_decodes_of_their_positions(window, softcap, monkeypatch):
+    """Prefill and mixed batches: each query row gets exactly the bits of the decode kernel run for
+    its position alone (its key count, its sequence's table), so a token's attention does not
+    depend on how its prompt was batched; and the numbers are the float64 oracle's."""
+    from kernels.cpu import attention as cpu_attention
+
+    # a prompt after a cached prefix, a decode row, a whole prompt, a one-row prompt chunk
+    case = make_paged_case([7, 1, 40, 1], [30, 17, 40, 64], 8, 2, 40, 16, dtype=torch.float16)
+    monkeypatch.setattr(cpu_attention, "_ROWS_SCRATCH_ELEMS", 8 * 60)  # several chunks of rows
+    case.q = case.q.float()  # float32 activations, as the CPU model runs (float16 cache)
+    out = cpu.paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.cu_seqlens_q,
+                              case.kv_lens, 0.15, softcap, window=window)
+    expect = attention_oracle(case, 0.15, softcap, window)
+    assert float((out.double() - expect).norm() / expect.norm()) < 1e-5
+    cu, lens = case.cu_seqlens_q.tolist(), case.kv_lens.tolist()
+    for s in range(len(lens)):
+        q_len = cu[s + 1] - cu[s]
+        for j in range(q_len):
+            row = cu[s] + j
+            alone = cpu_attention.paged_decode(case.q[row:row + 1], case.k_cache, case.v_cache,
+                                               case.block_tables[s:s + 1], [lens[s] - q_len + j + 1], 0.15,
+                                               softcap, window=window)
+            assert torch.equal(out[row:row + 1], alone), (s, j)
+
+
 @pytest.mark.parametrize("window", [1, 7, 64])
 def test_cpu_paged_decode_sliding_window(window, monkeypatch):
     """The C kernel and the batched torch decode read only the last `window` keys."""
@@ -267,6 +294,26 @@ def test_build_cache_key_and_defines(tmp_path, monkeypatch):
     (tmp_path / src).write_text("int answer(void) { return ANSWER + 1; }\n")
     assert native.build_key(forty_two, cc) != key
     assert len(list((tmp_path / "cache").glob("answer-*.so"))) == 3
+
+
+def test_backend_ops_are_functions_even_after_a_submodule_import(monkeypatch):
+    """`import kernels.cpu.topk` rebinds the package's `topk` to the submodule; a CPU backend built
+    after that still gets the function (it was the module: every top-k sampling call failed with
+    "'module' object is not callable" in a process that had imported it)."""
+    import importlib
+    import sys
+
+    import kernels
+    import kernels.cpu
+
+    monkeypatch.setattr(kernels.Backend, "_instances", {})
+    monkeypatch.delitem(kernels.cpu.__dict__, "topk", raising=False)
+    monkeypatch.delitem(sys.modules, "kernels.cpu.topk", raising=False)  # a first import binds the name
+    importlib.import_module("kernels.cpu.topk")
+    assert isinstance(kernels.cpu.__dict__["topk"], type(kernels))  # the submodule, as Python binds it
+    b = kernels.Backend.for_device("cpu")
+    v, i = b.topk(torch.tensor([1.0, 3.0, 2.0]), 2)
+    assert v.tolist() == [3.0, 2.0] and i.tolist() == [1, 2]
 
 
 def test_kernels_and_runtime_import_without_triton():

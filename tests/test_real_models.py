@@ -91,6 +91,23 @@ def test_greedy_tokens_match_llama_server(real, servers):
     assert sum(same) >= need, f"{sum(same)}/8 prompts identical over {N_PREDICT} tokens; matching prefix: {detail}"
 
 
+def test_a_repeated_greedy_request_gives_the_same_numbers_from_the_cache(real, servers):
+    """The second request finds its prompt cached and evaluates only its last token, alone:
+    llama-server answers it with the same tokens and probabilities as the first (its attention
+    gives a row the same bits in any batch under 64 rows), and so must we (before, the prompt's
+    rows went through another attention kernel than a lone row: Qwen's " Paris. Paris is located
+    in ..." became " Paris. The capital of the United States ..." the second time)."""
+    srv = servers(real)
+    body = {"prompt": "The capital of France is", "n_predict": 16, "temperature": 0, "n_probs": 3, "id_slot": 3,
+            "cache_prompt": True}
+    httpx.post(srv.url + "/completion", json=dict(body, prompt="Something else first.", n_predict=1), timeout=900)
+    first = httpx.post(srv.url + "/completion", json=body, timeout=900).json()
+    again = httpx.post(srv.url + "/completion", json=body, timeout=900).json()
+    assert first["timings"]["cache_n"] <= 1 and again["timings"]["prompt_n"] == 1
+    assert again["content"] == first["content"]
+    assert again["completion_probabilities"] == first["completion_probabilities"]
+
+
 # ---- chat, schema, tools -------------------------------------------------------------------
 
 def test_chat_answer_to_a_coding_question_contains_code(servers):

@@ -1,11 +1,14 @@
 """Paged attention on the CPU (reference: `kernels.ref.paged_attention`).
 
-Decode-only batches (one query per sequence) go to the C kernel of `attention.c`: every
-sequence's keys and values read straight from the block-allocated cache through its block table
-(no gather copy), float32 scores and softmax, GQA, optional tanh soft-capping; the same bits on
-every instruction-set build (see attention.c). Without it, several decode sequences go through
-one padded torch gather while that stays small; everything else (prefill, mixed batches) through
-the reference.
+Every query row goes to the C kernel of `attention.c` as one decode item: its sequence's keys
+and values read straight from the block-allocated cache through its block table (no gather
+copy), float32 scores and softmax, GQA, optional tanh soft-capping; the same bits on every
+instruction-set build (see attention.c). A prompt row is the decode of its position (its own
+key count, the sequence's table): a token's attention, and so the whole forward, gives the same
+bits whether its prompt ran in one batch, in chunks, or after a cached prefix, as llama.cpp's
+flash attention does for batches under 64 rows (a repeated greedy request with a cached prompt
+continued differently before). Without the compiled kernels, several decode sequences go through
+one padded torch gather while that stays small; everything else through the reference.
 """
 from __future__ import annotations
 
@@ -17,6 +20,9 @@ from . import native
 # Batched decode attention pads every sequence to the longest; only do it while the padded KV
 # gather stays below this many elements.
 _BATCHED_DECODE_MAX_ELEMS = 1 << 26
+# Prompt rows go to the decode kernel in chunks whose score scratch (rows x heads x keys floats)
+# stays under this many elements.
+_ROWS_SCRATCH_ELEMS = 1 << 23
 
 
 def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -73,6 +79,33 @@ def _decode_batched(q, k_cache, v_cache, block_tables, lens, scale, softcap, win
     return o.reshape(S, H, D)
 
 
+def paged_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+               cu: list[int], lens: list[int], scale: float, softcap: float = 0.0, window: int = 0) -> torch.Tensor:
+    """Every query row as a decode item of `paged_decode`: row j of sequence s (rows cu[s]:cu[s+1])
+    sits at position lens[s] - q_len + j and reads keys 0 .. that position through table s.
+    q: [T, H, D] -> [T, H, D] float32 (rows past cu[-1]: zeros)."""
+    T, H, D = q.shape
+    S = len(lens)
+    q_lens = torch.tensor([cu[s + 1] - cu[s] for s in range(S)], dtype=torch.int64)
+    seq = torch.repeat_interleave(torch.arange(S), q_lens)  # [T'] the sequence of each row
+    starts = torch.tensor(cu[:S], dtype=torch.int64)
+    row_lens = (torch.tensor(lens, dtype=torch.int64)[seq] - q_lens[seq]
+                + torch.arange(cu[S] - cu[0]) - (starts[seq] - cu[0]) + 1).to(torch.int32)
+    bt = block_tables.to(torch.int32)[seq].contiguous()  # [T', MAXB]
+    qf = q.float().contiguous()
+    out = torch.zeros((T, H, D), dtype=torch.float32)
+    n = cu[S] - cu[0]
+    i = 0
+    while i < n:  # chunks of rows: bounded score scratch
+        max_l = int(row_lens[i:].max()) if i + 1 < n else int(row_lens[i])
+        rows = max(1, min(n - i, _ROWS_SCRATCH_ELEMS // max(1, H * max_l)))
+        r0, r1 = cu[0] + i, cu[0] + i + rows
+        out[r0:r1] = paged_decode(qf[r0:r1], k_cache, v_cache, bt[i:i + rows], row_lens[i:i + rows], scale,
+                                  softcap, window=window)
+        i += rows
+    return out
+
+
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,
                     max_q_len: int | None = None, window: int = 0) -> torch.Tensor:
     """The contract of `kernels.ref.paged_attention`; the lengths are read on the host."""
@@ -80,6 +113,9 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, sc
     lens = kv_lens.tolist()
     S = len(lens)
     decode_only = S > 0 and all(cu[s + 1] - cu[s] == 1 for s in range(S)) and cu[0] == 0 and min(lens) > 0
+    if not decode_only and S > 0 and supported(q, k_cache) and all(
+            0 <= cu[s + 1] - cu[s] <= lens[s] for s in range(S)):  # prompt rows: each as its position's decode
+        return paged_rows(q, k_cache, v_cache, block_tables, cu, lens, scale, softcap, window).to(q.dtype)
     if decode_only and supported(q, k_cache):  # C kernel, reads the blocks in place
         if q.shape[0] == S and q.dtype == torch.float32:
             return paged_decode(q, k_cache, v_cache, block_tables, kv_lens, scale, softcap, window=window)
