@@ -23,6 +23,7 @@ runtime/preload.py), and `QWeight`, `Experts`, `DecoderLayer`, `DecoderShape` ar
 from __future__ import annotations
 
 import importlib
+import types
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -68,7 +69,10 @@ class Backend:
         impl = importlib.import_module(_MODULES[name])
         object.__setattr__(self, "name", name)
         for op in OPS:
-            object.__setattr__(self, op, getattr(impl, op))
+            fn = getattr(impl, op)
+            if isinstance(fn, types.ModuleType):  # a submodule of the same name (kernels/cpu/topk.py defines
+                fn = getattr(fn, op)  # `topk`): importing it directly rebinds the package's attribute
+            object.__setattr__(self, op, fn)
 
     def __setattr__(self, key, value):
         raise AttributeError("a kernel Backend is immutable")
