@@ -135,7 +135,7 @@ def test_error_envelopes(client, api_engine):
     err = r.json()["error"]
     assert (r.status_code, err["type"], err["n_ctx"]) == (400, "exceed_context_size_error", api_engine.n_ctx_slot)
     assert list(err) == ["code", "message", "type", "n_prompt_tokens", "n_ctx"]
-    r = client.post("/completion", json={"prompt": ["a", "b"], "stream": True})
+    r = client.post("/completion", json={"prompt": "x " * 300, "stream": True})
     assert r.status_code == 400 and not r.headers["content-type"].startswith("text/event-stream")
     r = client.post("/v1/embeddings", json={"input": "x"})
     assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
@@ -184,6 +184,59 @@ def test_prompt_lists_mix_ids_as_llama_server_does(client):
     # a list without integers is one prompt per element
     r = client.post("/completion", json={"prompt": ["hello", [1, 2]], "n_predict": 1, "temperature": 0})
     assert [x["index"] for x in r.json()] == [0, 1]
+
+
+def _stream_lines(body: bytes) -> list[Any]:
+    """The data of each SSE event: parsed JSON, or the raw text ([DONE])."""
+    out = []
+    for e in events(body):
+        out.append(e if e == "[DONE]" else json.loads(e))
+    return out
+
+
+def test_several_prompts_and_choices_stream_side_by_side(client):
+    """As b1-0c1e570: every task streams its chunks (interleaved, each with its index) and its final
+    object; each prompt after the first announces itself with `data: null`; children do not."""
+    body = {"prompt": ["one two", "three four"], "n_predict": 3, "temperature": 0, "n_cmpl": 2}
+    whole = client.post("/completion", json=body).json()
+    assert [d["index"] for d in whole] == [0, 1, 2, 3]
+    got = _stream_lines(client.post("/completion", json=dict(body, stream=True)).content)
+    assert got.count(None) == 1
+    chunks = [d for d in got if d is not None]
+    for i in range(4):
+        mine = [d for d in chunks if d["index"] == i]
+        assert [d["stop"] for d in mine] == [False] * (len(mine) - 1) + [True]
+        assert "".join(d["content"] for d in mine) == whole[i]["content"]
+    assert got.index(None) < min(k for k, d in enumerate(got) if d is not None and d["index"] == 2)
+
+
+def test_v1_completions_take_several_prompts(client):
+    body = {"prompt": ["one two", "three four"], "max_tokens": 3, "temperature": 0, "n": 2}
+    d = client.post("/v1/completions", json=body).json()
+    texts = [c["text"] for c in d["choices"]]
+    assert [c["index"] for c in d["choices"]] == [0, 1, 2, 3] and texts[0] == texts[1] and texts[2] == texts[3]
+    first, second = (client.post("/v1/completions", json=dict(body, prompt=p, n=1)).json() for p in body["prompt"])
+    assert (first["choices"][0]["text"], second["choices"][0]["text"]) == (texts[0], texts[2])
+    assert d["usage"]["prompt_tokens"] == first["usage"]["prompt_tokens"]  # the first task's usage
+    got = _stream_lines(client.post("/v1/completions", json=dict(body, stream=True)).content)
+    assert got[-1] == "[DONE]" and got.count("[DONE]") == 1 and got.count(None) == 1
+    chunks = [c for c in got if isinstance(c, dict)]
+    for i in range(4):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
+        assert "".join(c["text"] for c in mine) == texts[i] and mine[-1]["finish_reason"] == "length"
+
+
+def test_chat_streams_n_choices(client):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0, "n": 2}
+    whole = client.post("/v1/chat/completions", json=body).json()
+    got = _stream_lines(client.post("/v1/chat/completions", json=dict(body, stream=True)).content)
+    assert got[-1] == "[DONE]" and got.count("[DONE]") == 1
+    for i in range(2):
+        mine = [c["choices"][0] for c in got[:-1] if c["choices"][0]["index"] == i]
+        assert mine[0]["delta"] == {"role": "assistant", "content": None}
+        assert mine[-1]["finish_reason"] == "length" and mine[-1]["delta"] == {}
+        text = "".join(c["delta"].get("content") or "" for c in mine)
+        assert text == whole["choices"][i]["message"]["content"]
 
 
 def test_api_key_and_cors(api_engine, api_client):

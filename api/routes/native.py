@@ -19,7 +19,7 @@ from api.errors import ApiError, json_response
 from api.inputs import check_context, off_loop, read_json, require_generation, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task, reasoning_format_name, sampling_settings
 from api.results import collect_all, probs_json, with_progress
-from api.sse import stream_events
+from api.sse import Stream, stream_many
 from runtime.tasks import CompletionResult, CompletionTask, PromptProgress, TokenOut
 
 router = APIRouter()
@@ -87,10 +87,8 @@ def partial_json(index: int, ev: TokenOut, n_prompt: int, probs: list[dict[str, 
     return d
 
 
-async def native_stream(ctx: ApiContext, req: NativeRequest) -> Response:
-    """SSE stream of one native request: a chunk per token, then the final object."""
-    handle = ctx.engine.submit(req.task)
-
+def native_stream(ctx: ApiContext, req: NativeRequest, lead: bytes = b"") -> Stream:
+    """The SSE chunks of one native request: a chunk per token, then the final object."""
     def on_token(ev: TokenOut) -> list[dict[str, Any]]:
         probs = probs_json(ctx.tokenizer, [ev], req.post_sampling) if req.n_probs > 0 else None
         return [partial_json(req.index, ev, len(req.task.prompt_tokens), probs)]
@@ -101,9 +99,8 @@ async def native_stream(ctx: ApiContext, req: NativeRequest) -> Response:
              "tokens_predicted": 0, "tokens_evaluated": len(req.task.prompt_tokens)}
         return [with_progress(d, ev, req.task.timings_per_token)]
 
-    return await stream_events(ctx.cfg.sse_ping_interval, handle, on_token,
-                               lambda res: [completion_final_json(ctx, req, res, [], True)], False,
-                               on_progress=on_progress)
+    return Stream(ctx.engine.submit(req.task), on_token, lambda res: [completion_final_json(ctx, req, res, [], True)],
+                  on_progress, lead)
 
 
 @router.post("/completion")
@@ -115,17 +112,19 @@ async def completion(ctx: Ctx, request: Request) -> Response:
         raise ApiError("[json.exception.out_of_range.403] key 'prompt' not found")
     prompts = split_prompts(body["prompt"])
     n = n_choices(body, ctx.engine.n_slots)
-    reqs = []
-    for p in prompts:  # each prompt, then its n - 1 children; indexes run over all of them
+    reqs, leads = [], []
+    for i, p in enumerate(prompts):  # each prompt, then its n - 1 children; indexes run over all of them
         toks = await off_loop(tokenize_prompt, ctx.tokenizer, p)
         check_context(len(toks), ctx.engine.n_ctx_slot)
         first = native_request(ctx, body, toks)
-        for task in with_children(first.task, n):
+        for j, task in enumerate(with_children(first.task, n)):
             reqs.append(dataclasses.replace(first, task=task, index=len(reqs)))
+            # b1 streams each further prompt's "processing started" signal as `data: null`
+            # (the first prompt's is the response's headers); children send none
+            leads.append(b"data: null\n\n" if i > 0 and j == 0 else b"")
     if reqs[0].task.stream:
-        if len(reqs) > 1:
-            raise ApiError("streaming is supported for a single prompt only")
-        return await native_stream(ctx, reqs[0])
+        return await stream_many(ctx.cfg.sse_ping_interval, [native_stream(ctx, r, lead) for r, lead in zip(reqs, leads)],
+                                 False)
     outs = await collect_all(request, [ctx.engine.submit(r.task) for r in reqs])
     results = [completion_final_json(ctx, r, res, toks or res.probs, False) for r, (toks, res) in zip(reqs, outs)]
     return json_response(results[0] if len(results) == 1 else results)
@@ -153,6 +152,6 @@ async def infill(ctx: Ctx, request: Request) -> Response:
     req = native_request(ctx, body, toks, 0)
     req.task.infill = True
     if req.task.stream:
-        return await native_stream(ctx, req)
+        return await stream_many(ctx.cfg.sse_ping_interval, [native_stream(ctx, req)], False)
     [(toks_out, res)] = await collect_all(request, [ctx.engine.submit(req.task)])
     return json_response(completion_final_json(ctx, req, res, toks_out or res.probs, False))

@@ -19,7 +19,7 @@ from api.inputs import check_context, off_loop, read_json, require_generation, s
 from api.params import Fields, parse_sampling, parse_task, reasoning_format_name, sampling_settings
 from api.routes.native import NativeRequest, completion_final_json, partial_json
 from api.results import collect_all, finish_reason, probs_json, usage_json, with_progress
-from api.sse import stream_events
+from api.sse import Stream, stream_many
 from runtime.tasks import CompletionResult, CompletionTask, PromptProgress, TokenOut
 
 router = APIRouter()
@@ -33,28 +33,28 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
     if body.get("prompt") is None:
         raise ApiError("'prompt' is required")
     n = n_choices(body, ctx.engine.n_slots)
-    prompts = split_prompts(body["prompt"])
-    if len(prompts) != 1:
-        raise ApiError("Only one prompt is supported")
-    toks = await off_loop(tokenize_prompt, ctx.tokenizer, prompts[0])
-    check_context(len(toks), ctx.engine.n_ctx_slot)
     body = dict(body)
     if body.get("logprobs") is not None:  # OpenAI: logprobs is the number of top candidates
         body["n_probs"] = Fields(body).integer("logprobs", 0)
-    params = parse_sampling(body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
-    task = parse_task(body, toks, params, cfg.n_predict, openai=True)
+    tasks: list[CompletionTask] = []
+    leads: list[bytes] = []  # streamed: b1's `data: null` for each further prompt (see routes/native.py)
+    params = None
+    for i, p in enumerate(split_prompts(body["prompt"])):  # each prompt, then its n - 1 children
+        toks = await off_loop(tokenize_prompt, ctx.tokenizer, p)
+        check_context(len(toks), ctx.engine.n_ctx_slot)
+        params = parse_sampling(body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
+        tasks.extend(with_children(parse_task(body, toks, params, cfg.n_predict, openai=True), n))
+        leads.extend([b"data: null\n\n" if i > 0 else b""] + [b""] * (n - 1))
     cmpl_id = "chatcmpl-" + random_id()
     model = cfg.model_name
+    verbose = Fields(body).boolean("verbose", cfg.verbose)
 
     def base(choice: dict[str, Any]) -> dict[str, Any]:
         return {"choices": [choice], "created": int(time.time()), "model": model,
                 "system_fingerprint": BUILD_INFO, "object": "text_completion", "id": cmpl_id}
 
-    verbose = Fields(body).boolean("verbose", cfg.verbose)
-    if task.stream and n > 1:
-        raise ApiError("streaming is supported for a single choice only")
-    if not task.stream:
-        outs = await collect_all(request, [ctx.engine.submit(t) for t in with_children(task, n)])
+    if not tasks[0].stream:  # b1: the tasks' choices in one object, the first task's usage and timings
+        outs = await collect_all(request, [ctx.engine.submit(t) for t in tasks])
         choices = []
         for i, (toks_out, res) in enumerate(outs):
             logprobs = None
@@ -66,38 +66,43 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
         d["choices"] = choices
         d["usage"] = usage_json(res)
         if verbose:
-            d["__verbose"] = verbose_json(ctx, task, ctx.tokenizer.decode(toks), res, toks_out)
+            d["__verbose"] = verbose_json(ctx, tasks[0], ctx.tokenizer.decode(tasks[0].prompt_tokens), res, toks_out)
         d["timings"] = res.timings.as_dict()
         keys = ("choices", "created", "model", "system_fingerprint", "object", "usage", "id", "__verbose", "timings")
         return json_response({k: d[k] for k in keys if k in d})
-    handle = ctx.engine.submit(task)
 
-    def on_token(ev: TokenOut) -> list[dict[str, Any]]:
-        probs = probs_json(ctx.tokenizer, [ev], False) if params.n_probs > 0 else None
-        d = base({"text": ev.text, "index": 0, "logprobs": {"content": probs} if probs else None,
-                  "finish_reason": None})
-        if verbose:
-            d["__verbose"] = partial_json(0, ev, len(toks), probs)
-        if ev.timings is not None:
-            d["timings"] = ev.timings.as_dict()
-        return [d]
+    def stream(index: int, task: CompletionTask, lead: bytes) -> Stream:
+        n_prompt = len(task.prompt_tokens)
 
-    def on_progress(ev: PromptProgress) -> list[dict[str, Any]]:
-        d = base({"text": "", "index": 0, "logprobs": None, "finish_reason": None})
-        return [with_progress(d, ev, task.timings_per_token)]
+        def on_token(ev: TokenOut) -> list[dict[str, Any]]:
+            probs = probs_json(ctx.tokenizer, [ev], False) if params.n_probs > 0 else None
+            d = base({"text": ev.text, "index": index, "logprobs": {"content": probs} if probs else None,
+                      "finish_reason": None})
+            if verbose:
+                d["__verbose"] = partial_json(index, ev, n_prompt, probs)
+            if ev.timings is not None:
+                d["timings"] = ev.timings.as_dict()
+            return [d]
 
-    def on_final(res: CompletionResult) -> list[dict[str, Any]]:
-        # llama-server b1-0c1e570 puts usage in this last chunk whether or not
-        # stream_options.include_usage asks for it, before the id
-        d = base({"text": "", "index": 0, "logprobs": None, "finish_reason": finish_reason(res)})
-        cid = d.pop("id")
-        d["usage"], d["id"] = usage_json(res), cid
-        if verbose:
-            d["__verbose"] = verbose_json(ctx, task, ctx.tokenizer.decode(toks), res, [])
-        d["timings"] = res.timings.as_dict()
-        return [d]
+        def on_progress(ev: PromptProgress) -> list[dict[str, Any]]:
+            d = base({"text": "", "index": index, "logprobs": None, "finish_reason": None})
+            return [with_progress(d, ev, task.timings_per_token)]
 
-    return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True, on_progress=on_progress)
+        def on_final(res: CompletionResult) -> list[dict[str, Any]]:
+            # llama-server b1-0c1e570 puts usage in this last chunk whether or not
+            # stream_options.include_usage asks for it, before the id
+            d = base({"text": "", "index": index, "logprobs": None, "finish_reason": finish_reason(res)})
+            cid = d.pop("id")
+            d["usage"], d["id"] = usage_json(res), cid
+            if verbose:
+                d["__verbose"] = verbose_json(ctx, task, ctx.tokenizer.decode(task.prompt_tokens), res, [])
+            d["timings"] = res.timings.as_dict()
+            return [d]
+
+        return Stream(ctx.engine.submit(task), on_token, on_final, on_progress, lead)
+
+    return await stream_many(cfg.sse_ping_interval, [stream(i, t, lead) for i, (t, lead) in enumerate(zip(tasks, leads))],
+                             True)
 
 
 @router.post("/chat/completions")
@@ -109,49 +114,50 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
     prep, task, params = await chat_task(ctx, body)
     n = n_choices(body, ctx.engine.n_slots)
     cmpl_id = "chatcmpl-" + random_id()
-    model = cfg.model_name
-    if task.stream and n > 1:
-        raise ApiError("streaming is supported for a single choice only")
     if not task.stream:
         return await chat_whole(ctx, request, prep, task, params.n_probs, n, cmpl_id)
-    handle = ctx.engine.submit(task)
+    streams = [chat_stream(ctx, prep, t, params.n_probs, cmpl_id, i) for i, t in enumerate(with_children(task, n))]
+    return await stream_many(cfg.sse_ping_interval, streams, True)
+
+
+def chat_stream(ctx: ApiContext, prep: chat_api.ChatPrep, task: CompletionTask, n_probs: int, cmpl_id: str,
+                index: int) -> Stream:
+    """The `chat.completion.chunk`s of choice `index`: its role chunk, its deltas, its finish (and
+    usage) chunks; b1 streams `n` choices each so, interleaved."""
+    cfg = ctx.cfg
     parser = chat_api.ChatOutput(prep)
+    started = False
 
     def chunk(choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"choices": choices, "created": int(time.time()), "id": cmpl_id, "model": model,
+        return {"choices": choices, "created": int(time.time()), "id": cmpl_id, "model": cfg.model_name,
                 "system_fingerprint": BUILD_INFO, "object": "chat.completion.chunk"}
 
-    started = False
+    def role() -> dict[str, Any]:
+        return chunk([{"finish_reason": None, "index": index, "delta": {"role": "assistant", "content": None}}])
 
     def on_token(ev: TokenOut) -> list[dict[str, Any]]:
         nonlocal started
         out = []
         if not started:
             started = True
-            out.append(chunk([{"finish_reason": None, "index": 0,
-                               "delta": {"role": "assistant", "content": None}}]))
+            out.append(role())
         for delta in parser.add(ev.text):
-            out.append(chunk([{"finish_reason": None, "index": 0, "delta": delta}]))
-        if params.n_probs > 0 and out:  # on the token's last chunk, as llama-server
+            out.append(chunk([{"finish_reason": None, "index": index, "delta": delta}]))
+        if n_probs > 0 and out:  # on the token's last chunk, as llama-server
             out[-1]["choices"][0]["logprobs"] = {"content": probs_json(ctx.tokenizer, [ev], False)}
         if ev.timings is not None and out:
             out[-1]["timings"] = ev.timings.as_dict()
         return out
 
     def on_progress(ev: PromptProgress) -> list[dict[str, Any]]:
-        c = chunk([{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}])
-        return [with_progress(c, ev, task.timings_per_token)]
+        return [with_progress(role(), ev, task.timings_per_token)]
 
     def on_final(res: CompletionResult) -> list[dict[str, Any]]:
-        out = []
-        if not started:
-            out.append(chunk([{"finish_reason": None, "index": 0,
-                               "delta": {"role": "assistant", "content": None}}]))
+        out = [] if started else [role()]
         first = len(out)  # b1-0c1e570's final deltas: the parser's last ones, the finish, the usage
         for delta in parser.finish():
-            out.append(chunk([{"finish_reason": None, "index": 0, "delta": delta}]))
-        fin = chunk([{"finish_reason": finish_reason(res, parser.has_tool_calls), "index": 0, "delta": {}}])
-        out.append(fin)
+            out.append(chunk([{"finish_reason": None, "index": index, "delta": delta}]))
+        out.append(chunk([{"finish_reason": finish_reason(res, parser.has_tool_calls), "index": index, "delta": {}}]))
         if prep.include_usage:
             u = chunk([])
             u["usage"] = usage_json(res)
@@ -161,7 +167,7 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
             out[first]["__verbose"] = verbose_json(ctx, task, prep.prompt, res, [], prep.reasoning_format)
         return out
 
-    return await stream_events(cfg.sse_ping_interval, handle, on_token, on_final, True, on_progress=on_progress)
+    return Stream(ctx.engine.submit(task), on_token, on_final, on_progress)
 
 
 def verbose_json(ctx: ApiContext, task: CompletionTask, prompt: str, res: CompletionResult,
