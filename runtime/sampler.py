@@ -258,10 +258,10 @@ def sample_row(row: torch.Tensor, st: SamplerState) -> Sampled:
     # ignore_eos and the grammar) unless post_sampling_probs asks for the sampler's
     lp = torch.log_softmax(row, 0) if p.n_probs > 0 and not p.post_sampling_probs else None
     row = apply_bias_and_mask(row, st)
+    if p.n_probs > 0 and lp is None:  # post_sampling_probs: the candidates the chain left, as drawn
+        return _draw_with_post_sampling_probs(row, st)
     top: list[tuple[int, float]] = []
     if p.n_probs > 0:
-        if lp is None:
-            lp = torch.log_softmax(row, 0)
         tv, ti = torch.topk(lp, min(p.n_probs, lp.numel()))
         top = list(zip(ti.tolist(), tv.tolist()))
     simple_greedy = p.temperature <= 0 and p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 \
@@ -274,21 +274,44 @@ def sample_row(row: torch.Tensor, st: SamplerState) -> Sampled:
     return Sampled(tok, logprob, top)
 
 
-def _chain_and_draw(vals: torch.Tensor, ids: torch.Tensor | None, st: SamplerState) -> int:
-    """Run the sampler chain in `samplers` order over vals (ids None: vals is the whole row) and
-    draw one token from what is left."""
+def _chain(vals: torch.Tensor, ids: torch.Tensor | None, st: SamplerState) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampler chain in `samplers` order over vals (ids None: vals is the whole row): the
+    candidates left (vals [n], ids [n])."""
     p = st.params
     for name in p.samplers:
         fn = SAMPLERS.get(name)
         if fn is not None:
             vals, ids = fn(vals, ids, p, st)
-    vals, ids = _ensure_ids(vals, ids)
+    return _ensure_ids(vals, ids)
+
+
+def _draw(vals: torch.Tensor, ids: torch.Tensor, st: SamplerState) -> int:
+    """llama.cpp's dist sampler: one token from the softmax of the candidates."""
     if vals.numel() == 1:
         return int(ids[0].item())
     probs = torch.softmax(vals, 0)
     if not torch.isfinite(probs).all() or probs.sum() <= 0:
         return int(ids[torch.argmax(vals)].item())
     return int(ids[torch.multinomial(probs, 1, generator=st.rng)].item())
+
+
+def _chain_and_draw(vals: torch.Tensor, ids: torch.Tensor | None, st: SamplerState) -> int:
+    """Run the sampler chain over vals and draw one token from what is left."""
+    return _draw(*_chain(vals, ids, st), st)
+
+
+def _draw_with_post_sampling_probs(row: torch.Tensor, st: SamplerState) -> Sampled:
+    """post_sampling_probs as llama-server's populate_token_probs: the chain's candidates with the
+    probabilities the draw used (the softmax of what is left, so 1.0 for greedy), most likely
+    first, the first n_probs with a nonzero probability; the drawn token's own probability."""
+    vals, ids = _chain(row, None, st)
+    tok = _draw(vals, ids, st)
+    probs = torch.softmax(vals.double(), 0) if vals.numel() > 1 else torch.ones(1, dtype=torch.float64)
+    order = torch.argsort(probs, descending=True, stable=True)
+    ranked = [(int(ids[i]), float(probs[i])) for i in order[:st.params.n_probs].tolist()]
+    top = [(t, math.log(pr)) for t, pr in ranked if pr > 0.0]
+    mine = next((float(probs[i]) for i in range(ids.numel()) if int(ids[i]) == tok), 0.0)
+    return Sampled(tok, math.log(mine) if mine > 0.0 else NEG_INF, top)
 
 
 def sample_candidates(vals: torch.Tensor, ids: torch.Tensor, st: SamplerState) -> Sampled:

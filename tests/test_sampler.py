@@ -1,6 +1,8 @@
 """The sampler chain: greedy, penalties, top-k/p, min-p, bias, seeds, grammar masks, batches."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from runtime.sampler import SamplerState, sample_batch, sample_row
@@ -99,12 +101,24 @@ def test_n_probs_are_the_models_distribution_unless_post_sampling():
         assert [t for t, _ in r.top] == [9, 1]  # a banned and an odd token are reported, as the reference
         assert abs(r.logprob - float(raw[2])) < 1e-5
         assert torch.allclose(torch.tensor([lp for _, lp in r.top]).double(), raw[[9, 1]], atol=1e-5)
+    # post_sampling_probs: what the chain left, as llama-server's populate_token_probs reports it;
+    # greedy leaves one candidate (probability 1; b1 drops the zero-probability rest)
     st = _st(temperature=0, n_probs=2, post_sampling_probs=True)
     st.grammar = _OnlyEven(10)
     r = sample_row(row.clone(), st)
-    masked = torch.log_softmax(torch.where(torch.arange(10) % 2 == 0, row, torch.tensor(float("-inf"))).double(), 0)
-    assert r.token == 2 and [t for t, _ in r.top] == [2, 4 if row[4] > row[0] else 0]
-    assert abs(r.logprob - float(masked[2])) < 1e-5
+    assert (r.token, r.logprob, r.top) == (2, 0.0, [(2, 0.0)])
+
+
+def test_post_sampling_probs_are_the_drawn_distribution():
+    """With top_k 3 and temperature 0.5 the draw is from softmax(logits / 0.5) over the three best
+    (b1: top_k, temperature, then dist's softmax): those probabilities, most likely first."""
+    row = torch.tensor([1.0, 4.0, 3.0, 2.0, 0, 0, 0, 0, 0, 5.0])
+    st = _st(temperature=0.5, top_k=3, top_p=1.0, min_p=0.0, n_probs=5, post_sampling_probs=True, seed=3)
+    r = sample_row(row.clone(), st)
+    expect = torch.softmax(torch.tensor([5.0, 4.0, 3.0], dtype=torch.float64) / 0.5, 0)
+    assert [t for t, _ in r.top] == [9, 1, 2]  # three candidates only, though five were asked for
+    assert torch.allclose(torch.tensor([lp for _, lp in r.top], dtype=torch.float64).exp(), expect, atol=1e-6)
+    assert r.token in (9, 1, 2) and abs(math.exp(r.logprob) - float(expect[[9, 1, 2].index(r.token)])) < 1e-6
 
 
 def test_grammar_mask_and_batch_mixing():
