@@ -202,8 +202,18 @@ static void attend_item(void *args, int item) {
     for (int g = 0; g < G; ++g) {
         float *p = sc + (size_t)g * maxL + t0, mx = -INFINITY, sum = 0.0f;
         const int n = L - t0;  /* the keys in the window */
-        for (int t = 0; t < n; ++t) mx = p[t] > mx ? p[t] : mx;
         const int L16 = n / 16 * 16;
+        /* the maximum (order-free; 16 lanes, a scalar chain of maxss was 4 cycles a key) */
+        if (L16) {
+            vf m[LV];
+            for (int j = 0; j < LV; ++j) m[j] = ldv(p + j * VW);
+            for (int t = 16; t < L16; t += 16)
+                for (int j = 0; j < LV; ++j) m[j] = max_v(m[j], ldv(p + t + j * VW));
+            float f[16];
+            memcpy(f, m, sizeof f);
+            for (int i = 0; i < 16; ++i) mx = f[i] > mx ? f[i] : mx;
+        }
+        for (int t = L16; t < n; ++t) mx = p[t] > mx ? p[t] : mx;
         vf acc[LV];
         for (int j = 0; j < LV; ++j) acc[j] = splat(0.0f);
         for (int t = 0; t < L16; t += 16)

@@ -33,10 +33,11 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  kv_lens: list[int] | torch.Tensor, scale: float, softcap: float = 0.0,
-                 n_threads: int | None = None, window: int = 0) -> torch.Tensor:
+                 n_threads: int | None = None, window: int = 0, team: bool = False) -> torch.Tensor:
     """q: [S, H, D]; caches [NB, BS, KVH, D]; block_tables [S, MAXB] int32; kv_lens: [S] (list or
-    tensor) -> [S, H, D] float32. `n_threads`: OpenMP threads (default torch's count); window > 0:
-    only the last `window` keys of each sequence."""
+    tensor) -> [S, H, D] float32. `n_threads`: threads (default torch's count); window > 0: only
+    the last `window` keys of each sequence. `team`: on the OpenMP team instead of pool.c's
+    helpers (same bits), for callers between OpenMP regions whose threads still spin."""
     lib = native.lib()
     S, H, D = q.shape
     NB, BS, KVH, _ = k_cache.shape
@@ -47,7 +48,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     max_l = int(lens.max())
     out = torch.empty((S, H, D), dtype=torch.float32)
     scratch = torch.empty((S * KVH, H // KVH, max_l), dtype=torch.float32)
-    lib.paged_decode(qf.data_ptr(), k_cache.data_ptr(), v_cache.contiguous().data_ptr(), bt.data_ptr(),
+    (lib.paged_decode_team if team else lib.paged_decode)(qf.data_ptr(), k_cache.data_ptr(), v_cache.contiguous().data_ptr(), bt.data_ptr(),
                      bt.shape[1], lens.data_ptr(), out.data_ptr(), scratch.data_ptr(), S, H, KVH, D, BS, max_l,
                      float(scale), float(softcap), int(k_cache.dtype == torch.float16),
                      n_threads or torch.get_num_threads(), int(window))
@@ -100,8 +101,10 @@ def paged_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
         max_l = int(row_lens[i:].max()) if i + 1 < n else int(row_lens[i])
         rows = max(1, min(n - i, _ROWS_SCRATCH_ELEMS // max(1, H * max_l)))
         r0, r1 = cu[0] + i, cu[0] + i + rows
+        # on the OpenMP team: the prompt's matmuls (qdot, BLAS) leave its threads spinning, and a
+        # woken pool helper would share a core with one of them (2 cores: 13.4 -> 7 ms a call)
         out[r0:r1] = paged_decode(qf[r0:r1], k_cache, v_cache, bt[i:i + rows], row_lens[i:i + rows], scale,
-                                  softcap, window=window)
+                                  softcap, window=window, team=True)
         i += rows
     return out
 
