@@ -79,7 +79,7 @@ def test_identical_prompt_still_evaluates_one_token(engine):
 
 def test_lesson_example_11_slot_files(engine):
     r = _run(engine, PRE, n_predict=0, id_slot=0)
-    assert r.n_decoded == 0 and r.tokens_cached == 28
+    assert r.n_decoded == 1 and r.tokens_cached == 28  # b1 samples one token at n_predict 0, never decoded
     saved = engine.slot_action(0, "save", "review-prefix2.bin")
     L = engine.kv.n_layers
     # llama-server's layout with two KV streams (one per slot): 48 + 24 per layer fixed bytes

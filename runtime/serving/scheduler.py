@@ -196,11 +196,7 @@ class Scheduler:
                         continue
                     r.t_prompt_done = time.perf_counter()
                     self.metrics.on_prompt_done(len(r.prompt) - r.n_cached, r.n_cached, r.t_prompt_done - r.t_start)
-                    s.state = SlotState.GENERATING
-                    if r.n_predict == 0:
-                        r.stop_type = StopType.LIMIT
-                        self.finish(s)
-                        continue
+                    s.state = SlotState.GENERATING  # (n_predict 0 too: b1 samples one token, then stops)
             if b.logits:
                 need_sample.append(s)
         if out.logits is None or not need_sample:
