@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.chat_checks import check_message_shapes, parse_messages, parse_tools
 from api.errors import ApiError
 from api.params import Fields, schema_to_grammar_or_400
 from runtime.chat import (
@@ -85,13 +86,9 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         raise ApiError("'messages' is required")
     if not isinstance(messages, list):
         raise ApiError("Expected 'messages' to be an array")
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ApiError("Missing 'role' in message")
-        if "content" not in m and not m.get("tool_calls"):
-            raise ApiError("Missing 'content' in message")
-        if m.get("content") is not None and not isinstance(m["content"], (str, list)):
-            raise ApiError("Expected 'content' to be a string or an array")
+    check_message_shapes(messages)  # b1's checks, its messages and statuses (api/chat_checks.py)
+    parse_messages(messages)
+    parse_tools(body.get("tools"))
     continuation = _continuation(body.get("continue_final_message"))
     add_generation_prompt = f.boolean("add_generation_prompt", True)
     last_is_assistant = bool(messages) and messages[-1].get("role") == "assistant"
@@ -103,7 +100,7 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         raise ApiError("Cannot set both add_generation_prompt and continue_final_message to true.")
     if continuation is not None and last_is_assistant and messages[-1].get("tool_calls"):
         raise ApiError("Cannot continue an assistant message that contains tool calls.")
-    tools = f.array("tools", []) or []
+    tools = body.get("tools") or []
     tool_choice = _tool_choice(body.get("tool_choice"))
     if tools and not cfg.jinja:
         raise ApiError("tools param requires --jinja flag")
@@ -134,7 +131,8 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         elif kind != "text":
             raise ApiError(f'response_format type must be one of "text" or "json_object", but got: {kind}')
     stream_options = body.get("stream_options")
-    include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage", False))
+    # a field of b1's schema: an object's include_usage must be a boolean (or null)
+    include_usage = isinstance(stream_options, dict) and Fields(stream_options).boolean("include_usage", False)
 
     # render
     msgs = list(messages)
@@ -215,11 +213,13 @@ def apply_grammar(server: Any, prep: ChatPrep, params: Any) -> None:
             if tg.lazy is not None:
                 params.grammar_lazy, params.grammar_triggers = tg.lazy, list(tg.triggers)
     if params.grammar:
-        from grammar import GrammarError, parse_gbnf
+        from grammar import SAMPLER_INIT_FAILED, GrammarError, GrammarTooLarge, parse_gbnf
         try:
             parse_gbnf(params.grammar)
+        except GrammarTooLarge as e:
+            raise ApiError(str(e)) from e
         except GrammarError as e:
-            raise ApiError(f"Failed to parse grammar: {e}") from e
+            raise ApiError(SAMPLER_INIT_FAILED) from e
 
 
 # ------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.errors import ApiError, not_supported
+from api.inputs import json_type
 
 _CHUNK_SEPARATOR = "\n\n--- snippet ---\n\n"
 
@@ -23,20 +24,36 @@ def check_model(fim_ids: dict[str, int]) -> None:
         raise not_supported(f"Infill is not supported by this model: {missing}")
 
 
-def parse_extra(extra: Any) -> list[tuple[str, str]]:
-    """`input_extra`: a list of {"filename": str, "text": str} -> [(filename, text)]."""
-    if extra is None:
+def parse_extra(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """`input_extra`: a list of {"filename": str, "text": str} -> [(filename, text)], with b1's
+    400s (a present input_extra that is not an array, null included, and each bad chunk)."""
+    if "input_extra" not in body:
         return []
-    msg = '"input_extra" must be an array of {"filename": string, "text": string}'
+    extra = body["input_extra"]
     if not isinstance(extra, list):
-        raise ApiError(msg)
+        raise ApiError('"input_extra" must be an array of {"filename": string, "text": string}')
     out = []
     for chunk in extra:
-        if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str) or \
-                not isinstance(chunk.get("filename", "tmp"), str):
-            raise ApiError(msg)
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str):
+            raise ApiError('extra_context chunk must contain a "text" field with a string value')
+        if "filename" in chunk and not isinstance(chunk["filename"], str):
+            raise ApiError('extra_context chunk\'s "filename" field must be a string')
         out.append((chunk.get("filename", "tmp"), chunk["text"]))
     return out
+
+
+def prefix_and_suffix(body: dict[str, Any]) -> tuple[str, str]:
+    """`input_prefix` and `input_suffix` as b1 ends up reading them: its 400s for a missing one are
+    overwritten (no return), so the read that follows answers 500 (the suffix read first, GCC's
+    argument order), as does a value that is not a string."""
+    for key in ("input_suffix", "input_prefix"):
+        if key not in body:
+            raise ApiError(f"[json.exception.out_of_range.403] key '{key}' not found", "server_error", 500)
+    for key in ("input_suffix", "input_prefix"):
+        if not isinstance(body[key], str):
+            raise ApiError(f"[json.exception.type_error.302] type must be string, but is {json_type(body[key])}",
+                           "server_error", 500)
+    return body["input_prefix"], body["input_suffix"]
 
 
 def format_infill(tok: Any, prefix: str, suffix: str, extra: list[tuple[str, str]], prompt_tokens: list[int],

@@ -59,6 +59,12 @@ class Fields:
     def __init__(self, data: dict[str, Any]):
         self.data = data
 
+    def lenient(self, key: str, kind: str, default: Any) -> Any:
+        """llama-server's `json_value` where it is not a schema field: a value of another type is
+        the default (b1 logs a warning), not an error."""
+        v = self.data.get(key)
+        return v if v is not None and self._CHECK[kind](v) else default
+
     def has(self, key: str) -> bool:
         return self.data.get(key) is not None
 
@@ -123,9 +129,7 @@ def _parse_logit_bias(raw: Any, tokenizer: Any, n_vocab: int) -> list[tuple[int,
             except ValueError:
                 tok = key
             add(tok, bias_of(v))
-    elif raw is not None:
-        raise ApiError("Field 'logit_bias': must be an array or an object")
-    return out
+    return out  # any other value: no biases (b1 reads only arrays and objects)
 
 
 def eog_bias_ids(tokenizer: Any) -> list[int]:
@@ -213,15 +217,17 @@ def schema_to_grammar_or_400(schema: Any, convert: Callable[[Any], str] | None =
 
 
 def parse_stop(raw: Any, openai: bool) -> list[str]:
-    if raw is None:
-        return []
+    """b1's "stop" field: one string, or an array of strings (empty ones skipped; another element is
+    its type error); any other value gives no stop strings."""
     if isinstance(raw, str):
-        if openai:
-            return [raw]
-        raise ApiError("Field 'stop': [json.exception.type_error.302] type must be array, but is string")
-    if isinstance(raw, list):
-        return [s for s in raw if isinstance(s, str) and s]
-    raise ApiError(f"Field 'stop': [json.exception.type_error.302] type must be array, but is {json_type_name(raw)}")
+        return [raw]
+    if not isinstance(raw, list):
+        return []
+    for s in raw:
+        if s is not None and not isinstance(s, str):
+            raise ApiError(f"Field 'stop': [json.exception.type_error.302] type must be string, but is "
+                           f"{json_type_name(s)}")
+    return [s for s in raw if s]
 
 
 def parse_task(body: dict[str, Any], prompt_tokens: list[int], params: SamplingParams, n_predict_default: int,

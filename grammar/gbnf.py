@@ -29,6 +29,11 @@ class GrammarError(ValueError):
     """A grammar (or JSON schema) that cannot be parsed or compiled."""
 
 
+class GrammarTooLarge(GrammarError):
+    """A grammar over tritium's own bounds (size, nesting), which llama-server does not have: the
+    server answers with this message, not b1's parse failure."""
+
+
 @dataclass(frozen=True)
 class CharClass:
     """Sorted, merged, inclusive code point intervals; `negated` flips membership."""
@@ -275,8 +280,8 @@ class _Parser:
     def check_size(self, pending: int) -> None:
         size = self.n_elements + pending
         if size > MAX_GRAMMAR_ELEMENTS:
-            raise GrammarError(f"grammar too large: more than {MAX_GRAMMAR_ELEMENTS} elements after lowering "
-                               f"(at {self.where()}), the limit is {MAX_GRAMMAR_ELEMENTS} (MAX_GRAMMAR_ELEMENTS)")
+            raise GrammarTooLarge(f"grammar too large: more than {MAX_GRAMMAR_ELEMENTS} elements after lowering "
+                                 f"(at {self.where()}), the limit is {MAX_GRAMMAR_ELEMENTS} (MAX_GRAMMAR_ELEMENTS)")
 
     def parse_sequence(self, name: str, nested: bool) -> list[Element]:
         seq: list[Element] = []
@@ -428,7 +433,7 @@ def _check_left_recursion(g: Grammar) -> None:
             for e in alt:
                 if e[0] == "rep" and nullable[e[1]] and (e[3] < 0 or e[3] > MAX_NULLABLE_REPEAT):
                     rng = f"{{{e[2]},{'' if e[3] < 0 else e[3]}}}"
-                    raise GrammarError(f"rule '{_user_name(g, r)}' repeats an item that may be empty {rng} times; "
+                    raise GrammarTooLarge(f"rule '{_user_name(g, r)}' repeats an item that may be empty {rng} times; "
                                        f"the limit for such an item is {MAX_NULLABLE_REPEAT} (left recursion)")
     found = _find_cycle(left)
     if found is not None:
@@ -471,9 +476,9 @@ def parse_gbnf(text: str) -> Grammar:
     try:
         g = _Parser(text).parse()
     except RecursionError:
-        raise GrammarError("grammar nests too deeply (groups inside groups)") from None
+        raise GrammarTooLarge("grammar nests too deeply (groups inside groups)") from None
     size = _grammar_size(g)
     if size > MAX_GRAMMAR_ELEMENTS:
-        raise GrammarError(f"grammar too large: {size} elements after lowering, the limit is "
-                           f"{MAX_GRAMMAR_ELEMENTS} (MAX_GRAMMAR_ELEMENTS)")
+        raise GrammarTooLarge(f"grammar too large: {size} elements after lowering, the limit is "
+                              f"{MAX_GRAMMAR_ELEMENTS} (MAX_GRAMMAR_ELEMENTS)")
     return g

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.infill import format_infill, parse_extra
+from api.infill import format_infill, parse_extra, prefix_and_suffix
 from api.errors import ApiError
 from runtime.tokenizer import load_tokenizer
 
@@ -45,10 +45,29 @@ def test_layout_prefix_suffix_prompt_and_extra(coder):
 
 
 def test_input_extra_validation():
-    assert parse_extra([{"filename": "a", "text": "b"}, {"text": "c"}]) == [("a", "b"), ("tmp", "c")]
-    for bad in ("x", [{"filename": "a"}], [1]):
-        with pytest.raises(ApiError):
-            parse_extra(bad)
+    """b1-0c1e570's checks and messages (the reference asked the same, 2026-12-05)."""
+    assert parse_extra({"input_extra": [{"filename": "a", "text": "b"}, {"text": "c"}]}) == [("a", "b"), ("tmp", "c")]
+    assert parse_extra({}) == []
+    whole = '"input_extra" must be an array of {"filename": string, "text": string}'
+    text = 'extra_context chunk must contain a "text" field with a string value'
+    name = 'extra_context chunk\'s "filename" field must be a string'
+    for bad, message in (("x", whole), (None, whole), ([{"filename": "a"}], text), ([1], text),
+                         ([{"text": "a", "filename": 2}], name)):
+        with pytest.raises(ApiError) as e:
+            parse_extra({"input_extra": bad})
+        assert (e.value.code, e.value.message) == (400, message)
+
+
+def test_prefix_and_suffix_are_read_as_b1_reads_them():
+    assert prefix_and_suffix({"input_prefix": "a", "input_suffix": ""}) == ("a", "")
+    for body, message in (({"input_prefix": "a"}, "[json.exception.out_of_range.403] key 'input_suffix' not found"),
+                          ({"input_suffix": "a"}, "[json.exception.out_of_range.403] key 'input_prefix' not found"),
+                          ({"input_prefix": 5}, "[json.exception.out_of_range.403] key 'input_suffix' not found"),
+                          ({"input_prefix": 5, "input_suffix": ""},
+                           "[json.exception.type_error.302] type must be string, but is number")):
+        with pytest.raises(ApiError) as e:
+            prefix_and_suffix(body)
+        assert (e.value.code, e.value.type, e.value.message) == (500, "server_error", message)
 
 
 def test_infill_refused_without_fim_tokens(start_server, lesson_model):

@@ -136,15 +136,12 @@ async def infill(ctx: Ctx, request: Request) -> Response:
     tok = ctx.tokenizer
     infill_api.check_model(tok.fim_ids)
     body = await read_json(request)
-    extra = infill_api.parse_extra(body.get("input_extra"))
-    prefix, suffix = body.get("input_prefix", ""), body.get("input_suffix", "")
-    if not isinstance(prefix, str) or not isinstance(suffix, str):
-        raise ApiError('"input_prefix" and "input_suffix" must be strings')
-    prompt = body.get("prompt", "")
+    extra = infill_api.parse_extra(body)
+    prefix, suffix = infill_api.prefix_and_suffix(body)
+    prompt = body.get("prompt") if isinstance(body.get("prompt"), str) else ""  # b1: json_value, a string
 
     def tokens() -> list[int]:  # off the event loop: the pieces may be megabytes
-        prompt_tokens = [] if prompt in ("", None) else list(tok.encode(prompt, add_special=False, parse_special=True)) \
-            if isinstance(prompt, str) else tokenize_prompt(tok, prompt)
+        prompt_tokens = list(tok.encode(prompt, add_special=False, parse_special=True)) if prompt else []
         return infill_api.format_infill(tok, prefix, suffix, extra, prompt_tokens,
                                         ctx.engine.cfg.n_batch, ctx.cfg.n_predict, ctx.engine.n_ctx_slot)
     toks = await off_loop(tokens)

@@ -30,8 +30,8 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
     cfg = ctx.cfg
     require_generation(cfg)
     body = await read_json(request)
-    if body.get("prompt") is None:
-        raise ApiError("'prompt' is required")
+    if "prompt" not in body:
+        raise ApiError("[json.exception.out_of_range.403] key 'prompt' not found")
     n = n_choices(body, ctx.engine.n_slots)
     body = dict(body)
     if body.get("logprobs") is not None:  # OpenAI: logprobs is the number of top candidates

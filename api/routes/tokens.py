@@ -21,11 +21,11 @@ async def tokenize(ctx: Ctx, request: Request) -> Response:
     body = await read_json(request)
     f = Fields(body)
     content = body.get("content")
-    with_pieces = f.boolean("with_pieces", False)
+    with_pieces = f.lenient("with_pieces", "boolean", False)  # json_value: a wrong type is the default
     toks: list[int] = []
     if "content" in body:  # b1's tokenize_mixed: ids in a list are echoed as given, even outside the vocabulary
-        toks = await off_loop(tokenize_mixed, ctx.tokenizer, content, f.boolean("add_special", False),
-                              f.boolean("parse_special", True), 500)
+        toks = await off_loop(tokenize_mixed, ctx.tokenizer, content, f.lenient("add_special", "boolean", False),
+                              f.lenient("parse_special", "boolean", True), 500)
     if not with_pieces:
         return json_response({"tokens": toks})
     out = []

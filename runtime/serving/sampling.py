@@ -13,6 +13,7 @@ from collections import OrderedDict
 
 import torch
 
+from grammar import SAMPLER_INIT_FAILED, GrammarTooLarge
 from runtime.sampler import Sampled, SamplerState, sample_batch
 from runtime.serving.plan import StepPlan
 from runtime.serving.slots import Request, Slot
@@ -75,8 +76,10 @@ class Vocabulary:
             return
         try:
             matcher = self._compile_grammar(p.grammar)
-        except Exception as e:  # noqa: BLE001
-            raise GrammarError(f"Failed to parse grammar: {e}") from e
+        except GrammarTooLarge as e:  # tritium's bounds: named
+            raise GrammarError(str(e)) from e
+        except Exception as e:  # noqa: BLE001 - b1-0c1e570's answer; the parser's message is the cause
+            raise GrammarError(SAMPLER_INIT_FAILED) from e
         if p.grammar_lazy and p.grammar_triggers:
             # unconstrained until a trigger word appears in the output (tool_choice auto)
             req.lazy_grammar, req.lazy_triggers = matcher, list(p.grammar_triggers)

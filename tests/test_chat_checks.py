@@ -1,0 +1,66 @@
+"""Bad chat and completion bodies get b1-0c1e570's answers (api/chat_checks.py and the parameter
+reads): each status, type and message below is what the reference server answered to the same
+body (scripts/build_llama_server.sh's build on Qwen2.5 0.5B, 2026-12-05); and the lenient reads
+b1 makes (a string `stop`, a `logit_bias` of another type, an empty message list) are served."""
+from __future__ import annotations
+
+import pytest
+
+U = [{"role": "user", "content": "x"}]
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def client(api_engine, api_client):
+    with api_client(api_engine) as c:
+        yield c
+
+
+@pytest.mark.parametrize("route,body,status,kind,message", [
+    (CHAT, {"messages": [{"content": "x"}]}, 500, "server_error",
+     'Failed to parse messages: Missing \'role\' in message: {"content":"x"}'),
+    (CHAT, {"messages": [{"role": "user"}]}, 400, "invalid_request_error",
+     "All non-assistant messages must contain 'content'"),
+    (CHAT, {"messages": [{"role": "assistant"}]}, 400, "invalid_request_error",
+     "Assistant message must contain either 'content' or 'tool_calls'!"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 500, "server_error",
+     "Failed to parse messages: [json.exception.out_of_range.403] key 'text' not found"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "bogus", "text": "x"}]}]}, 400,
+     "invalid_request_error", "unsupported content[].type"),
+    (CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, "invalid_request_error",
+     "Expected 'content' to be a string or an array"),
+    (CHAT, {"messages": U, "tools": "x"}, 500, "server_error",
+     'Failed to parse tools: Expected \'tools\' to be an array, got "x"; tools = "x"'),
+    (CHAT, {"messages": U, "tools": [{"type": "function"}]}, 500, "server_error",
+     'Failed to parse tools: Missing tool function: {"type":"function"}; tools = [\n  {\n    "type": "function"\n  }\n]'),
+    (CHAT, {"messages": U, "stream_options": {"include_usage": "yes"}}, 400, "invalid_request_error",
+     "Field 'include_usage': [json.exception.type_error.302] type must be boolean, but is string"),
+    (CHAT, {"messages": U, "grammar": "bogus"}, 400, "invalid_request_error",
+     "Failed to initialize samplers: failed to parse grammar"),
+    ("/completion", {"prompt": "x", "grammar": "root ::= [", "n_predict": 1}, 400, "invalid_request_error",
+     "Failed to initialize samplers: failed to parse grammar"),
+    ("/completion", {"prompt": "x", "stop": ["a", 5], "n_predict": 1}, 400, "invalid_request_error",
+     "Field 'stop': [json.exception.type_error.302] type must be string, but is number"),
+    ("/v1/completions", {}, 400, "invalid_request_error", "[json.exception.out_of_range.403] key 'prompt' not found"),
+])
+def test_bad_bodies_get_llama_servers_answers(client, route, body, status, kind, message):
+    r = client.post(route, json=dict(body, max_tokens=1) if route == CHAT else body)
+    assert (r.status_code, r.json()) == (status, {"error": {"code": status, "message": message, "type": kind}})
+
+
+def test_what_b1_reads_leniently_is_served(client):
+    # an empty message list renders (the template's messages[0] is undefined, as in minja)
+    assert client.post(CHAT, json={"messages": [], "max_tokens": 1}).status_code == 200
+    # a `stop` that is neither a string nor an array, a `logit_bias` that is neither an array nor
+    # an object: ignored
+    assert client.post(CHAT, json={"messages": U, "max_tokens": 1, "stop": 5}).status_code == 200
+    assert client.post("/completion", json={"prompt": "x", "n_predict": 1, "logit_bias": 5}).status_code == 200
+    # a string `stop` on /completion too (b1's schema): generation ends before it
+    free = client.post("/completion", json={"prompt": "a b", "n_predict": 6, "temperature": 0}).json()
+    word = free["content"][2:4]
+    assert word
+    cut = client.post("/completion", json={"prompt": "a b", "n_predict": 6, "temperature": 0, "stop": word}).json()
+    assert (cut["stop_type"], cut["stopping_word"]) == ("word", word) and word not in cut["content"]
+    # /tokenize's flags are json_value reads: a wrong type is the default
+    r = client.post("/tokenize", json={"content": "hello", "with_pieces": "yes"})
+    assert r.status_code == 200 and all(isinstance(t, int) for t in r.json()["tokens"])
