@@ -138,13 +138,65 @@ def eog_bias_ids(tokenizer: Any) -> list[int]:
 
 
 def _parse_samplers(raw: Any) -> list[str] | None:
-    if raw is None:
-        return None
+    """b1: an array of names (each a string) or a string of sampler chars; other values: ignored."""
     if isinstance(raw, str):
         return [SAMPLER_CHARS[c] for c in raw if c in SAMPLER_CHARS]
     if isinstance(raw, list):
-        return [s for s in raw if isinstance(s, str) and s in KNOWN_SAMPLERS]
-    raise ApiError(f"Field 'samplers': [json.exception.type_error.302] type must be array, but is {json_type_name(raw)}")
+        for s in raw:
+            if not isinstance(s, str):
+                raise ApiError(f"Field 'samplers': [json.exception.type_error.302] type must be string, "
+                               f"but is {json_type_name(s)}")
+        return [s for s in raw if s in KNOWN_SAMPLERS]
+    return None
+
+
+I32_MAX, I64_MAX, FLT_MAX = 2**31 - 1, 2**63 - 1, 3.4028234663852886e38
+# b1-0c1e570's schema (tools/server/server-schema.cpp): fields whose value must lie in a range
+# (set_hard_limits: outside it is a 400) and fields that are clamped into one (set_limits)
+HARD_LIMITS: dict[str, tuple[float, float]] = {
+    "sse_ping_interval": (-1, I32_MAX), "n_predict": (-1, I32_MAX), "max_completion_tokens": (-1, I32_MAX),
+    "max_tokens": (-1, I32_MAX), "n_indent": (0, I32_MAX), "n_keep": (-1, I32_MAX), "n_discard": (0, I32_MAX),
+    "n_cache_reuse": (0, I32_MAX), "t_max_predict_ms": (-1, I64_MAX), "repeat_last_n": (0, I32_MAX),
+    "dry_allowed_length": (0, I32_MAX), "dry_penalty_last_n": (0, I32_MAX), "adaptive_decay": (0.0, 0.99),
+    "min_keep": (0, I32_MAX), "reasoning_budget_tokens": (-1, I32_MAX),
+}
+CLAMPED: dict[str, tuple[float, float]] = {
+    "top_k": (0, I32_MAX), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0), "xtc_probability": (0.0, 1.0),
+    "xtc_threshold": (0.0, 1.0), "temperature": (0.0, math.inf), "mirostat": (0, 2), "adaptive_target": (-FLT_MAX, 1.0),
+}
+_FLOAT_FIELDS = {"adaptive_decay"}
+
+
+def check_hard_limits(body: dict[str, Any]) -> None:
+    for name, kind, ok in (("chat_format", "number", lambda v: isinstance(v, (int, float))),  # bool converts too
+                           ("reasoning_format", "string", lambda v: isinstance(v, str))):
+        if body.get(name) is not None and not ok(body[name]):
+            raise ApiError(f"Field '{name}': [json.exception.type_error.302] type must be {kind}, "
+                           f"but is {json_type_name(body[name])}")
+    _check_ranges(body)
+
+
+def _check_ranges(body: dict[str, Any]) -> None:
+    """b1's range checks: "Field 'n_keep': Value must be between -1 <= value <= 2147483647, but got
+    -5" (std::to_string of the bounds and value: floats with six decimals). Of n_predict's names
+    only the first present is read (n_predict, max_completion_tokens, max_tokens)."""
+    seen_n_predict = False
+    for name, (lo, hi) in HARD_LIMITS.items():
+        v = body.get(name)
+        if v is None:
+            continue
+        if name in ("n_predict", "max_completion_tokens", "max_tokens"):
+            if seen_n_predict:
+                continue
+            seen_n_predict = True
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ApiError(f"Field '{name}': [json.exception.type_error.302] type must be number, "
+                           f"but is {json_type_name(v)}")
+        is_float = name in _FLOAT_FIELDS
+        got = f32(float(v)) if is_float else int(v)  # get<int32_t>: a float truncates
+        if got < lo or got > hi:
+            fmt = (lambda x: f"{x:f}") if is_float else (lambda x: str(int(x)))
+            raise ApiError(f"Field '{name}': Value must be between {fmt(lo)} <= value <= {fmt(hi)}, but got {fmt(got)}")
 
 
 N_PROBS_MAX = 100  # n_probs / top_logprobs above this are capped (llama-server caps only at n_vocab)
@@ -153,6 +205,7 @@ N_PROBS_MAX = 100  # n_probs / top_logprobs above this are capped (llama-server 
 def parse_sampling(body: dict[str, Any], defaults: SamplingParams, tokenizer: Any, n_ctx_slot: int,
                    schema_to_grammar: Callable[[Any], str] | None = None) -> SamplingParams:
     """SamplingParams of a request: every field of `SamplingParams` read under its own JSON name."""
+    check_hard_limits(body)
     f = Fields(body)
     p = dataclasses.replace(defaults, dry_sequence_breakers=list(defaults.dry_sequence_breakers),
                             logit_bias=list(defaults.logit_bias), samplers=list(defaults.samplers),
@@ -170,6 +223,10 @@ def parse_sampling(body: dict[str, Any], defaults: SamplingParams, tokenizer: An
             setattr(p, name, f.integer(name, cur))
         elif isinstance(cur, float):
             setattr(p, name, f32(f.number(name, cur)))
+    for name, (lo, hi) in CLAMPED.items():  # b1's set_limits: clamped, not refused
+        if hasattr(p, name) and f.has(name):
+            v = getattr(p, name)
+            setattr(p, name, type(v)(min(max(v, lo), hi)))
     p.seed = f.integer("seed", p.seed) & 0xFFFFFFFF
     p.n_probs = min(p.n_probs, N_PROBS_MAX)  # the effective value is echoed in generation_settings
     if p.repeat_last_n == -1:
@@ -181,7 +238,7 @@ def parse_sampling(body: dict[str, Any], defaults: SamplingParams, tokenizer: An
     breakers = f.array("dry_sequence_breakers")
     if breakers is not None:
         if not breakers or not all(isinstance(s, str) for s in breakers):
-            raise ApiError("Error: dry_sequence_breakers must be a non-empty array of strings")
+            raise ApiError("Field 'dry_sequence_breakers': Error: dry_sequence_breakers must be a non-empty array of strings")
         p.dry_sequence_breakers = list(breakers)
     samplers = _parse_samplers(body.get("samplers"))
     if samplers is not None:
@@ -261,7 +318,7 @@ def parse_lora(value: Any) -> dict[int, float] | None:
     if value is None:
         return None
     if not isinstance(value, list):
-        raise ApiError("Error: 'lora' must be an array of objects with 'id' and 'scale' fields")
+        raise ApiError("Field 'lora': Error: 'lora' must be an array of objects with 'id' and 'scale' fields")
     out: dict[int, float] = {}
     for entry in value:
         f = Fields(entry if isinstance(entry, dict) else {})

@@ -64,3 +64,35 @@ def test_what_b1_reads_leniently_is_served(client):
     # /tokenize's flags are json_value reads: a wrong type is the default
     r = client.post("/tokenize", json={"content": "hello", "with_pieces": "yes"})
     assert r.status_code == 200 and all(isinstance(t, int) for t in r.json()["tokens"])
+
+
+@pytest.mark.parametrize("field,value,message", [  # b1-0c1e570's range checks (set_hard_limits)
+    ("repeat_last_n", -1, "Field 'repeat_last_n': Value must be between 0 <= value <= 2147483647, but got -1"),
+    ("n_keep", -5, "Field 'n_keep': Value must be between -1 <= value <= 2147483647, but got -5"),
+    ("n_predict", -5, "Field 'n_predict': Value must be between -1 <= value <= 2147483647, but got -5"),
+    ("t_max_predict_ms", -3,
+     "Field 't_max_predict_ms': Value must be between -1 <= value <= 9223372036854775807, but got -3"),
+    ("adaptive_decay", 2, "Field 'adaptive_decay': Value must be between 0.000000 <= value <= 0.990000, but got 2.000000"),
+    ("min_keep", -1, "Field 'min_keep': Value must be between 0 <= value <= 2147483647, but got -1"),
+    ("n_discard", -1, "Field 'n_discard': Value must be between 0 <= value <= 2147483647, but got -1"),
+    ("chat_format", "x", "Field 'chat_format': [json.exception.type_error.302] type must be number, but is string"),
+    ("samplers", [5], "Field 'samplers': [json.exception.type_error.302] type must be string, but is number"),
+    ("lora", "x", "Field 'lora': Error: 'lora' must be an array of objects with 'id' and 'scale' fields"),
+])
+def test_out_of_range_fields_are_refused_as_b1_refuses_them(client, field, value, message):
+    r = client.post("/completion", json={"prompt": "x", "n_predict": 1, field: value})
+    assert (r.status_code, r.json()["error"]["message"]) == (400, message)
+
+
+def test_clamped_fields_are_echoed_clamped(client):
+    """b1's set_limits: top_k -5 -> 0, temperature -1 -> 0, top_p 2 -> 1, xtc_threshold 7 -> 1."""
+    body = {"prompt": "x", "n_predict": 1, "top_k": -5, "temperature": -1, "top_p": 2, "xtc_threshold": 7}
+    g = client.post("/completion", json=body).json()["generation_settings"]
+    assert (g["top_k"], g["temperature"], g["top_p"], g["xtc_threshold"]) == (0, 0.0, 1.0, 1.0)
+    # a samplers value that is neither an array nor a string is ignored; token ids convert as in b1
+    assert client.post("/completion", json={"prompt": "x", "n_predict": 1, "samplers": 5}).status_code == 200
+    ids = client.post("/tokenize", json={"content": "hello"}).json()["tokens"]
+    assert client.post("/detokenize", json={"tokens": [float(t) + 0.5 for t in ids]}).json()["content"] == "hello"
+    r = client.post("/detokenize", json={"tokens": "a"})
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        500, "[json.exception.type_error.302] type must be array, but is string")

@@ -10,7 +10,7 @@ from fastapi.responses import Response
 from api import chat as chat_api
 from api.context import Ctx
 from api.errors import ApiError, json_response
-from api.inputs import off_loop, read_json, tokenize_mixed
+from api.inputs import as_token, json_type, off_loop, read_json, tokenize_mixed
 from api.params import Fields
 
 router = APIRouter()
@@ -45,10 +45,13 @@ async def tokenize(ctx: Ctx, request: Request) -> Response:
 @router.post("/detokenize")
 async def detokenize(ctx: Ctx, request: Request) -> Response:
     body = await read_json(request)
-    toks = Fields(body).array("tokens", [])
+    raw = body.get("tokens")
+    if raw is not None and not isinstance(raw, list):  # b1: get<llama_tokens>(), its 500
+        raise ApiError(f"[json.exception.type_error.302] type must be array, but is {json_type(raw)}", "server_error", 500)
+    toks = [as_token(t, 500) for t in raw or []]  # numbers convert (1.5 -> 1), as nlohmann does
     n_vocab = ctx.tokenizer.n_vocab
     for t in toks:
-        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < n_vocab:
+        if not 0 <= t < n_vocab:  # b1 answers a C++ range error (500); a 400 naming the id here
             raise ApiError(f"invalid token id {t!r}")
     # llama-server joins the pieces (tokens_to_str): no SPM leading-space removal
     return json_response({"content": ctx.tokenizer.decode(toks, remove_leading_space=False) if toks else ""})
