@@ -164,6 +164,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         dynatemp_range=f32(args.dynatemp_range), dynatemp_exponent=f32(args.dynatemp_exp),
         xtc_probability=f32(args.xtc_probability), xtc_threshold=f32(args.xtc_threshold),
         top_n_sigma=f32(args.top_nsigma), min_keep=args.min_keep, ignore_eos=args.ignore_eos,
+        mirostat=args.mirostat, mirostat_tau=f32(args.mirostat_ent), mirostat_eta=f32(args.mirostat_lr),
         dry_multiplier=f32(args.dry_multiplier), dry_base=f32(args.dry_base),
         dry_allowed_length=args.dry_allowed_length, dry_penalty_last_n=args.dry_penalty_last_n,
         samplers=[s for s in args.samplers.split(";") if s] if args.samplers else list(d.samplers),

@@ -85,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--samplers", default=None, metavar="SAMPLERS",
                    help="samplers in order, separated by ';' (default: " + ";".join(d.samplers) + ")")
     g.add_argument("--min-keep", type=int, default=d.min_keep, metavar="N")
+    g.add_argument("--mirostat", type=int, default=d.mirostat, metavar="N",
+                   help="Mirostat sampling (0 = disabled, 1 = Mirostat, 2 = Mirostat 2.0; other samplers then unused)")
+    g.add_argument("--mirostat-lr", type=float, default=d.mirostat_eta, metavar="N", help="Mirostat learning rate, eta")
+    g.add_argument("--mirostat-ent", type=float, default=d.mirostat_tau, metavar="N", help="Mirostat target entropy, tau")
     g.add_argument("--top-nsigma", "--top-n-sigma", type=float, default=d.top_n_sigma, metavar="N")
     g.add_argument("--xtc-probability", type=float, default=d.xtc_probability, metavar="N")
     g.add_argument("--xtc-threshold", type=float, default=d.xtc_threshold, metavar="N")
@@ -205,7 +209,7 @@ _SPECULATIVE = [
 # refused: they would change what the server computes or serves, and tritium does not implement them
 _UNSUPPORTED = [
     (("--control-vector",), True), (("--control-vector-scaled",), True), (("-mu", "--model-url"), True), (("--rerank", "--reranking"), False),
-    (("--api-prefix",), True), (("--mirostat",), True),
+    (("--api-prefix",), True),
     (("-l", "--logit-bias"), True), (("--path",), True), (("--ssl-key-file",), True), (("--ssl-cert-file",), True),
 ]
 

@@ -363,8 +363,8 @@ def sampling_settings(p: SamplingParams, n_predict: int, stream: bool, chat_form
     }
     if not only_metrics:
         d["dry_sequence_breakers"] = list(p.dry_sequence_breakers)
-    d.update({"mirostat": 0, "mirostat_tau": f32(5.0), "mirostat_eta": f32(0.1),
-              "adaptive_target": f32(-1.0), "adaptive_decay": f32(0.9)})
+    d.update({"mirostat": p.mirostat, "mirostat_tau": f32(p.mirostat_tau), "mirostat_eta": f32(p.mirostat_eta),
+              "adaptive_target": f32(p.adaptive_target), "adaptive_decay": f32(p.adaptive_decay)})
     if not only_metrics:
         d["stop"] = list(stop or [])
     d.update({"max_tokens": n_predict, "n_predict": n_predict, "n_keep": n_keep, "n_discard": 0,

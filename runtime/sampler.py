@@ -31,6 +31,7 @@ class SamplerState:
     grammar: Any = None  # grammar.Matcher: allowed_mask() / advance()
     rng: torch.Generator = field(default_factory=torch.Generator)
     dry_breakers: frozenset[int] = frozenset()
+    mu: float = 0.0  # Mirostat's running maximum surprise (2 tau at the start)
 
     def __post_init__(self) -> None:
         seed = self.params.seed
@@ -38,6 +39,7 @@ class SamplerState:
             seed = random.getrandbits(32)
         self.seed = seed
         self.rng.manual_seed(seed)
+        self.mu = 2.0 * self.params.mirostat_tau
 
     def accept(self, token: int, grammar: bool = True) -> None:
         self.history.append(token)
@@ -264,6 +266,9 @@ def sample_row(row: torch.Tensor, st: SamplerState) -> Sampled:
     if p.n_probs > 0:
         tv, ti = torch.topk(lp, min(p.n_probs, lp.numel()))
         top = list(zip(ti.tolist(), tv.tolist()))
+    if p.mirostat in (1, 2) and p.temperature > 0:  # llama.cpp's chain: bias, temperature, Mirostat
+        tok = _mirostat(row, st)
+        return Sampled(tok, float(lp[tok].item()) if lp is not None else 0.0, top)
     simple_greedy = p.temperature <= 0 and p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 \
         and p.presence_penalty == 0.0 and p.dry_multiplier <= 0
     if simple_greedy:
@@ -298,6 +303,34 @@ def _draw(vals: torch.Tensor, ids: torch.Tensor, st: SamplerState) -> int:
 def _chain_and_draw(vals: torch.Tensor, ids: torch.Tensor | None, st: SamplerState) -> int:
     """Run the sampler chain over vals and draw one token from what is left."""
     return _draw(*_chain(vals, ids, st), st)
+
+
+def _mirostat(row: torch.Tensor, st: SamplerState) -> int:
+    """Mirostat (1) and Mirostat 2.0 (2) as llama.cpp's samplers: the candidates of the tempered
+    row sorted by probability, cut to the top k estimated from the Zipf exponent of the 100 most
+    likely (1) or to those whose surprise -log2 p is at most mu (2), one drawn from them
+    renormalized; mu moves by eta times the drawn token's surprise error."""
+    p = st.params
+    probs, order = torch.sort(torch.softmax(row / p.temperature, 0), descending=True)
+    if p.mirostat == 1:
+        n = min(99, probs.numel() - 1)  # m = 100
+        i = torch.arange(n, dtype=torch.float32)
+        t_i = torch.log((i + 2) / (i + 1))
+        b_i = torch.log(probs[:n] / probs[1:n + 1])
+        s_hat = float((t_i * b_i).sum() / (t_i * t_i).sum())
+        eps = s_hat - 1.0
+        try:
+            k = (eps * 2.0 ** st.mu / (1.0 - float(row.numel()) ** -eps)) ** (1.0 / s_hat)
+            n_keep = max(int(k), 1) if math.isfinite(k) else 1
+        except (ZeroDivisionError, OverflowError, ValueError):
+            n_keep = 1
+    else:
+        over = torch.nonzero(-torch.log2(probs) > st.mu)
+        n_keep = max(int(over[0]) if over.numel() else probs.numel(), 1)
+    kept = probs[:n_keep] / probs[:n_keep].sum()
+    j = int(torch.multinomial(kept, 1, generator=st.rng)) if n_keep > 1 else 0
+    st.mu -= p.mirostat_eta * (-math.log2(max(float(kept[j]), 1e-45)) - p.mirostat_tau)
+    return int(order[j])
 
 
 def _draw_with_post_sampling_probs(row: torch.Tensor, st: SamplerState) -> Sampled:
@@ -405,6 +438,8 @@ def topk_needed(st: SamplerState | None) -> tuple[int, tuple[int, ...]]:
     banned = tuple(sorted(bans))
     if p.temperature <= 0:
         return 1, banned
+    if p.mirostat in (1, 2):  # Mirostat reads the whole distribution
+        return 0, ()
     for name in p.samplers:
         if name == "top_k":
             return (max(p.top_k, p.min_keep), banned) if p.top_k > 0 else (0, ())

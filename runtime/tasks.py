@@ -33,6 +33,11 @@ class SamplingParams:
     dry_penalty_last_n: int = 64  # common_params_sampling's default in b1-0c1e570 (-1 = context size)
     dry_sequence_breakers: list[str] = field(default_factory=lambda: ["\n", ":", "\"", "*"])
     min_keep: int = 0
+    mirostat: int = 0  # 1: Mirostat, 2: Mirostat 2.0 (then only logit bias, temperature and it sample)
+    mirostat_tau: float = 5.0  # target surprise (bits)
+    mirostat_eta: float = 0.1  # learning rate
+    adaptive_target: float = -1.0  # echoed (the adaptive-p sampler is not implemented)
+    adaptive_decay: float = 0.9
     seed: int = 4294967295  # 0xFFFFFFFF = random
     n_probs: int = 0
     # n_probs from the sampler's candidates (after biases and the grammar) rather than the model's

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from runtime.sampler import SamplerState, sample_batch, sample_row
@@ -237,3 +238,21 @@ def test_topk_shortcut_survives_ignore_eos_and_ban_biases():
         want = sample_row(rows[0].clone(), st).token
         got = sample_batch(rows[:1].clone(), [st])[0].token
         assert got == want and got not in topk_needed(st)[1]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_mirostat_follows_its_target_surprise(version):
+    """Mirostat (1) and Mirostat 2.0 (2), llama.cpp's samplers: a tiny target surprise keeps only
+    the most likely token (and mu grows by eta * tau per draw, the draw's surprise being 0); a large
+    one samples widely."""
+    row = torch.tensor([3.0, 2.5, 2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -1.5])
+    st = _st(temperature=1.0, mirostat=version, mirostat_tau=0.01, mirostat_eta=0.1, seed=5)
+    assert st.mu == pytest.approx(0.02)
+    assert {sample_row(row.clone(), st).token for _ in range(30)} == {0}
+    if version == 2:
+        assert st.mu == pytest.approx(0.02 + 30 * 0.1 * 0.01)
+    st = _st(temperature=1.0, mirostat=version, mirostat_tau=12.0, seed=5)
+    assert len({sample_row(row.clone(), st).token for _ in range(200)}) >= 5
+    # the whole row is needed: no top-k shortcut
+    from runtime.sampler import topk_needed
+    assert topk_needed(st) == (0, ())
