@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import re
 import socket
 import sys
 import threading
@@ -139,6 +140,17 @@ def _api_keys(args: argparse.Namespace) -> list[str]:
     return keys
 
 
+def _logit_bias(value: str) -> tuple[int, float]:
+    """`-l 15043+1` / `15043-1` (common/arg.cpp: the id, a sign, then a float)."""
+    from api.params import f32
+
+    m = re.fullmatch(r"\s*([+-]?\d+)\s*([+-])(.*)", value, re.S)
+    num = m and re.match(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", m.group(3))  # std::stof: a prefix
+    if not num:
+        raise ArgError("--logit-bias", "invalid input format")
+    return int(m.group(1)), f32(float(num.group(0)) * (-1.0 if m.group(2) == "-" else 1.0))
+
+
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """ServerConfig of parsed arguments; raises ArgError like llama-server."""
     from api.params import f32
@@ -155,6 +167,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     _cpu_set(args)
     lora_adapters(args)
     grammar = _default_grammar(args)
+    logit_bias = [_logit_bias(v) for v in args.logit_bias]
     d = SamplingParams()
     defaults = SamplingParams(
         temperature=f32(args.temp), top_k=args.top_k, top_p=f32(args.top_p), min_p=f32(args.min_p),
@@ -165,6 +178,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         xtc_probability=f32(args.xtc_probability), xtc_threshold=f32(args.xtc_threshold),
         top_n_sigma=f32(args.top_nsigma), min_keep=args.min_keep, ignore_eos=args.ignore_eos,
         mirostat=args.mirostat, mirostat_tau=f32(args.mirostat_ent), mirostat_eta=f32(args.mirostat_lr),
+        logit_bias=logit_bias,
         dry_multiplier=f32(args.dry_multiplier), dry_base=f32(args.dry_base),
         dry_allowed_length=args.dry_allowed_length, dry_penalty_last_n=args.dry_penalty_last_n,
         samplers=[s for s in args.samplers.split(";") if s] if args.samplers else list(d.samplers),

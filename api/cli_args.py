@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--samplers", default=None, metavar="SAMPLERS",
                    help="samplers in order, separated by ';' (default: " + ";".join(d.samplers) + ")")
     g.add_argument("--min-keep", type=int, default=d.min_keep, metavar="N")
+    g.add_argument("-l", "--logit-bias", action="append", default=[], metavar="TOKEN_ID(+/-)BIAS",
+                   help="a default logit bias, e.g. 15043+1 or 15043-1 (repeatable; a request's logit_bias replaces them)")
     g.add_argument("--mirostat", type=int, default=d.mirostat, metavar="N",
                    help="Mirostat sampling (0 = disabled, 1 = Mirostat, 2 = Mirostat 2.0; other samplers then unused)")
     g.add_argument("--mirostat-lr", type=float, default=d.mirostat_eta, metavar="N", help="Mirostat learning rate, eta")
@@ -210,7 +212,7 @@ _SPECULATIVE = [
 _UNSUPPORTED = [
     (("--control-vector",), True), (("--control-vector-scaled",), True), (("-mu", "--model-url"), True), (("--rerank", "--reranking"), False),
     (("--api-prefix",), True),
-    (("-l", "--logit-bias"), True), (("--path",), True), (("--ssl-key-file",), True), (("--ssl-cert-file",), True),
+    (("--path",), True), (("--ssl-key-file",), True), (("--ssl-cert-file",), True),
 ]
 
 

@@ -257,3 +257,18 @@ def test_stream_chunks_have_llama_servers_shape(start_server):
     last = chunks[-2]
     assert list(last) == ["choices", "created", "model", "system_fingerprint", "object", "usage", "id", "timings"]
     assert last["usage"]["completion_tokens"] == 2
+
+
+def test_logit_bias_and_mirostat_flags_set_the_sampling_defaults():
+    """-l TOKEN_ID(+/-)BIAS (repeatable, common/arg.cpp's format) and --mirostat/-lr/-ent become
+    every request's defaults; b1 answered the same bias list for `-l 15043+1 -l "11-2.5"`."""
+    from api.cli import server_config
+    from api.cli_args import ArgError, build_parser
+
+    args = build_parser().parse_args(["-l", "15043+1", "-l", "11-2.5", "--mirostat", "2", "--mirostat-lr", "0.2",
+                                      "--mirostat-ent", "3"])
+    d = server_config(args).defaults
+    assert d.logit_bias == [(15043, 1.0), (11, -2.5)]
+    assert (d.mirostat, d.mirostat_eta, d.mirostat_tau) == (2, f32(0.2), 3.0)
+    with pytest.raises(ArgError, match='"--logit-bias": invalid input format'):
+        server_config(build_parser().parse_args(["-l", "15043"]))
