@@ -389,9 +389,16 @@ def main(argv: list[str] | None = None) -> int:
     server = app.state.server
     from api.shutdown import DrainingServer, header_timeout_protocol
 
-    uv = DrainingServer(uvicorn.Config(app, log_level="warning", access_log=False, server_header=False, timeout_keep_alive=args.timeout,
+    served = app
+    if args.api_prefix:
+        from api.server import PrefixedApp
+
+        served = PrefixedApp(app, args.api_prefix)
+    ssl = {"ssl_keyfile": args.ssl_key_file, "ssl_certfile": args.ssl_cert_file} \
+        if args.ssl_key_file and args.ssl_cert_file else {}
+    uv = DrainingServer(uvicorn.Config(served, log_level="warning", access_log=False, server_header=False, timeout_keep_alive=args.timeout,
                                        lifespan="off", http=header_timeout_protocol(args.header_timeout),
-                                       timeout_graceful_shutdown=5),
+                                       timeout_graceful_shutdown=5, **ssl),
                         app.state.drain, args.shutdown_timeout, lambda m: log.srv("I", "llama_server", m))
     failed: list[BaseException] = []
 
@@ -417,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
             server.set_ready()
             log.srv("I", "llama_server", "model loaded")
             for host in scfg.hosts:
-                log.srv("I", "llama_server", f"listening on http://{f'[{host}]' if ':' in host else host}:{port}")
+                scheme = "https" if ssl else "http"
+                log.srv("I", "llama_server", f"listening on {scheme}://{f'[{host}]' if ':' in host else host}:{port}")
             if port == 8080:
                 log.srv("W", "llama_server", "notice: server default port will be changed to :9931 in a future "
                                              "release (ref: https://github.com/ggml-org/llama.cpp/pull/26508)")

@@ -211,8 +211,7 @@ _SPECULATIVE = [
 # refused: they would change what the server computes or serves, and tritium does not implement them
 _UNSUPPORTED = [
     (("--control-vector",), True), (("--control-vector-scaled",), True), (("-mu", "--model-url"), True), (("--rerank", "--reranking"), False),
-    (("--api-prefix",), True),
-    (("--path",), True), (("--ssl-key-file",), True), (("--ssl-cert-file",), True),
+    (("--path",), True),
 ]
 
 
@@ -222,6 +221,10 @@ def _add_llama_server_flags(p: argparse.ArgumentParser) -> None:
                    help="logical maximum batch size: prompt tokens evaluated per step")
     g.add_argument("-ub", "--ubatch-size", type=int, default=512, metavar="N",
                    help="physical maximum batch size: rows of one forward (a larger step runs as several)")
+    g.add_argument("--api-prefix", default="", metavar="PREFIX",
+                   help="serve every route under this path prefix (no trailing slash), as llama-server's")
+    g.add_argument("--ssl-key-file", default=None, metavar="FNAME", help="PEM private key: serve HTTPS (with --ssl-cert-file)")
+    g.add_argument("--ssl-cert-file", default=None, metavar="FNAME", help="PEM certificate chain for HTTPS")
     g.add_argument("-C", "--cpu-mask", default=None, metavar="M",
                    help="CPU affinity mask, hex (e.g. ff): the process and every thread it starts are pinned to it")
     g.add_argument("-Cr", "--cpu-range", default=None, metavar="LO-HI", help="CPU affinity range (e.g. 0-3)")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -103,3 +103,21 @@ async def on_http_error(request: Request, e: StarletteHTTPException) -> Response
 async def on_error(request: Request, e: Exception) -> Response:
     request.app.state.server.log.srv("E", "operator()", f"got exception: {e!r}")
     return ApiError(str(e) or type(e).__name__, "server_error", 500).response()
+
+
+class PrefixedApp:
+    """`--api-prefix P`: every route answers at P + its path (server-http.cpp registers each as
+    `path_prefix + path`); a path outside P reaches no route (llama-server's 404 envelope)."""
+
+    def __init__(self, app: Any, prefix: str):
+        self.app, self.prefix = app, prefix.rstrip("/")
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope.get("type") in ("http", "websocket") and self.prefix:
+            path = scope.get("path", "")
+            if path == self.prefix or path.startswith(self.prefix + "/"):
+                inner = path[len(self.prefix):] or "/"
+            else:
+                inner = "/\x00outside-api-prefix" + path  # matches no route
+            scope = dict(scope, path=inner, raw_path=inner.encode("utf-8", "surrogateescape"))
+        await self.app(scope, receive, send)

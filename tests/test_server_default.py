@@ -5,6 +5,7 @@ helpers (metrics text, error envelopes, request field types).
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -157,7 +158,7 @@ def test_llama_server_script_flags_are_accepted(start_server, tmp_path):
 
 
 @pytest.mark.parametrize("flag,value", [("--control-vector", "x.gguf"), ("-mu", "http://h/m.gguf"), ("-ctk", "q8_0"),
-                                        ("--api-prefix", "/v1")])
+                                        ("--path", "/srv/www")])
 def test_unsupported_llama_server_flags_fail_clearly(flag, value):
     import subprocess
     import sys
@@ -272,3 +273,38 @@ def test_logit_bias_and_mirostat_flags_set_the_sampling_defaults():
     assert (d.mirostat, d.mirostat_eta, d.mirostat_tau) == (2, f32(0.2), 3.0)
     with pytest.raises(ArgError, match='"--logit-bias": invalid input format'):
         server_config(build_parser().parse_args(["-l", "15043"]))
+
+
+def test_api_prefix_and_https(start_server, tmp_path):
+    """--api-prefix P serves every route at P + path and nothing outside it (llama-server's 404
+    envelope); --ssl-key-file / --ssl-cert-file serve HTTPS (a self-signed pair made here)."""
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed (it makes the test's certificate)")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "2", "-subj", "/CN=localhost"], check=True, capture_output=True)
+    srv = start_server("--api-prefix", "/api", "--ssl-key-file", str(key), "--ssl-cert-file", str(cert), wait=False)
+    base = srv.url.replace("http://", "https://")
+    ctx = ssl.create_default_context(cafile=str(cert))
+    ctx.check_hostname = False
+    deadline = time.time() + 120
+    while True:
+        try:
+            if httpx.get(base + "/api/health", verify=ctx, timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.time() < deadline, srv.log()
+        time.sleep(0.2)
+    r = httpx.post(base + "/api/completion", json={"prompt": "hi", "n_predict": 2}, verify=ctx, timeout=60)
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 2
+    r = httpx.get(base + "/health", verify=ctx, timeout=5)
+    assert (r.status_code, r.json()) == (404, {"error": {"message": "File Not Found", "type": "not_found_error",
+                                                         "code": 404}})
+    with pytest.raises(httpx.HTTPError):  # plain HTTP is not served
+        httpx.get(srv.url + "/api/health", timeout=5)
+    assert "listening on https://" in srv.log()
