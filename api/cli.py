@@ -156,6 +156,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     from api.params import f32
     from api.server import ServerConfig
 
+    if args.public_path and args.ui and not os.path.isdir(args.public_path):  # b1: set_mount_point fails
+        raise ArgError("--path", f"static assets path not found: {args.public_path}")
     if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
         raise ArgError("--slot-save-path", f"not a directory: {args.slot_save_path}")
     if args.chat_template_file is not None and not os.path.isfile(args.chat_template_file):
@@ -190,7 +192,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         sse_ping_interval=args.sse_ping_interval, embeddings=args.embeddings, pooling=args.pooling,
         embd_normalize=args.embd_normalize, jinja=args.jinja, reasoning_format=args.reasoning_format,
         reasoning_budget=args.reasoning_budget, enable_thinking={"on": True, "off": False}.get(args.reasoning or ""),
-        n_predict=args.n_predict, defaults=defaults, ui=args.ui,
+        n_predict=args.n_predict, defaults=defaults, ui=args.ui, public_path=args.public_path,
         verbose=args.verbose or args.verbosity > 9)
 
 

@@ -211,7 +211,6 @@ _SPECULATIVE = [
 # refused: they would change what the server computes or serves, and tritium does not implement them
 _UNSUPPORTED = [
     (("--control-vector",), True), (("--control-vector-scaled",), True), (("-mu", "--model-url"), True), (("--rerank", "--reranking"), False),
-    (("--path",), True),
 ]
 
 
@@ -221,6 +220,8 @@ def _add_llama_server_flags(p: argparse.ArgumentParser) -> None:
                    help="logical maximum batch size: prompt tokens evaluated per step")
     g.add_argument("-ub", "--ubatch-size", type=int, default=512, metavar="N",
                    help="physical maximum batch size: rows of one forward (a larger step runs as several)")
+    g.add_argument("--path", dest="public_path", default="", metavar="PATH",
+                   help="serve the static files of this folder at / instead of the built-in web page")
     g.add_argument("--api-prefix", default="", metavar="PREFIX",
                    help="serve every route under this path prefix (no trailing slash), as llama-server's")
     g.add_argument("--ssl-key-file", default=None, metavar="FNAME", help="PEM private key: serve HTTPS (with --ssl-cert-file)")

@@ -52,6 +52,7 @@ class ServerConfig:
     enable_thinking: bool | None = None
     n_predict: int = -1
     ui: bool = True  # the web chat page at / (api/routes/ui.py)
+    public_path: str = ""  # --path: static files served instead of the built-in page (api/routes/ui.py)
     verbose: bool = False  # a request's default "verbose" (its __verbose field): log verbosity > 9, as -v sets
     defaults: SamplingParams = field(default_factory=SamplingParams)
 

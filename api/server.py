@@ -31,7 +31,7 @@ from api.guard import Drain, RequestGuard
 from api.log import Logger
 from api.routes import ROUTERS
 from api.routes.gcp import register_gcp
-from api.routes.ui import FRONTEND_PATHS
+from api.routes.ui import FRONTEND_PATHS, static_file
 
 __all__ = ["ApiContext", "ServerConfig", "create_app"]
 
@@ -81,7 +81,10 @@ async def pre_routing(request: Request, call_next: Callable[[Request], Awaitable
             if getattr(ctx.engine, "sleeping", False) and not page and not (
                     request.method == "GET" and request.url.path in SLEEP_BYPASS):
                 await asyncio.to_thread(ctx.engine.wake)
-            resp = await call_next(request)
+            static = None
+            if cfg.public_path and cfg.ui and request.method in ("GET", "HEAD"):  # before the routes, as httplib
+                static = static_file(cfg.public_path, request.url.path)
+            resp = static if static is not None else await call_next(request)
         except ApiError as e:
             resp = e.response()
     resp.headers["Server"] = "llama.cpp"

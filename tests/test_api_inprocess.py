@@ -431,3 +431,20 @@ def test_sse_error_after_the_first_event_ends_the_stream(api_engine, api_client,
     assert "[DONE]" not in evs
     assert json.loads(evs[0])["choices"][0]["delta"]["role"] == "assistant"
     assert json.loads(evs[-1]) == {"error": {"code": 500, "message": message, "type": "server_error"}}
+
+
+def test_path_serves_a_folder_instead_of_the_page(api_engine, api_client, tmp_path):
+    """--path DIR (cpp-httplib's mount point at /): its files, a folder's index.html for a path
+    ending in /, nothing outside DIR; the built-in page is not served; the API is unchanged."""
+    (tmp_path / "index.html").write_text("<p>mine</p>")
+    (tmp_path / "a.txt").write_text("hello")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.css").write_text("p{}")
+    with api_client(api_engine, public_path=str(tmp_path)) as c:
+        r = c.get("/")
+        assert (r.status_code, r.text, r.headers["content-type"].split(";")[0]) == (200, "<p>mine</p>", "text/html")
+        assert c.get("/a.txt").text == "hello" and c.head("/a.txt").status_code == 200
+        assert c.get("/sub/b.css").headers["content-type"].startswith("text/css")
+        for missing in ("/sub/", "/sub", "/%2e%2e/a.txt", "/app.js", "/nope"):
+            assert c.get(missing).status_code == 404, missing
+        assert c.get("/health").json() == {"status": "ok"}

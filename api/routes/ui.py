@@ -10,11 +10,13 @@ service worker that removes itself (for browsers that kept one from another UI).
 from __future__ import annotations
 
 import hashlib
+import mimetypes
+import os
 from functools import lru_cache
 from importlib import resources
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import FileResponse, Response
 
 from api.context import Ctx
 from api.errors import not_found
@@ -43,8 +45,22 @@ def asset(name: str) -> tuple[bytes, str]:
     return data, '"' + hashlib.sha256(data).hexdigest()[:32] + '"'
 
 
+def static_file(public_path: str, url_path: str) -> FileResponse | None:
+    """`--path DIR`: the file under DIR a GET or HEAD of `url_path` names, as cpp-httplib's mount
+    point serves it (a path ending in / names its index.html; no way out of DIR), else None."""
+    sub = url_path + "index.html" if url_path.endswith("/") else url_path
+    parts = [p for p in sub.split("/") if p]
+    if any(p in (".", "..") or "\\" in p or "\x00" in p for p in parts):
+        return None
+    path = os.path.join(public_path, *parts)
+    if not os.path.isfile(path):
+        return None
+    media = mimetypes.guess_type(path)[0] or "application/octet-stream"
+    return FileResponse(path, media_type=media)
+
+
 def _serve(ctx: Ctx, request: Request, name: str) -> Response:
-    if not ctx.cfg.ui:
+    if not ctx.cfg.ui or ctx.cfg.public_path:  # --path replaces the built-in page
         raise not_found()
     data, etag = asset(name)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
@@ -78,6 +94,6 @@ async def style_css(ctx: Ctx, request: Request) -> Response:
 
 @router.get("/sw.js")
 async def sw_js(ctx: Ctx) -> Response:
-    if ctx.cfg.ui:
+    if ctx.cfg.ui and not ctx.cfg.public_path:  # (a sw.js under --path is served before this route)
         raise not_found()
     return Response(SW_REMOVE_JS, media_type="application/javascript", headers={"Cache-Control": "no-cache"})
