@@ -109,7 +109,8 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     out = dict(body)
 
     # OpenAI names -> native ones
-    n_predict = f.integer("max_completion_tokens", f.integer("max_tokens", f.integer("n_predict", cfg.n_predict)))
+    # b1's schema reads the first present of n_predict, max_completion_tokens, max_tokens
+    n_predict = f.integer("n_predict", f.integer("max_completion_tokens", f.integer("max_tokens", cfg.n_predict)))
     out["n_predict"] = n_predict
     out.pop("max_tokens", None)
     if f.boolean("logprobs", False):

@@ -96,3 +96,12 @@ def test_clamped_fields_are_echoed_clamped(client):
     r = client.post("/detokenize", json={"tokens": "a"})
     assert (r.status_code, r.json()["error"]["message"]) == (
         500, "[json.exception.type_error.302] type must be array, but is string")
+
+
+def test_the_first_present_token_limit_wins(client):
+    """b1 reads n_predict, then max_completion_tokens, then max_tokens (its answers: 1 and 2 tokens)."""
+    body = {"messages": U, "temperature": 0, "max_tokens": 3, "max_completion_tokens": 2, "ignore_eos": True}
+    assert client.post(CHAT, json=dict(body, n_predict=1)).json()["usage"]["completion_tokens"] == 1
+    assert client.post(CHAT, json=body).json()["usage"]["completion_tokens"] == 2
+    body.pop("max_completion_tokens")
+    assert client.post(CHAT, json=body).json()["usage"]["completion_tokens"] == 3
