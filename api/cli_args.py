@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("embeddings")
     g.add_argument("--embeddings", "--embedding", action="store_true",
                    help="restrict the server to embedding endpoints")
-    g.add_argument("--pooling", default="mean", choices=POOLING, help="pooling type for embeddings")
+    g.add_argument("--pooling", default="", choices=POOLING, help="pooling type for embeddings (default: the model's)")
     g.add_argument("--embd-normalize", type=int, default=2, metavar="N",
                    help="embedding normalization (-1 none, 0 max absolute, 1 taxicab, 2 euclidean, >2 p-norm)")
 

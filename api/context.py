@@ -44,7 +44,7 @@ class ServerConfig:
     read_timeout: float = 600.0  # --timeout: seconds per chunk of a request body
     shutdown_timeout: float = 5.0  # SIGTERM: seconds running requests get to finish
     embeddings: bool = False
-    pooling: str = "mean"
+    pooling: str = ""  # --pooling; "" = the model's own (GGUF {arch}.pooling_type, else none)
     embd_normalize: int = 2
     jinja: bool = True
     reasoning_format: str = "auto"

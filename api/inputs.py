@@ -11,9 +11,8 @@ from typing import Any, Callable
 from fastapi import Request
 
 from api import strict_json
-from api.context import ServerConfig
 from api.engine_api import TokenizerAPI
-from api.errors import ApiError, context_exceeded, not_supported
+from api.errors import ApiError, context_exceeded
 
 OFF_LOOP_BYTES = 256 << 10  # bodies (and prompts) larger than this are parsed / tokenized in a worker thread
 
@@ -122,7 +121,3 @@ def check_context(n_tokens: int, n_ctx_slot: int) -> None:
         raise context_exceeded(n_tokens, n_ctx_slot)
 
 
-def require_generation(cfg: ServerConfig) -> None:
-    """Generation routes are off on an `--embeddings` server."""
-    if cfg.embeddings:
-        raise not_supported("This server does not support completions. Start it without `--embeddings`")

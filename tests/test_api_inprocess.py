@@ -330,10 +330,26 @@ def test_cors_proxy(api_engine, api_client):
 
 
 def test_embeddings_server(api_engine, api_client):
-    with api_client(api_engine, embeddings=True) as c:
+    with api_client(api_engine, embeddings=True, pooling="mean") as c:
         d = c.post("/v1/embeddings", json={"input": ["a", "b c"]}).json()
         assert [x["index"] for x in d["data"]] == [0, 1] and len(d["data"][0]["embedding"]) == 64
-        assert c.post("/completion", json={"prompt": "a"}).status_code == 501
+        # b1-0c1e570 generates on an --embeddings server too
+        assert c.post("/completion", json={"prompt": "a", "n_predict": 2}).json()["tokens_predicted"] == 2
+
+
+def test_embeddings_pooling_defaults_to_the_models(api_engine, api_client):
+    """Without --pooling the model's own pooling applies (GGUF {arch}.pooling_type; a causal LM has
+    none, as Qwen2.5 under b1-0c1e570): /v1/embeddings refuses with b1's 400, /embedding answers one
+    raw vector per token (b1 normalizes only pooled vectors)."""
+    assert api_engine.model_info["pooling"] == "none"
+    with api_client(api_engine, embeddings=True) as c:
+        r = c.post("/v1/embeddings", json={"input": "a b"})
+        assert (r.status_code, r.json()["error"]["message"]) == (
+            400, "Pooling type 'none' is not OAI compatible. Please use a different pooling type")
+        n = len(c.post("/tokenize", json={"content": "a b c", "add_special": True}).json()["tokens"])
+        vecs = c.post("/embedding", json={"content": "a b c"}).json()[0]["embedding"]
+        assert len(vecs) == n and all(len(v) == 64 for v in vecs)
+        assert any(abs(sum(x * x for x in v) - 1.0) > 1e-3 for v in vecs)  # not normalized
 
 
 def test_metrics(client):

@@ -48,7 +48,7 @@ def test_pool_embeddings():
     hid = torch.tensor([[3.0, 4.0], [1.0, 0.0], [0.0, -2.0]])
     assert pool_embeddings(hid, "cls", -1) == [[3.0, 4.0]]
     assert pool_embeddings(hid, "last", -1) == [[0.0, -2.0]]
-    assert pool_embeddings(hid, "none", -1) == hid.double().tolist()
+    assert pool_embeddings(hid, "none", -1) == pool_embeddings(hid, "none", 2) == hid.double().tolist()  # raw
     mean = pool_embeddings(hid, "mean", -1)[0]
     assert mean == pytest.approx([4 / 3, 2 / 3])
     assert pool_embeddings(hid, "cls", 2) == [pytest.approx([0.6, 0.8])]

@@ -19,7 +19,7 @@ from api.chat_task import chat_task, prompt_tokens
 from api.context import Ctx, random_id
 from api.convert_anthropic import AnthropicStream, anthropic_to_chat, message_json, usage
 from api.errors import json_response
-from api.inputs import read_json, require_generation
+from api.inputs import read_json
 from api.results import collect
 from api.sse import sse_error_event, sse_event, stream_events
 from runtime.tasks import CompletionResult, TokenOut
@@ -29,7 +29,6 @@ router = APIRouter()
 
 @router.post("/v1/messages")
 async def messages(ctx: Ctx, request: Request) -> Response:
-    require_generation(ctx.cfg)
     body = anthropic_to_chat(await read_json(request))
     prep, task, _ = await chat_task(ctx, body)
     model = ctx.cfg.model_name

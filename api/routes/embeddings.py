@@ -46,11 +46,12 @@ async def run_embeddings(ctx: ApiContext, body: dict[str, Any], oai: bool) -> tu
     cfg = ctx.cfg
     if not cfg.embeddings:
         raise not_supported("This server does not support embeddings. Start it with `--embeddings`")
-    if oai and cfg.pooling == "none":
+    pooling = cfg.pooling or ctx.engine.model_info.get("pooling", "none")  # --pooling, else the model's
+    if oai and pooling == "none":
         raise ApiError("Pooling type 'none' is not OAI compatible. Please use a different pooling type")
     inputs = await off_loop(embedding_inputs, ctx, body)
     normalize = Fields(body).integer("embd_normalize", cfg.embd_normalize)
-    handles = [ctx.engine.submit(EmbeddingTask(t, cfg.pooling, normalize)) for t in inputs]
+    handles = [ctx.engine.submit(EmbeddingTask(t, pooling, normalize)) for t in inputs]
     outs = await asyncio.gather(*(collect(h) for h in handles))
     return inputs, [res for _, res in outs]
 

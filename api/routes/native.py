@@ -16,7 +16,7 @@ from api import infill as infill_api
 from api.choices import n_choices, with_children
 from api.context import ApiContext, Ctx
 from api.errors import ApiError, json_response
-from api.inputs import check_context, off_loop, read_json, require_generation, split_prompts, tokenize_prompt
+from api.inputs import check_context, off_loop, read_json, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task, reasoning_format_name, sampling_settings
 from api.results import collect_all, probs_json, with_progress
 from api.sse import Stream, stream_many
@@ -106,7 +106,6 @@ def native_stream(ctx: ApiContext, req: NativeRequest, lead: bytes = b"") -> Str
 @router.post("/completion")
 @router.post("/completions")
 async def completion(ctx: Ctx, request: Request) -> Response:
-    require_generation(ctx.cfg)
     body = await read_json(request)
     if "prompt" not in body:
         raise ApiError("[json.exception.out_of_range.403] key 'prompt' not found")
@@ -132,7 +131,6 @@ async def completion(ctx: Ctx, request: Request) -> Response:
 
 @router.post("/infill")
 async def infill(ctx: Ctx, request: Request) -> Response:
-    require_generation(ctx.cfg)
     tok = ctx.tokenizer
     infill_api.check_model(tok.fim_ids)
     body = await read_json(request)

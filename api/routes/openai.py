@@ -15,7 +15,7 @@ from api.chat_task import chat_task
 from api.choices import n_choices, with_children
 from api.context import BUILD_INFO, ApiContext, Ctx, random_id
 from api.errors import ApiError, json_response
-from api.inputs import check_context, off_loop, read_json, require_generation, split_prompts, tokenize_prompt
+from api.inputs import check_context, off_loop, read_json, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task, reasoning_format_name, sampling_settings
 from api.routes.native import NativeRequest, completion_final_json, partial_json
 from api.results import collect_all, finish_reason, probs_json, usage_json, with_progress
@@ -28,7 +28,6 @@ router = APIRouter()
 @router.post("/v1/completions")
 async def oai_completion(ctx: Ctx, request: Request) -> Response:
     cfg = ctx.cfg
-    require_generation(cfg)
     body = await read_json(request)
     if "prompt" not in body:
         raise ApiError("[json.exception.out_of_range.403] key 'prompt' not found")
@@ -109,7 +108,6 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
 @router.post("/v1/chat/completions")
 async def chat_completions(ctx: Ctx, request: Request) -> Response:
     cfg = ctx.cfg
-    require_generation(cfg)
     body = await read_json(request)
     prep, task, params = await chat_task(ctx, body)
     n = n_choices(body, ctx.engine.n_slots)

@@ -17,7 +17,7 @@ from api.chat_task import chat_task, prompt_tokens
 from api.context import ApiContext, Ctx, random_id
 from api.convert_responses import ResponsesStream, response_json, responses_to_chat, usage
 from api.errors import json_response
-from api.inputs import read_json, require_generation
+from api.inputs import read_json
 from api.params import Fields
 from api.results import collect
 from api.sse import sse_event, stream_events
@@ -33,7 +33,6 @@ def _usage(res: CompletionResult) -> dict[str, Any]:
 @router.post("/v1/responses")
 @router.post("/responses")
 async def responses(ctx: Ctx, request: Request) -> Response:
-    require_generation(ctx.cfg)
     body = responses_to_chat(await read_json(request))
     prep, task, _ = await chat_task(ctx, body)
     f = Fields(prep.body)

@@ -44,6 +44,15 @@ class Loaded:
     model_info: dict[str, Any]
 
 
+POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # llama_pooling_type
+
+
+def model_pooling(metadata: Any, arch: str) -> str:
+    """The model's own pooling (`{arch}.pooling_type`, as llama.cpp reads it; none without it)."""
+    v = (metadata or {}).get(f"{arch}.pooling_type") if hasattr(metadata or {}, "get") else None
+    return POOLING_TYPES.get(int(v), "none") if isinstance(v, (int, float)) else "none"
+
+
 def resolve_config(cfg: EngineConfig) -> None:
     """Settle what the config leaves to the machine or the environment: the device for "auto",
     and the CUDA graph mode from TRITIUM_CUDA_GRAPHS when the config does not set it."""
@@ -221,6 +230,7 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
         "arch": c.arch,
         "n_layer": c.n_layer,
         "path": path,
+        "pooling": model_pooling(lm.gguf_metadata, c.arch),
     }
     trim_heap()  # the tokenizer's build and the repack leave freed heap pages behind (~33 MiB for Gemma 3)
     return Loaded(model, kv, runner, tk, chat_template, vocab, prompt_cache, n_ctx, n_slots, n_ctx_slot, unified,

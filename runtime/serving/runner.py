@@ -86,9 +86,9 @@ class ModelRunner:
 
 def pool_embeddings(hid: torch.Tensor, pooling: str, normalize: int) -> list[list[float]]:
     """hid: [n_tokens, C] -> list of vectors (one per token for pooling 'none')."""
-    if pooling == "none":
-        vecs = hid
-    elif pooling == "cls":
+    if pooling == "none":  # one raw vector per token: b1 normalizes only pooled embeddings
+        return hid.double().tolist()
+    if pooling == "cls":
         vecs = hid[:1]
     elif pooling == "last":
         vecs = hid[-1:]
