@@ -55,6 +55,7 @@ class ChatPrep:
     # generated ("autoparser") PEG parser, the legacy --no-jinja route parses nothing
     echo_format: str = ChatFormat.CONTENT_ONLY
     grammar_prefix: str = ""  # generated text the tool grammar has already seen (the prefill), set by apply_grammar
+    generation_prompt: str = ""  # the template's assistant-turn opening + the prefill (b1's generation_prompt)
 
 
 def _tool_choice(raw: Any) -> str:
@@ -192,7 +193,8 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     return ChatPrep(out, prompt, chat_format, reasoning_format, prefill, think_prefix, tools, tool_choice,
                     # b1-0c1e570's default: whether the template can render several calls
                     f.boolean("parallel_tool_calls", caps.get("supports_parallel_tool_calls", False)),
-                    include_usage, ChatFormat.PEG_NATIVE if cfg.jinja else ChatFormat.CONTENT_ONLY, grammar_prefix)
+                    include_usage, ChatFormat.PEG_NATIVE if cfg.jinja else ChatFormat.CONTENT_ONLY, grammar_prefix,
+                    gen_prompt + prefill)
 
 
 # ------------------------------------------------------------------------------------------

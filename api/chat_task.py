@@ -48,4 +48,5 @@ async def chat_task(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.Cha
     await off_loop(chat_api.apply_grammar, ctx, prep, params)  # parses the grammar
     task = parse_task(prep.body, toks, params, cfg.n_predict, openai=True)
     task.chat_format, task.grammar_prefix = prep.echo_format, prep.grammar_prefix
+    task.generation_prompt = prep.generation_prompt
     return prep, task, params

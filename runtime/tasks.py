@@ -69,6 +69,7 @@ class CompletionTask:
     return_progress: bool = False  # stream PromptProgress events while the prompt is read
     timings_per_token: bool = False  # each streamed TokenOut carries the running Timings
     grammar_prefix: str = ""  # text of a prefilled assistant turn the grammar has already seen
+    generation_prompt: str = ""  # a chat's assistant-turn opening (+ prefill), echoed in generation_settings
     lora: dict[int, float] | None = None  # per-request adapter scales (unlisted: 0); None = the server's
     is_child: bool = False  # one of the n - 1 extra completions of `n`: its slot keeps no cache afterwards
     chat_format: str = "Content-only"  # echoed in generation_settings: llama.cpp's name of the parser format

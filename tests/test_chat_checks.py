@@ -105,3 +105,21 @@ def test_the_first_present_token_limit_wins(client):
     assert client.post(CHAT, json=body).json()["usage"]["completion_tokens"] == 2
     body.pop("max_completion_tokens")
     assert client.post(CHAT, json=body).json()["usage"]["completion_tokens"] == 3
+
+
+def test_generation_prompt_is_echoed_as_b1_echoes_it(api_engine, api_client):
+    """generation_settings.generation_prompt (verbose chat, /slots): the template's assistant-turn
+    opening, with a prefilled assistant message's text after it (b1: '<|im_start|>assistant\\n' and
+    '<|im_start|>assistant\\nHel' on Qwen2.5's ChatML); a completion's is ""; and n_tokens_max counts
+    what a slot's cache held (the last sampled token is never decoded)."""
+    with api_client(api_engine, slots=True, metrics=True) as c:
+        def echoed(messages):
+            d = c.post(CHAT, json={"messages": messages, "max_tokens": 1, "verbose": True}).json()
+            return d["__verbose"]["generation_settings"]["generation_prompt"]
+        assert echoed(U) == "<|im_start|>assistant\n"
+        assert echoed(U + [{"role": "assistant", "content": "Hel"}]) == "<|im_start|>assistant\nHel"
+        c.post(CHAT, json={"messages": U, "max_tokens": 3, "temperature": 0, "id_slot": 0, "ignore_eos": True})
+        slot0 = next(s for s in c.get("/slots").json() if s["id"] == 0)
+        assert slot0["params"]["generation_prompt"] == "<|im_start|>assistant\n"
+        d = c.post("/completion", json={"prompt": "x", "n_predict": 1, "id_slot": 1}).json()
+        assert d["generation_settings"]["generation_prompt"] == ""

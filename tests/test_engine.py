@@ -305,3 +305,16 @@ def test_infill_tasks_leave_the_ram_cache_alone(engine):
     assert len(engine.prompt_cache.entries) == 1  # a completion saves what it displaces
     r = _run(engine, "Unrelated text about cooking pasta, again.", n_predict=2, id_slot=0, infill=True)
     assert r.timings.cache_n == 0 and len(engine.prompt_cache.entries) == 1
+
+
+def test_n_tokens_max_is_what_a_slot_held(model_path):
+    """llamacpp:n_tokens_max, as b1-0c1e570 keeps it (the most tokens a slot's cache held after a
+    decode): prompt + generated - 1, the last sampled token never being decoded (b1: 33 for a 30-token
+    chat prompt and 4 generated tokens)."""
+    e = _engine(model_path, n_ctx=512, n_parallel=1)
+    try:
+        r = _run(e, PRE, n_predict=4, params=SamplingParams(temperature=0, ignore_eos=True))
+        assert r.n_decoded == 4
+        assert e.metrics()["n_tokens_max"] == r.n_prompt_tokens + 3
+    finally:
+        e.stop()

@@ -45,8 +45,8 @@ class Metrics:
         self.t_prompt_processing += seconds
 
     def on_finish(self, n_decoded: int, seconds: float, n_tokens: int) -> None:
-        """A completion ended after `n_decoded` tokens generated in `seconds`; `n_tokens` = prompt
-        + generated."""
+        """A completion ended after `n_decoded` tokens generated in `seconds`; `n_tokens`: the
+        tokens its slot's cache held at the end (prompt + generated - 1)."""
         self.n_tokens_predicted_total += n_decoded
         self.n_tokens_predicted += n_decoded
         self.t_tokens_generation_total += seconds

@@ -248,7 +248,9 @@ class Scheduler:
     def finish(self, s: Slot) -> None:
         r = s.req
         tim = self._timings(r)
-        self.metrics.on_finish(r.n_decoded, tim.predicted_ms / 1e3, len(r.prompt) + r.n_decoded)
+        # n_tokens_max: the most tokens a slot's cache held (b1 reads it after each decode: the
+        # last sampled token is never decoded)
+        self.metrics.on_finish(r.n_decoded, tim.predicted_ms / 1e3, len(r.prompt) + max(r.n_decoded - 1, 0))
         text = r.text.final() if r.text is not None else ""
         res = CompletionResult(
             content=text, tokens=list(r.generated), id_slot=s.id, stop_type=r.stop_type.value,
