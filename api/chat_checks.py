@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from api.errors import ApiError, dumps
-from api.inputs import json_type
+from api.errors import ApiError, dumps, json_type_name
 
 
 def _dump2(v: Any) -> str:
@@ -22,7 +21,7 @@ def _dump2(v: Any) -> str:
 def _string(v: Any) -> str:
     """`get<std::string>()` of a JSON value: its type error otherwise."""
     if not isinstance(v, str):
-        raise ValueError(f"[json.exception.type_error.302] type must be string, but is {json_type(v)}")
+        raise ValueError(f"[json.exception.type_error.302] type must be string, but is {json_type_name(v)}")
     return v
 
 
@@ -124,7 +123,7 @@ def parse_tools(tools: Any) -> None:
                 raise ValueError(f"Missing tool function: {dumps(t)}")
             fn = t["function"]
             if not isinstance(fn, dict):
-                raise ValueError(f"[json.exception.type_error.304] cannot use at() with {json_type(fn)}")
+                raise ValueError(f"[json.exception.type_error.304] cannot use at() with {json_type_name(fn)}")
             _string(_at(fn, "name"))
             if "description" in fn:
                 _string(fn["description"])

@@ -24,6 +24,17 @@ STATUS = {
 }
 
 
+def json_type_name(v: Any) -> str:
+    """nlohmann::json::type_name() of a decoded JSON value (its type errors name it)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(v), "discarded")
+
+
 def dumps(obj: Any) -> str:
     """Compact JSON with raw UTF-8, as llama-server's `safe_json_to_str` writes it."""
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.errors import ApiError, not_supported
-from api.inputs import json_type
+from api.errors import ApiError, json_type_name, not_supported
 
 _CHUNK_SEPARATOR = "\n\n--- snippet ---\n\n"
 
@@ -51,7 +50,7 @@ def prefix_and_suffix(body: dict[str, Any]) -> tuple[str, str]:
             raise ApiError(f"[json.exception.out_of_range.403] key '{key}' not found", "server_error", 500)
     for key in ("input_suffix", "input_prefix"):
         if not isinstance(body[key], str):
-            raise ApiError(f"[json.exception.type_error.302] type must be string, but is {json_type(body[key])}",
+            raise ApiError(f"[json.exception.type_error.302] type must be string, but is {json_type_name(body[key])}",
                            "server_error", 500)
     return body["input_prefix"], body["input_suffix"]
 

@@ -12,7 +12,7 @@ from fastapi import Request
 
 from api import strict_json
 from api.engine_api import TokenizerAPI
-from api.errors import ApiError, context_exceeded
+from api.errors import ApiError, context_exceeded, json_type_name
 
 OFF_LOOP_BYTES = 256 << 10  # bodies (and prompts) larger than this are parsed / tokenized in a worker thread
 
@@ -40,17 +40,6 @@ ELEMENTS_ERROR = ('"prompt" elements must be a string, a list of tokens, a JSON 
                   'or a list of mixed strings & tokens.')
 
 
-def json_type(v: Any) -> str:
-    """nlohmann::json's type_name() of a parsed JSON value."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, (int, float)):
-        return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(v), "discarded")
-
-
 def is_int(v: Any) -> bool:
     """is_number_integer(): a JSON integer (1.0 is a float)."""
     return isinstance(v, int) and not isinstance(v, bool)
@@ -61,7 +50,7 @@ def as_token(v: Any, status: int = 400) -> int:
     1 / 0 (nlohmann converts booleans to numbers), else its type_error."""
     if not isinstance(v, (int, float)):
         kind = ("invalid_request_error", 400) if status == 400 else ("server_error", 500)
-        raise ApiError(f"[json.exception.type_error.302] type must be number, but is {json_type(v)}", *kind)
+        raise ApiError(f"[json.exception.type_error.302] type must be number, but is {json_type_name(v)}", *kind)
     return ((int(v) + (1 << 31)) % (1 << 32)) - (1 << 31)
 
 
@@ -80,7 +69,7 @@ def tokenize_mixed(tok: TokenizerAPI, prompt: Any, add_special: bool, parse_spec
         return out
     if not isinstance(prompt, str):
         kind = ("invalid_request_error", 400) if status == 400 else ("server_error", 500)
-        raise ApiError(f"[json.exception.type_error.302] type must be string, but is {json_type(prompt)}", *kind)
+        raise ApiError(f"[json.exception.type_error.302] type must be string, but is {json_type_name(prompt)}", *kind)
     return list(tok.encode(prompt, add_special=add_special, parse_special=parse_special))
 
 

@@ -9,8 +9,8 @@ from fastapi.responses import Response
 
 from api import chat as chat_api
 from api.context import Ctx
-from api.errors import ApiError, json_response
-from api.inputs import as_token, json_type, off_loop, read_json, tokenize_mixed
+from api.errors import ApiError, json_response, json_type_name
+from api.inputs import as_token, off_loop, read_json, tokenize_mixed
 from api.params import Fields
 
 router = APIRouter()
@@ -47,7 +47,7 @@ async def detokenize(ctx: Ctx, request: Request) -> Response:
     body = await read_json(request)
     raw = body.get("tokens")
     if raw is not None and not isinstance(raw, list):  # b1: get<llama_tokens>(), its 500
-        raise ApiError(f"[json.exception.type_error.302] type must be array, but is {json_type(raw)}", "server_error", 500)
+        raise ApiError(f"[json.exception.type_error.302] type must be array, but is {json_type_name(raw)}", "server_error", 500)
     toks = [as_token(t, 500) for t in raw or []]  # numbers convert (1.5 -> 1), as nlohmann does
     n_vocab = ctx.tokenizer.n_vocab
     for t in toks:
