@@ -11,7 +11,7 @@ from typing import Any
 
 from api.chat_checks import check_message_shapes, parse_messages, parse_tools
 from api.errors import ApiError
-from api.params import Fields, schema_to_grammar_or_400
+from api.params import CHAT_PARSER_FAILED, Fields, schema_to_grammar_or_400
 from runtime.chat import (
     REASONING_FORMATS,
     ChatFormat,
@@ -102,6 +102,14 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     if continuation is not None and last_is_assistant and messages[-1].get("tool_calls"):
         raise ApiError("Cannot continue an assistant message that contains tool calls.")
     tools = body.get("tools") or []
+    if tools and cfg.jinja:  # b1's generated parser converts each tool's parameters: its checks, its 400
+        from grammar import GrammarError
+        from grammar.json_schema_check import check_json_schema
+        for t in tools:
+            try:
+                check_json_schema(t["function"].get("parameters", {}))
+            except GrammarError as e:
+                raise ApiError(CHAT_PARSER_FAILED + str(e)) from None
     tool_choice = _tool_choice(body.get("tool_choice"))
     if tools and not cfg.jinja:
         raise ApiError("tools param requires --jinja flag")

@@ -70,7 +70,10 @@ def _default_grammar(args: argparse.Namespace) -> str:
     text = _read(flag, value) if flag.endswith("-file") else value
     try:
         if flag.startswith("--json-schema"):
-            text = json_schema_to_gbnf(json.loads(text))
+            try:
+                text = json_schema_to_gbnf(json.loads(text))
+            except GrammarError as e:  # common/arg.cpp's message
+                raise ArgError(flag, f"JSON schema conversion failed:\n{e}") from None
         parse_gbnf(text)
     except (GrammarError, ValueError) as e:
         raise ArgError(flag, str(e))

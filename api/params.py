@@ -11,30 +11,13 @@ import math
 import struct
 from typing import Any, Callable
 
-from api.errors import ApiError
+from api.errors import ApiError, json_type_name
 from runtime.tasks import DEFAULT_SAMPLERS, CompletionTask, SamplingParams
 
 # one-letter sampler names of `--sampling-seq` / a string `samplers` field (common/sampling.cpp)
 SAMPLER_CHARS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
                  "m": "min_p", "x": "xtc", "t": "temperature"}
 KNOWN_SAMPLERS = set(DEFAULT_SAMPLERS) | {"infill", "logit_bias"}
-
-
-def json_type_name(v: Any) -> str:
-    """nlohmann::json::type_name() of a decoded JSON value."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, (int, float)):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, list):
-        return "array"
-    if isinstance(v, dict):
-        return "object"
-    return "discarded"
 
 
 def f32(x: float) -> float:
@@ -261,16 +244,40 @@ def parse_sampling(body: dict[str, Any], defaults: SamplingParams, tokenizer: An
     return p
 
 
-def schema_to_grammar_or_400(schema: Any, convert: Callable[[Any], str] | None = None) -> str:
-    """GBNF for a JSON schema; a schema the converter rejects is a 400."""
+# b1-0c1e570's prefix for a chat schema (response_format, a tool's parameters) its generated chat
+# parser cannot convert (common/chat.cpp)
+CHAT_PARSER_FAILED = "Unable to generate parser for this template. Automatic parser generation failed: "
+
+
+def schema_to_grammar_or_400(schema: Any, convert: Callable[[Any], str] | None = None,
+                             chat: bool | None = None) -> str:
+    """GBNF for a JSON schema; a schema the converter refuses is a 400 worded as b1-0c1e570 words it.
+
+    /completion's `json_schema` (server-schema.cpp's field handler, under handle_with_catch):
+    `Field 'json_schema': "json_schema": JSON schema conversion failed:\n<error>`. A chat
+    response_format (`chat`, by default when `convert` is runtime.chat's json_response_grammar),
+    whose schema the generated chat parser converts (common/chat.cpp): `Unable to generate parser for
+    this template. Automatic parser generation failed: <error>`, and a schema that is not an object
+    is no response format there ("": no grammar). <error> is the validation's own text ("JSON schema
+    error at #: ...", grammar.json_schema_check), or the converter's after "JSON schema conversion
+    failed:\n"."""
     if convert is None:
         from grammar import json_schema_to_gbnf as convert  # noqa: N813
+    if chat is None:
+        from runtime.chat import json_response_grammar
+        chat = convert is json_response_grammar
+    if chat and not isinstance(schema, dict):
+        return ""
     try:
         return convert(schema)
     except ApiError:
         raise
     except Exception as e:  # GrammarError, or a malformed schema
-        raise ApiError(f"JSON schema conversion failed: {e}") from e
+        from grammar.json_schema_check import JsonSchemaError
+        error = str(e) if chat and isinstance(e, JsonSchemaError) else f"JSON schema conversion failed:\n{e}"
+        if chat:
+            raise ApiError(CHAT_PARSER_FAILED + error) from e
+        raise ApiError(f"Field 'json_schema': \"json_schema\": {error}") from e
 
 
 def parse_stop(raw: Any, openai: bool) -> list[str]:

@@ -6,6 +6,8 @@ and examples/json_schema_to_grammar.py): the same rule names (`root`, `space`, `
 lengths, regex `pattern` translation, string formats, `$ref`/`$defs` (recursion allowed),
 anyOf/oneOf/allOf, enum/const, tuples and arrays with min/max items.
 
+A schema is first validated as llama.cpp validates it (`json_schema_check`, its exact messages).
+
 Public: `json_schema_to_gbnf(schema: dict) -> str`; `JSON_OBJECT_GBNF` for
 response_format {"type": "json_object"} (any JSON object).
 """
@@ -17,8 +19,10 @@ from typing import Any
 
 from .gbnf import GrammarError
 from .int_range import IntRange, int_bound
+from .json_schema_check import as_int32, check_json_schema, resolve_ref
 from .schema_pattern import pattern_rule, repeat_text
 
+_I64 = 1 << 63
 SPACE_RULE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
 
 # name -> (body, dependencies)
@@ -67,8 +71,9 @@ def _const(value: Any) -> str:
 
 
 class _Converter:
-    def __init__(self) -> None:
+    def __init__(self, root: Any) -> None:
         self.rules: dict[str, str] = {"space": SPACE_RULE}
+        self.root = root
         self.refs: dict[str, Any] = {}
         self.resolving: set[str] = set()
 
@@ -94,35 +99,20 @@ class _Converter:
         return "\n".join(f"{k} ::= {v}" for k, v in sorted(self.rules.items()))
 
     # --- $ref ---------------------------------------------------------------------------------
-    def collect_refs(self, root: Any) -> None:
-        def visit(node: Any) -> None:
-            if isinstance(node, list):
-                for x in node:
-                    visit(x)
-            elif isinstance(node, dict):
-                ref = node.get("$ref")
-                if isinstance(ref, str) and ref not in self.refs:
-                    if not ref.startswith("#"):
-                        raise GrammarError(f"unsupported $ref {ref!r} (only local '#/...' references)")
-                    target = root
-                    for sel in ref[1:].split("/")[1:]:
-                        sel = sel.replace("~1", "/").replace("~0", "~")
-                        if isinstance(target, list) and sel.isdigit() and int(sel) < len(target):
-                            target = target[int(sel)]
-                        elif isinstance(target, dict) and sel in target:
-                            target = target[sel]
-                        else:
-                            raise GrammarError(f"error resolving $ref {ref!r}: {sel!r} not found")
-                    self.refs[ref] = target
-                for v in node.values():
-                    visit(v)
-        visit(root)
+    def target(self, ref: Any) -> Any:
+        """What a $ref points at, looked up as llama.cpp looks it up (json_schema_check.resolve_ref),
+        and only when the schema uses it (an unused definition is never read)."""
+        if not isinstance(ref, str) or not ref.startswith("#/"):
+            raise GrammarError(f"unsupported $ref {ref}")
+        if ref not in self.refs:
+            self.refs[ref] = resolve_ref(self.root, ref, "#")
+        return self.refs[ref]
 
     def resolve_ref(self, ref: str) -> str:
         name = "ref" + _BAD_NAME_CHARS.sub("-", ref.split("#")[-1])
         if name not in self.rules and ref not in self.resolving:
             self.resolving.add(ref)
-            name = self.visit(self.refs[ref], name)
+            name = self.visit(self.target(ref), name)
             self.resolving.discard(ref)
         return name
 
@@ -135,7 +125,7 @@ class _Converter:
             schema = {}
         if not isinstance(schema, dict):
             raise GrammarError(f"unrecognized schema: {json.dumps(schema)}")
-        typ = schema.get("type")
+        typ = schema.get("type") or None  # "type": "" is no type, as in llama.cpp
         fmt = schema.get("format")
         rule_name = name + "-" if name in _RESERVED else (name or "root")
 
@@ -152,8 +142,9 @@ class _Converter:
         if typ in (None, "object") and ("properties" in schema or (
                 "additionalProperties" in schema and schema["additionalProperties"] is not True)):
             props = list(schema.get("properties", {}).items())
-            return self.add_rule(rule_name, self.object_rule(props, set(schema.get("required", [])), name,
-                                                             schema.get("additionalProperties")))
+            required = schema.get("required")  # llama.cpp reads the strings of an array, nothing else
+            required = {r for r in required if isinstance(r, str)} if isinstance(required, list) else set()
+            return self.add_rule(rule_name, self.object_rule(props, required, name, schema.get("additionalProperties")))
         if typ in (None, "object", "string") and "allOf" in schema:
             return self.all_of(schema, name, rule_name)
         if typ in (None, "array") and ("items" in schema or "prefixItems" in schema):
@@ -163,8 +154,8 @@ class _Converter:
                 parts = ' "," space '.join(self.visit(it, f"{name}{sep}tuple-{i}") for i, it in enumerate(items))
                 return self.add_rule(rule_name, f'"[" space {parts} space "]"')
             item = self.visit(items, f"{name}{sep}item")
-            rep = repeat_text(item, int(schema.get("minItems", 0)),
-                          None if schema.get("maxItems") is None else int(schema["maxItems"]), sep='"," space')
+            rep = repeat_text(item, as_int32(schema.get("minItems", 0)),
+                              None if "maxItems" not in schema else as_int32(schema["maxItems"]), sep='"," space')
             return self.add_rule(rule_name, f'"[" space {rep} space "]"')
         if typ in (None, "string") and "pattern" in schema:
             return pattern_rule(self, schema["pattern"], rule_name)
@@ -176,21 +167,10 @@ class _Converter:
         if typ == "string" and ("minLength" in schema or "maxLength" in schema):
             char = self.add_primitive("char", _PRIMITIVES["char"])
             hi = schema.get("maxLength")
-            rep = repeat_text(char, int(schema.get("minLength", 0)), None if hi is None else int(hi))
+            rep = repeat_text(char, as_int32(schema.get("minLength", 0)), None if hi is None else as_int32(hi))
             return self.add_rule(rule_name, f'"\\"" {rep} "\\""')
-        if typ in (None, "integer") and any(k in schema for k in ("minimum", "exclusiveMinimum", "maximum",
-                                                                   "exclusiveMaximum")):
-            lo = hi = None
-            if "minimum" in schema:
-                lo = schema["minimum"]
-            elif "exclusiveMinimum" in schema:
-                lo = schema["exclusiveMinimum"] + 1
-            if "maximum" in schema:
-                hi = schema["maximum"]
-            elif "exclusiveMaximum" in schema:
-                hi = schema["exclusiveMaximum"] - 1
-            lo = None if lo is None else int_bound(lo, up=True)
-            hi = None if hi is None else int_bound(hi, up=False)
+        if typ == "integer" and _int_bounds(schema) != (None, None):  # without a type, bounds mean nothing
+            lo, hi = _int_bounds(schema)
             if lo is not None and hi is not None and lo > hi:
                 raise GrammarError(f"integer range [{lo}, {hi}] is empty")
             r = IntRange()
@@ -211,7 +191,7 @@ class _Converter:
 
         def add(comp: dict, is_required: bool) -> None:
             if "$ref" in comp:
-                comp = self.refs[comp["$ref"]]
+                comp = self.target(comp["$ref"])
             for k, v in comp.get("properties", {}).items():
                 props.append((k, v))
                 if is_required:
@@ -312,16 +292,41 @@ class _Converter:
         out.append(f' ){"" if trie.get("") else "?"} ["]')
         return "".join(out)
 
-def json_schema_to_gbnf(schema: Any) -> str:
-    """Convert a JSON schema (dict) to llama.cpp-style GBNF. Raises GrammarError."""
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as e:
-            raise GrammarError(f"invalid JSON schema: {e}") from None
-    conv = _Converter()
+
+def _int64_bound(v: Any, up: bool) -> int:
+    """llama.cpp's get_bound: an integer as int64_t (wrapping), a double rounded inwards and cast
+    (out of range: INT64_MIN, as x86 converts it)."""
+    if isinstance(v, int) and not isinstance(v, bool) and -_I64 <= v < 2 * _I64:
+        return (v + _I64) % (2 * _I64) - _I64
     try:
-        conv.collect_refs(schema)
+        d = int_bound(float(v), up)  # beyond 64 bits an integer is a double there
+    except (OverflowError, ValueError):  # inf, nan
+        return -_I64
+    return d if -_I64 <= d < _I64 else -_I64
+
+
+def _int_bounds(schema: dict) -> tuple[int | None, int | None]:
+    """[lo, hi] of an integer schema as llama.cpp computes them (minimum, else exclusiveMinimum + 1;
+    maximum, else exclusiveMaximum - 1; int64 arithmetic); None for an open side (INT64_MIN/MAX)."""
+    lo, hi = -_I64, _I64 - 1
+    if "minimum" in schema:
+        lo = _int64_bound(schema["minimum"], up=True)
+    elif "exclusiveMinimum" in schema:
+        lo = (_int64_bound(schema["exclusiveMinimum"], up=False) + 1 + _I64) % (2 * _I64) - _I64
+    if "maximum" in schema:
+        hi = _int64_bound(schema["maximum"], up=False)
+    elif "exclusiveMaximum" in schema:
+        hi = (_int64_bound(schema["exclusiveMaximum"], up=True) - 1 + _I64) % (2 * _I64) - _I64
+    return (None if lo == -_I64 else lo), (None if hi == _I64 - 1 else hi)
+
+
+def json_schema_to_gbnf(schema: Any) -> str:
+    """Convert a JSON schema (a decoded JSON value) to llama.cpp-style GBNF. Raises GrammarError:
+    first a JsonSchemaError where llama.cpp's validation refuses the schema (its exact text, see
+    `json_schema_check`), then the converter's own errors."""
+    check_json_schema(schema)
+    conv = _Converter(schema)
+    try:
         conv.visit(schema, "")
     except RecursionError:
         raise GrammarError("JSON schema nests too deeply") from None

@@ -35,6 +35,13 @@ def client(api_engine, api_client):
      'Failed to parse tools: Missing tool function: {"type":"function"}; tools = [\n  {\n    "type": "function"\n  }\n]'),
     (CHAT, {"messages": U, "stream_options": {"include_usage": "yes"}}, 400, "invalid_request_error",
      "Field 'include_usage': [json.exception.type_error.302] type must be boolean, but is string"),
+    (CHAT, {"messages": U, "tools": [{"type": "function", "function": {"name": "x", "parameters": {"$ref": "#/nope"}}}]},
+     400, "invalid_request_error", "Unable to generate parser for this template. Automatic parser generation failed: "
+     "JSON schema error at #: cannot resolve $ref #/nope, nope not found"),
+    (CHAT, {"messages": U, "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "x", "parameters": {"type": "bogus"}}}]},
+     400, "invalid_request_error", "Unable to generate parser for this template. Automatic parser generation failed: "
+     "JSON schema error at #: unrecognized type bogus"),
     (CHAT, {"messages": U, "grammar": "bogus"}, 400, "invalid_request_error",
      "Failed to initialize samplers: failed to parse grammar"),
     ("/completion", {"prompt": "x", "grammar": "root ::= [", "n_predict": 1}, 400, "invalid_request_error",
