@@ -55,6 +55,18 @@ def check_message_shapes(messages: list) -> None:
                 raise ApiError("unsupported content[].type")
 
 
+def _function_of(entry: Any, what: str) -> Any:
+    """The `function` of a tool ("tool") or of a message's tool call ("tool call"), after b1's checks
+    of its `type` (both parses word them alike)."""
+    if not isinstance(entry, dict) or "type" not in entry:
+        raise ValueError(f"Missing {what} type: {dumps(entry)}")
+    if entry["type"] != "function":
+        raise ValueError(f"Unsupported {what} type: {dumps(entry)}")
+    if "function" not in entry:
+        raise ValueError(f"Missing {what} function: {dumps(entry)}")
+    return entry["function"]
+
+
 def _parse_message(m: Any) -> None:
     if not isinstance(m, dict):
         raise ValueError(f"Expected 'message' to be an object, got {dumps(m)}")
@@ -77,13 +89,7 @@ def _parse_message(m: Any) -> None:
         items = list(calls.values()) if isinstance(calls, dict) else calls if isinstance(calls, list) else \
             [] if calls is None else [calls]
         for tc in items:
-            if not isinstance(tc, dict) or "type" not in tc:
-                raise ValueError(f"Missing tool call type: {dumps(tc)}")
-            if tc["type"] != "function":
-                raise ValueError(f"Unsupported tool call type: {dumps(tc)}")
-            if "function" not in tc:
-                raise ValueError(f"Missing tool call function: {dumps(tc)}")
-            fc = tc["function"]
+            fc = _function_of(tc, "tool call")
             if not isinstance(fc, dict) or "name" not in fc:
                 raise ValueError(f"Missing tool call name: {dumps(tc)}")
             _string(fc["name"])
@@ -115,13 +121,7 @@ def parse_tools(tools: Any) -> None:
         if not isinstance(tools, list):
             raise ValueError(f"Expected 'tools' to be an array, got {dumps(tools)}")
         for t in tools:
-            if not isinstance(t, dict) or "type" not in t:
-                raise ValueError(f"Missing tool type: {dumps(t)}")
-            if t["type"] != "function":
-                raise ValueError(f"Unsupported tool type: {dumps(t)}")
-            if "function" not in t:
-                raise ValueError(f"Missing tool function: {dumps(t)}")
-            fn = t["function"]
+            fn = _function_of(t, "tool")
             if not isinstance(fn, dict):
                 raise ValueError(f"[json.exception.type_error.304] cannot use at() with {json_type_name(fn)}")
             _string(_at(fn, "name"))
