@@ -117,11 +117,7 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         raise ApiError("tool_choice param requires --jinja flag")
     out = dict(body)
 
-    # OpenAI names -> native ones
-    # b1's schema reads the first present of n_predict, max_completion_tokens, max_tokens
-    n_predict = f.integer("n_predict", f.integer("max_completion_tokens", f.integer("max_tokens", cfg.n_predict)))
-    out["n_predict"] = n_predict
-    out.pop("max_tokens", None)
+    # OpenAI names -> native ones (the token limit's names stay: parse_task reads them as b1 does)
     if f.boolean("logprobs", False):
         if tools and f.boolean("stream", False):
             raise ApiError("logprobs is not supported with tools + stream")

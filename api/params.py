@@ -298,7 +298,8 @@ def parse_task(body: dict[str, Any], prompt_tokens: list[int], params: SamplingP
                openai: bool = False) -> CompletionTask:
     """The CompletionTask of a request whose prompt is already tokenized."""
     f = Fields(body)
-    n_predict = f.integer("n_predict", f.integer("max_tokens", n_predict_default))
+    # b1's schema: the first present of n_predict, max_completion_tokens, max_tokens
+    n_predict = f.integer("n_predict", f.integer("max_completion_tokens", f.integer("max_tokens", n_predict_default)))
     n_cache_reuse = f.integer("n_cache_reuse", -1) if f.has("n_cache_reuse") else None
     return CompletionTask(
         prompt_tokens=prompt_tokens,

@@ -42,6 +42,14 @@ def client(api_engine, api_client):
             "tools": [{"type": "function", "function": {"name": "x", "parameters": {"type": "bogus"}}}]},
      400, "invalid_request_error", "Unable to generate parser for this template. Automatic parser generation failed: "
      "JSON schema error at #: unrecognized type bogus"),
+    (CHAT, {"messages": U, "max_tokens": -7}, 400, "invalid_request_error",
+     "Field 'max_tokens': Value must be between -1 <= value <= 2147483647, but got -7"),
+    (CHAT, {"messages": U, "max_completion_tokens": -7, "max_tokens": 5}, 400, "invalid_request_error",
+     "Field 'max_completion_tokens': Value must be between -1 <= value <= 2147483647, but got -7"),
+    ("/v1/messages", {"messages": U, "max_tokens": -7}, 400, "invalid_request_error",
+     "Field 'max_tokens': Value must be between -1 <= value <= 2147483647, but got -7"),
+    ("/v1/responses", {"input": "x", "max_output_tokens": -7}, 400, "invalid_request_error",
+     "Field 'max_tokens': Value must be between -1 <= value <= 2147483647, but got -7"),
     (CHAT, {"messages": U, "grammar": "bogus"}, 400, "invalid_request_error",
      "Failed to initialize samplers: failed to parse grammar"),
     ("/completion", {"prompt": "x", "grammar": "root ::= [", "n_predict": 1}, 400, "invalid_request_error",
@@ -51,7 +59,7 @@ def client(api_engine, api_client):
     ("/v1/completions", {}, 400, "invalid_request_error", "[json.exception.out_of_range.403] key 'prompt' not found"),
 ])
 def test_bad_bodies_get_llama_servers_answers(client, route, body, status, kind, message):
-    r = client.post(route, json=dict(body, max_tokens=1) if route == CHAT else body)
+    r = client.post(route, json=dict({"max_tokens": 1}, **body) if route == CHAT else body)
     assert (r.status_code, r.json()) == (status, {"error": {"code": status, "message": message, "type": kind}})
 
 
