@@ -14,6 +14,7 @@ from api import strict_json
 from api.engine_api import TokenizerAPI
 from api.errors import ApiError, context_exceeded, json_type_name
 
+MAX_TASKS_PER_REQUEST = 4096  # prompts x n (or embedding inputs) one request may start (llama-server: none)
 OFF_LOOP_BYTES = 256 << 10  # bodies (and prompts) larger than this are parsed / tokenized in a worker thread
 
 
@@ -110,3 +111,11 @@ def check_context(n_tokens: int, n_ctx_slot: int) -> None:
         raise context_exceeded(n_tokens, n_ctx_slot)
 
 
+
+
+def check_task_count(n_tasks: int) -> None:
+    """A request starts at most MAX_TASKS_PER_REQUEST tasks: a body of a few MB can list millions of
+    one-token prompts, each a task in the engine's queue (tritium's bound, a 400 naming it)."""
+    if n_tasks > MAX_TASKS_PER_REQUEST:
+        raise ApiError(f"too many tasks in one request: {n_tasks} (prompts x n, or inputs); the limit is "
+                       f"{MAX_TASKS_PER_REQUEST}")

@@ -149,3 +149,28 @@ def test_handle_whose_submitting_task_ended_is_released(api_engine):
         time.sleep(0.01)
         assert time.monotonic() - t0 < 10
     assert api_engine.metrics()["n_decode_total"] - n0 < 100
+
+
+def test_one_request_starts_a_bounded_number_of_tasks(client):
+    """A few hundred kB of one-token prompts would be tens of thousands of tasks: refused with a 400
+    naming the bound, before any is tokenized or queued; the server keeps serving."""
+    from api.inputs import MAX_TASKS_PER_REQUEST
+
+    many = ["a"] * (MAX_TASKS_PER_REQUEST + 1)
+    for route, body in (("/completion", {"prompt": many, "n_predict": 1}),
+                        ("/v1/completions", {"prompt": many, "max_tokens": 1}),
+                        ("/completion", {"prompt": ["a"] * (MAX_TASKS_PER_REQUEST // 2 + 1), "n_predict": 1,
+                                         "n_cmpl": 2})):
+        msg = envelope(client.post(route, json=body), 400, "invalid_request_error")
+        assert f"the limit is {MAX_TASKS_PER_REQUEST}" in msg, route
+    assert client.post("/completion", json={"prompt": ["a", "b"], "n_predict": 1}).status_code == 200
+    assert client.get("/health").status_code == 200
+
+
+def test_embedding_inputs_are_bounded_too(api_engine, api_client):
+    from api.inputs import MAX_TASKS_PER_REQUEST
+
+    with api_client(api_engine, embeddings=True, pooling="mean") as c:
+        r = c.post("/v1/embeddings", json={"input": ["a"] * (MAX_TASKS_PER_REQUEST + 1)})
+        assert f"the limit is {MAX_TASKS_PER_REQUEST}" in envelope(r, 400, "invalid_request_error")
+        assert len(c.post("/v1/embeddings", json={"input": ["a", "b"]}).json()["data"]) == 2

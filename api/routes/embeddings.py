@@ -12,7 +12,7 @@ from fastapi.responses import Response
 
 from api.context import ApiContext, Ctx
 from api.errors import ApiError, json_response, not_supported
-from api.inputs import check_context, off_loop, read_json, tokenize_prompt
+from api.inputs import check_context, check_task_count, off_loop, read_json, tokenize_prompt
 from api.params import Fields
 from api.results import collect
 from runtime.tasks import EmbeddingTask
@@ -31,6 +31,7 @@ def embedding_inputs(ctx: ApiContext, body: dict[str, Any]) -> list[list[int]]:
         items = raw
     else:
         raise ApiError('"input" must be a string, a list of tokens, or a list of strings')
+    check_task_count(len(items))
     out = []
     for it in items:
         toks = tokenize_prompt(ctx.tokenizer, it)

@@ -16,7 +16,7 @@ from api import infill as infill_api
 from api.choices import n_choices, with_children
 from api.context import ApiContext, Ctx
 from api.errors import ApiError, json_response
-from api.inputs import check_context, off_loop, read_json, split_prompts, tokenize_prompt
+from api.inputs import check_context, check_task_count, off_loop, read_json, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task, reasoning_format_name, sampling_settings
 from api.results import collect_all, probs_json, with_progress
 from api.sse import Stream, stream_many
@@ -111,6 +111,7 @@ async def completion(ctx: Ctx, request: Request) -> Response:
         raise ApiError("[json.exception.out_of_range.403] key 'prompt' not found")
     prompts = split_prompts(body["prompt"])
     n = n_choices(body, ctx.engine.n_slots)
+    check_task_count(len(prompts) * n)
     reqs, leads = [], []
     for i, p in enumerate(prompts):  # each prompt, then its n - 1 children; indexes run over all of them
         toks = await off_loop(tokenize_prompt, ctx.tokenizer, p)

@@ -15,7 +15,7 @@ from api.chat_task import chat_task
 from api.choices import n_choices, with_children
 from api.context import BUILD_INFO, ApiContext, Ctx, random_id
 from api.errors import ApiError, json_response
-from api.inputs import check_context, off_loop, read_json, split_prompts, tokenize_prompt
+from api.inputs import check_context, check_task_count, off_loop, read_json, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task, reasoning_format_name, sampling_settings
 from api.routes.native import NativeRequest, completion_final_json, partial_json
 from api.results import collect_all, finish_reason, probs_json, usage_json, with_progress
@@ -38,7 +38,9 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
     tasks: list[CompletionTask] = []
     leads: list[bytes] = []  # streamed: b1's `data: null` for each further prompt (see routes/native.py)
     params = None
-    for i, p in enumerate(split_prompts(body["prompt"])):  # each prompt, then its n - 1 children
+    prompts = split_prompts(body["prompt"])
+    check_task_count(len(prompts) * n)
+    for i, p in enumerate(prompts):  # each prompt, then its n - 1 children
         toks = await off_loop(tokenize_prompt, ctx.tokenizer, p)
         check_context(len(toks), ctx.engine.n_ctx_slot)
         params = parse_sampling(body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
