@@ -96,7 +96,7 @@ class _Converter:
         return key
 
     def format(self) -> str:
-        return "\n".join(f"{k} ::= {v}" for k, v in sorted(self.rules.items()))
+        return "".join(f"{k} ::= {v}\n" for k, v in sorted(self.rules.items()))  # each line ends, as llama.cpp's
 
     # --- $ref ---------------------------------------------------------------------------------
     def target(self, ref: Any) -> Any:
