@@ -399,11 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         from api.server import PrefixedApp
 
         served = PrefixedApp(app, args.api_prefix)
-    ssl = {"ssl_keyfile": args.ssl_key_file, "ssl_certfile": args.ssl_cert_file} \
+    tls = {"ssl_keyfile": args.ssl_key_file, "ssl_certfile": args.ssl_cert_file} \
         if args.ssl_key_file and args.ssl_cert_file else {}
     uv = DrainingServer(uvicorn.Config(served, log_level="warning", access_log=False, server_header=False, timeout_keep_alive=args.timeout,
                                        lifespan="off", http=header_timeout_protocol(args.header_timeout),
-                                       timeout_graceful_shutdown=5, **ssl),
+                                       timeout_graceful_shutdown=5, **tls),
                         app.state.drain, args.shutdown_timeout, lambda m: log.srv("I", "llama_server", m))
     failed: list[BaseException] = []
 
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
             server.set_ready()
             log.srv("I", "llama_server", "model loaded")
             for host in scfg.hosts:
-                scheme = "https" if ssl else "http"
+                scheme = "https" if tls else "http"
                 log.srv("I", "llama_server", f"listening on {scheme}://{f'[{host}]' if ':' in host else host}:{port}")
             if port == 8080:
                 log.srv("W", "llama_server", "notice: server default port will be changed to :9931 in a future "
