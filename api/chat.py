@@ -192,7 +192,7 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     if chat_format == ChatFormat.PEG_NATIVE and out.get("json_schema") is not None and not body.get("grammar"):
         # b1-0c1e570: the schema's JSON, bare or in a ```json fence (the content is the JSON alone),
         # the grammar primed with a prefilled assistant turn (the JSON may have begun there)
-        out["grammar"] = schema_to_grammar_or_400(out.pop("json_schema"), json_response_grammar)
+        out["grammar"] = schema_to_grammar_or_400(out.pop("json_schema"), json_response_grammar, chat=True)
         grammar_prefix = prefill
     return ChatPrep(out, prompt, chat_format, reasoning_format, prefill, think_prefix, tools, tool_choice,
                     # b1-0c1e570's default: whether the template can render several calls

@@ -14,6 +14,9 @@ from typing import Any
 from api.errors import ApiError, dumps, json_type_name
 
 
+_MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "input_video": "video", "video_url": "video"}
+
+
 def _dump2(v: Any) -> str:
     return json.dumps(v, ensure_ascii=False, indent=2)
 
@@ -33,7 +36,7 @@ def _at(obj: dict, key: str) -> Any:
 
 
 def check_message_shapes(messages: list) -> None:
-    """oaicompat_chat_params_parse's pass over the messages (400s)."""
+    """oaicompat_chat_params_parse's pass over the messages (400s; a media part, 500)."""
     for m in messages:
         role = m.get("role") if isinstance(m, dict) and isinstance(m.get("role"), str) else ""
         has = isinstance(m, dict)
@@ -49,9 +52,12 @@ def check_message_shapes(messages: list) -> None:
             continue
         if not isinstance(content, list):
             raise ApiError("Expected 'content' to be a string or an array")
-        for p in content:  # oaicompat_content_load_media: media are refused in api/chat_task.py
+        for p in content:  # oaicompat_content_load_media: no projector here, so a media part is its 500
             kind = p.get("type") if isinstance(p, dict) and isinstance(p.get("type"), str) else ""
-            if kind not in ("text", "image_url", "input_audio", "input_video", "video_url"):
+            if kind in _MEDIA_PARTS:
+                raise ApiError(f"{_MEDIA_PARTS[kind]} input is not supported - hint: if this is unexpected, "
+                               "you may need to provide the mmproj", "server_error", 500)
+            if kind != "text":
                 raise ApiError("unsupported content[].type")
 
 

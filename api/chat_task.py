@@ -9,32 +9,12 @@ from typing import Any
 
 from api import chat as chat_api
 from api.context import ApiContext
-from api.errors import ApiError
 from api.inputs import check_context, off_loop
 from api.params import parse_sampling, parse_task
 from runtime.tasks import CompletionTask, SamplingParams
 
-# oaicompat_content_load_media (server-common.cpp): tritium loads no multimodal projector
-_MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "input_video": "video", "video_url": "video"}
-
-
-def check_media(messages: Any) -> None:
-    """A media content part is llama-server's 500 for a model without a projector."""
-    if not isinstance(messages, list):
-        return
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
-        if not isinstance(content, list):
-            continue
-        for part in content:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind in _MEDIA_PARTS:
-                raise ApiError(f"{_MEDIA_PARTS[kind]} input is not supported - hint: if this is unexpected, "
-                               "you may need to provide the mmproj", "server_error", 500)
-
 
 async def prompt_tokens(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.ChatPrep, list[int]]:
-    check_media(body.get("messages"))
     prep = chat_api.prepare(ctx, body)
     return prep, list(await off_loop(ctx.tokenizer.encode, prep.prompt, add_special=True, parse_special=True))
 

@@ -211,7 +211,7 @@ def engine_config(args: argparse.Namespace, scfg: ServerConfig, preload: Preload
         cache_ram_mib=args.cache_ram, cache_reuse=args.cache_reuse, cache_idle_slots=args.cache_idle_slots,
         sleep_idle_seconds=args.sleep_idle_seconds,
         slot_prompt_similarity=args.slot_prompt_similarity, slot_save_path=args.slot_save_path,
-        embeddings=args.embeddings, pooling=args.pooling, n_predict=args.n_predict, defaults=scfg.defaults,
+        embeddings=args.embeddings, n_predict=args.n_predict, defaults=scfg.defaults,
         chat_template=args.chat_template, chat_template_file=args.chat_template_file,
         verbosity=verbosity(args), n_batch=max(1, args.batch_size), n_ubatch=max(1, args.ubatch_size), kv_dtype=_kv_dtype(args), warmup=args.warmup,
         config_overrides=_rope_overrides(args), lora=lora_adapters(args),

@@ -150,19 +150,17 @@ CLAMPED: dict[str, tuple[float, float]] = {
 _FLOAT_FIELDS = {"adaptive_decay"}
 
 
-def check_hard_limits(body: dict[str, Any]) -> None:
-    for name, kind, ok in (("chat_format", "number", lambda v: isinstance(v, (int, float))),  # bool converts too
+def check_schema_fields(body: dict[str, Any]) -> None:
+    """The checks of b1's schema that the typed reads below do not make: the types of chat_format
+    (a number; a boolean converts) and reasoning_format, then the ranges of HARD_LIMITS ("Field
+    'n_keep': Value must be between -1 <= value <= 2147483647, but got -5": std::to_string of the
+    bounds and value, floats with six decimals). Of n_predict's names only the first present is
+    read (n_predict, max_completion_tokens, max_tokens)."""
+    for name, kind, ok in (("chat_format", "number", lambda v: isinstance(v, (int, float))),
                            ("reasoning_format", "string", lambda v: isinstance(v, str))):
         if body.get(name) is not None and not ok(body[name]):
             raise ApiError(f"Field '{name}': [json.exception.type_error.302] type must be {kind}, "
                            f"but is {json_type_name(body[name])}")
-    _check_ranges(body)
-
-
-def _check_ranges(body: dict[str, Any]) -> None:
-    """b1's range checks: "Field 'n_keep': Value must be between -1 <= value <= 2147483647, but got
-    -5" (std::to_string of the bounds and value: floats with six decimals). Of n_predict's names
-    only the first present is read (n_predict, max_completion_tokens, max_tokens)."""
     seen_n_predict = False
     for name, (lo, hi) in HARD_LIMITS.items():
         v = body.get(name)
@@ -188,7 +186,7 @@ N_PROBS_MAX = 100  # n_probs / top_logprobs above this are capped (llama-server 
 def parse_sampling(body: dict[str, Any], defaults: SamplingParams, tokenizer: Any, n_ctx_slot: int,
                    schema_to_grammar: Callable[[Any], str] | None = None) -> SamplingParams:
     """SamplingParams of a request: every field of `SamplingParams` read under its own JSON name."""
-    check_hard_limits(body)
+    check_schema_fields(body)
     f = Fields(body)
     p = dataclasses.replace(defaults, dry_sequence_breakers=list(defaults.dry_sequence_breakers),
                             logit_bias=list(defaults.logit_bias), samplers=list(defaults.samplers),
@@ -250,22 +248,18 @@ CHAT_PARSER_FAILED = "Unable to generate parser for this template. Automatic par
 
 
 def schema_to_grammar_or_400(schema: Any, convert: Callable[[Any], str] | None = None,
-                             chat: bool | None = None) -> str:
+                             chat: bool = False) -> str:
     """GBNF for a JSON schema; a schema the converter refuses is a 400 worded as b1-0c1e570 words it.
 
     /completion's `json_schema` (server-schema.cpp's field handler, under handle_with_catch):
     `Field 'json_schema': "json_schema": JSON schema conversion failed:\n<error>`. A chat
-    response_format (`chat`, by default when `convert` is runtime.chat's json_response_grammar),
-    whose schema the generated chat parser converts (common/chat.cpp): `Unable to generate parser for
+    response_format (`chat`), whose schema the generated chat parser converts (common/chat.cpp): `Unable to generate parser for
     this template. Automatic parser generation failed: <error>`, and a schema that is not an object
     is no response format there ("": no grammar). <error> is the validation's own text ("JSON schema
     error at #: ...", grammar.json_schema_check), or the converter's after "JSON schema conversion
     failed:\n"."""
     if convert is None:
         from grammar import json_schema_to_gbnf as convert  # noqa: N813
-    if chat is None:
-        from runtime.chat import json_response_grammar
-        chat = convert is json_response_grammar
     if chat and not isinstance(schema, dict):
         return ""
     try:

@@ -27,7 +27,6 @@ class EngineConfig:
     slot_prompt_similarity: float = 0.10
     slot_save_path: str | None = None
     embeddings: bool = False
-    pooling: str = ""  # "" = the model's own (model_info["pooling"])
     n_predict: int = -1
     n_batch: int = 2048
     n_ubatch: int = 512  # rows of one forward: a step with more runs as several (bounds activation memory)
