@@ -169,8 +169,8 @@ class _Converter:
             hi = schema.get("maxLength")
             rep = repeat_text(char, as_int32(schema.get("minLength", 0)), None if hi is None else as_int32(hi))
             return self.add_rule(rule_name, f'"\\"" {rep} "\\""')
-        if typ == "integer" and _int_bounds(schema) != (None, None):  # without a type, bounds mean nothing
-            lo, hi = _int_bounds(schema)
+        if typ == "integer" and (bounds := _int_bounds(schema)) != (None, None):  # untyped: bounds mean nothing
+            lo, hi = bounds
             if lo is not None and hi is not None and lo > hi:
                 raise GrammarError(f"integer range [{lo}, {hi}] is empty")
             r = IntRange()
@@ -293,11 +293,16 @@ class _Converter:
         return "".join(out)
 
 
+def _wrap64(v: int) -> int:
+    """v as an int64_t (two's complement wrap)."""
+    return (v + _I64) % (2 * _I64) - _I64
+
+
 def _int64_bound(v: Any, up: bool) -> int:
     """llama.cpp's get_bound: an integer as int64_t (wrapping), a double rounded inwards and cast
     (out of range: INT64_MIN, as x86 converts it)."""
     if isinstance(v, int) and not isinstance(v, bool) and -_I64 <= v < 2 * _I64:
-        return (v + _I64) % (2 * _I64) - _I64
+        return _wrap64(v)
     try:
         d = int_bound(float(v), up)  # beyond 64 bits an integer is a double there
     except (OverflowError, ValueError):  # inf, nan
@@ -312,11 +317,11 @@ def _int_bounds(schema: dict) -> tuple[int | None, int | None]:
     if "minimum" in schema:
         lo = _int64_bound(schema["minimum"], up=True)
     elif "exclusiveMinimum" in schema:
-        lo = (_int64_bound(schema["exclusiveMinimum"], up=False) + 1 + _I64) % (2 * _I64) - _I64
+        lo = _wrap64(_int64_bound(schema["exclusiveMinimum"], up=False) + 1)
     if "maximum" in schema:
         hi = _int64_bound(schema["maximum"], up=False)
     elif "exclusiveMaximum" in schema:
-        hi = (_int64_bound(schema["exclusiveMaximum"], up=True) - 1 + _I64) % (2 * _I64) - _I64
+        hi = _wrap64(_int64_bound(schema["exclusiveMaximum"], up=True) - 1)
     return (None if lo == -_I64 else lo), (None if hi == _I64 - 1 else hi)
 
 

@@ -343,7 +343,8 @@ def _draw_with_post_sampling_probs(row: torch.Tensor, st: SamplerState) -> Sampl
     order = torch.argsort(probs, descending=True, stable=True)
     ranked = [(int(ids[i]), float(probs[i])) for i in order[:st.params.n_probs].tolist()]
     top = [(t, math.log(pr)) for t, pr in ranked if pr > 0.0]
-    mine = next((float(probs[i]) for i in range(ids.numel()) if int(ids[i]) == tok), 0.0)
+    hit = torch.nonzero(ids == tok)  # (a candidate list may be the whole vocabulary: no Python loop)
+    mine = float(probs[int(hit[0])]) if hit.numel() else 0.0
     return Sampled(tok, math.log(mine) if mine > 0.0 else NEG_INF, top)
 
 

@@ -49,7 +49,7 @@ POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # llama_
 
 def model_pooling(metadata: Any, arch: str) -> str:
     """The model's own pooling (`{arch}.pooling_type`, as llama.cpp reads it; none without it)."""
-    v = (metadata or {}).get(f"{arch}.pooling_type") if hasattr(metadata or {}, "get") else None
+    v = (metadata or {}).get(f"{arch}.pooling_type")
     return POOLING_TYPES.get(int(v), "none") if isinstance(v, (int, float)) else "none"
 
 
