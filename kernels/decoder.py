@@ -26,6 +26,7 @@ class DecoderLayer:
     post_attn_norm: torch.Tensor | None = None  # [C] (gemma2/3: RMSNorm of the attention block's output)
     post_ffn_norm: torch.Tensor | None = None  # [C] (of the FFN's output)
     window: int = 0  # sliding window of the layer's attention (0: global)
+    rope_theta_scale: float = 0.0  # ggml's RoPE angle chain (kernels.ref.rope_angles), 0: from inv_freq
 
 
 @dataclass(frozen=True)
@@ -40,3 +41,4 @@ class DecoderShape:
     scale: float
     act: str = "silu"  # the FFN's gate: "silu" (SwiGLU) or "gelu" (GeGLU with ggml's float16-table GELU)
     softcap: float = 0.0  # tanh soft-cap of the attention scores (0: none)
+    prescale_q: bool = False  # q *= scale before the attention, which then scales by 1 (llama.cpp's gemma)

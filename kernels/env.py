@@ -36,5 +36,11 @@ def cpu_isa() -> str:
     return os.environ.get("TRITIUM_CPU_ISA", "").strip().lower()
 
 
+def ggml_numerics() -> bool:
+    """Whether the CPU kernels compute llama.cpp's float32 arithmetic bit for bit where they can
+    (TRITIUM_FAST_NUMERICS unset; see kernels/README.md)."""
+    return not os.environ.get("TRITIUM_FAST_NUMERICS")
+
+
 def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

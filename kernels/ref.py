@@ -112,27 +112,47 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     return rms_norm(s, weight, eps), s
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, neox: bool) -> torch.Tensor:
-    """Rotate x[T, NH, D] by angle positions[T] * inv_freq[R] (R <= D/2; dims past 2R pass through).
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor, theta_scale: float = 0.0) -> torch.Tensor:
+    """[T, R] float32 angles: positions[T] * inv_freq[R]; with theta_scale > 0 as ggml's CPU rope
+    chains them (ggml_rope_cache_init): t = position, t *= theta_scale per pair, rounded each step,
+    angle = inv_freq[0] * t (freq_scale; 1 when unscaled)."""
+    pos = positions.to(torch.float32)
+    if theta_scale <= 0.0:
+        return pos[:, None] * inv_freq.to(torch.float32)[None, :]
+    R = inv_freq.shape[0]
+    ts = torch.tensor(theta_scale, dtype=torch.float32, device=pos.device)
+    ang = torch.empty((pos.shape[0], R), dtype=torch.float32, device=pos.device)
+    t = pos.clone()
+    f0 = inv_freq[0].to(torch.float32)
+    for i in range(R):
+        ang[:, i] = f0 * t
+        t = t * ts
+    return ang
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, neox: bool,
+         theta_scale: float = 0.0) -> torch.Tensor:
+    """Rotate x[T, NH, D] by the angles of `rope_angles` (R <= D/2; dims past 2R pass through).
 
     neox=False: pairs (x[2i], x[2i+1]) (GGML "norm" mode, llama).
     neox=True:  pairs (x[i], x[i + R]) (GGML "neox" mode, qwen2/qwen3).
     Positions may be negative/deltas (re-rotating cached keys). Returns a new tensor.
     """
     R = inv_freq.shape[0]
-    ang = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]  # [T, R]
+    ang = rope_angles(positions, inv_freq, theta_scale)  # [T, R]
     cos = torch.cos(ang)[:, None, :]  # [T, 1, R]
     sin = torch.sin(ang)[:, None, :]
     xf = x.float()
     out = xf.clone()
+    x0, x1 = (xf[..., :R], xf[..., R:2 * R]) if neox else (xf[..., 0:2 * R:2], xf[..., 1:2 * R:2])
+    # as llama.cpp's build contracts ggml's rotate_pairs: fma(x0, cos, -(x1 sin)), fma(x0, sin, x1 cos)
+    # (the fma through float64: x0 cos is exact there; one more rounding on the rare midpoint)
+    r0 = (x0.double() * cos.double() - (x1 * sin).double()).float()
+    r1 = (x0.double() * sin.double() + (x1 * cos).double()).float()
     if neox:
-        x0, x1 = xf[..., :R], xf[..., R : 2 * R]
-        out[..., :R] = x0 * cos - x1 * sin
-        out[..., R : 2 * R] = x0 * sin + x1 * cos
+        out[..., :R], out[..., R:2 * R] = r0, r1
     else:
-        x0, x1 = xf[..., 0 : 2 * R : 2], xf[..., 1 : 2 * R : 2]
-        out[..., 0 : 2 * R : 2] = x0 * cos - x1 * sin
-        out[..., 1 : 2 * R : 2] = x0 * sin + x1 * cos
+        out[..., 0:2 * R:2], out[..., 1:2 * R:2] = r0, r1
     return out.to(x.dtype)
 
 

@@ -11,6 +11,9 @@ GeGLU, post-norms, soft-caps, sliding windows, per-layer RoPE bases) is plain da
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -73,6 +76,7 @@ class Layer:
     post_ffn_norm: torch.Tensor | None = None
     window: int = 0  # sliding window of this layer (0: global attention)
     inv_freq: torch.Tensor | None = None  # this layer's RoPE frequencies
+    rope_theta_scale: float = 0.0  # ggml's angle chain (`rope_theta_scale`), 0: angles from inv_freq
     moe: MoeFFN | None = None  # the FFN is a mixture of experts (qwen3moe)
 
 
@@ -120,6 +124,32 @@ def rope_inv_freq(cfg) -> torch.Tensor:
     if freq_factors is not None:
         inv = inv / freq_factors.to(torch.float64)
     return inv.to(torch.float32)
+
+
+def rope_theta_scale(cfg, base: float | None = None) -> float:
+    """ggml's theta_scale, powf(base, -2 / n_dims) in float32 as its CPU rope computes it, when the
+    layer's angles are ggml's plain chain (no YaRN mix, no frequency factors); else 0.0 (the angles
+    then come from inv_freq)."""
+    scale_type = getattr(cfg, "rope_scaling_type", None) or "none"
+    factor = float(getattr(cfg, "rope_scaling_factor", 0.0) or 0.0)
+    if getattr(cfg, "rope_freq_factors", None) is not None or (scale_type == "yarn" and factor > 0):
+        return 0.0
+    if scale_type not in ("none", "linear"):
+        return 0.0
+    base = float(base if base is not None else (getattr(cfg, "rope_freq_base", 10000.0) or 10000.0))
+    return float(_libm().powf(ctypes.c_float(base), ctypes.c_float(_f32_div(-2.0, float(cfg.head_dim)))))
+
+
+def _f32_div(a: float, b: float) -> float:
+    """a / b rounded to float32 as C's float division (-2.0f / n_dims)."""
+    return float(torch.tensor(a, dtype=torch.float32) / torch.tensor(b, dtype=torch.float32))
+
+
+@functools.cache
+def _libm():
+    lib = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    lib.powf.restype, lib.powf.argtypes = ctypes.c_float, [ctypes.c_float, ctypes.c_float]
+    return lib
 
 
 def _yarn_ext_factor(cfg) -> float:
@@ -227,7 +257,8 @@ class Model:
                 bqkv=bqkv, q_norm=t(p + "attn_q_norm.weight"), k_norm=t(p + "attn_k_norm.weight"),
                 wo=q(p + "attn_output.weight"), ffn_norm=t(p + "ffn_norm.weight"), **ffn,
                 post_attn_norm=t(p + "post_attention_norm.weight"), post_ffn_norm=t(p + "post_ffw_norm.weight"),
-                window=spec.window(i), inv_freq=self._layer_inv_freq(cfg, i)))
+                window=spec.window(i), inv_freq=self._layer_inv_freq(cfg, i),
+                rope_theta_scale=rope_theta_scale(cfg, spec.rope_bases[i] if spec.rope_bases and spec.window(i) else None)))
         self.rope_inv_freqs = [L.inv_freq for L in self.layers]  # per layer, for re-rotating cached keys
         self.n_head, self.n_head_kv, self.head_dim = cfg.n_head, cfg.n_head_kv, cfg.head_dim
         self.n_ff = cfg.n_ff_exp if spec.moe else self.layers[0].w_down.cols
@@ -251,9 +282,9 @@ class Model:
             return None
         layers = [kernels.DecoderLayer(L.attn_norm, L.wqkv[0], L.bqkv, L.q_norm, L.k_norm, L.inv_freq, L.wo,
                                        L.ffn_norm, L.w_gate_up[0], L.w_down, L.post_attn_norm, L.post_ffn_norm,
-                                       L.window) for L in self.layers]
+                                       L.window, L.rope_theta_scale) for L in self.layers]
         shape = kernels.DecoderShape(self.n_head, self.n_head_kv, self.head_dim, self.n_embd, self.n_ff, self.eps,
-                                     self.neox, float(self.scale), s.act, float(s.attn_softcap))
+                                     self.neox, float(self.scale), s.act, float(s.attn_softcap), s.prescale_q)
         return self.ops.fused_decoder(layers, shape)
 
     def _layer_inv_freq(self, cfg, i: int) -> torch.Tensor:
@@ -317,11 +348,14 @@ class Model:
             if L.q_norm is not None:
                 q = ops.rms_norm(q.reshape(T * H, D), L.q_norm, self.eps).view(T, H, D)
                 k = ops.rms_norm(k.reshape(T * KVH, D), L.k_norm, self.eps).view(T, KVH, D)
-            q = ops.rope(q, pos_t, L.inv_freq, self.neox)
-            k = ops.rope(k, pos_t, L.inv_freq, self.neox)
+            q = ops.rope(q, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
+            k = ops.rope(k, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
             own = swa_tables is not None and kv.is_swa[li]
             ops.write_kv(k, v, kv.k[li], kv.v[li], swa_slot_t if own else slot_t)
-            attn = ops.paged_attention(q, kv.k[li], kv.v[li], swa_tables if own else tables, cu, kv_lens_t, self.scale,
+            if self.spec.prescale_q:  # llama.cpp's gemma graphs: ggml_scale(q), then attention at scale 1
+                q = q * self.scale
+            attn = ops.paged_attention(q, kv.k[li], kv.v[li], swa_tables if own else tables, cu, kv_lens_t,
+                                       1.0 if self.spec.prescale_q else self.scale,
                                        self.spec.attn_softcap, max_q_len=max_q_len, window=L.window)
             attn = attn.reshape(T, H * D)
             h = ops.qmatmul(attn, L.wo)

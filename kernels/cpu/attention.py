@@ -12,6 +12,8 @@ one padded torch gather while that stays small; everything else through the refe
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .. import ref
@@ -23,6 +25,10 @@ _BATCHED_DECODE_MAX_ELEMS = 1 << 26
 # Prompt rows go to the decode kernel in chunks whose score scratch (rows x heads x keys floats)
 # stays under this many elements.
 _ROWS_SCRATCH_ELEMS = 1 << 23
+# ggml's flash attention takes batches of this many query rows or more through float32 tiles
+# (ggml_fa_tile_config::Q), fewer row by row with float16 roundings (fattn.c).
+FA_TILE_Q = 64
+_F32_ONLY = os.environ.get("TRITIUM_ATTN_F32") == "1"  # experiment toggle
 
 
 def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -33,7 +39,8 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  kv_lens: list[int] | torch.Tensor, scale: float, softcap: float = 0.0,
-                 n_threads: int | None = None, window: int = 0, team: bool = False) -> torch.Tensor:
+                 n_threads: int | None = None, window: int = 0, team: bool = False,
+                 flash: bool | None = None) -> torch.Tensor:
     """q: [S, H, D]; caches [NB, BS, KVH, D]; block_tables [S, MAXB] int32; kv_lens: [S] (list or
     tensor) -> [S, H, D] float32. `n_threads`: threads (default torch's count); window > 0: only
     the last `window` keys of each sequence. `team`: on the OpenMP team instead of pool.c's
@@ -45,14 +52,25 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     bt = block_tables if block_tables.dtype == torch.int32 and block_tables.is_contiguous() \
         else block_tables.to(torch.int32).contiguous()
     lens = torch.as_tensor(kv_lens, dtype=torch.int32).contiguous()
-    max_l = int(lens.max())
     out = torch.empty((S, H, D), dtype=torch.float32)
+    if flash_rows(S) if flash is None else flash:
+        lib.fattn_rows(qf.data_ptr(), k_cache.data_ptr(), v_cache.contiguous().data_ptr(), bt.data_ptr(),
+                       bt.shape[1], lens.data_ptr(), out.data_ptr(), S, H, KVH, D, BS, float(scale), float(softcap),
+                       int(k_cache.dtype == torch.float16), n_threads or torch.get_num_threads(), int(window),
+                       int(team))
+        return out
+    max_l = int(lens.max())
     scratch = torch.empty((S * KVH, H // KVH, max_l), dtype=torch.float32)
     (lib.paged_decode_team if team else lib.paged_decode)(qf.data_ptr(), k_cache.data_ptr(), v_cache.contiguous().data_ptr(), bt.data_ptr(),
                      bt.shape[1], lens.data_ptr(), out.data_ptr(), scratch.data_ptr(), S, H, KVH, D, BS, max_l,
                      float(scale), float(softcap), int(k_cache.dtype == torch.float16),
                      n_threads or torch.get_num_threads(), int(window))
     return out
+
+
+def flash_rows(n_rows: int) -> bool:
+    """Whether a forward of `n_rows` query rows takes fattn.c (llama.cpp's row-by-row flash attention)."""
+    return n_rows < FA_TILE_Q and not _F32_ONLY
 
 
 def _decode_batched(q, k_cache, v_cache, block_tables, lens, scale, softcap, window=0):
@@ -97,12 +115,13 @@ def paged_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
     out = torch.zeros((T, H, D), dtype=torch.float32)
     n = cu[S] - cu[0]
     rows = max(1, _ROWS_SCRATCH_ELEMS // (H * max(1, int(row_lens.max()))))  # per call: bounded score scratch
+    flash = flash_rows(n)  # llama.cpp's choice for the whole batch
     for i in range(0, n, rows):
         r0, r1 = cu[0] + i, cu[0] + min(i + rows, n)
         # on the OpenMP team: the prompt's matmuls (qdot, BLAS) leave its threads spinning, and a
         # woken pool helper would share a core with one of them (2 cores: 13.4 -> 7 ms a call)
         out[r0:r1] = paged_decode(qf[r0:r1], k_cache, v_cache, bt[i:i + rows], row_lens[i:i + rows], scale,
-                                  softcap, window=window, team=True)
+                                  softcap, window=window, team=True, flash=flash)
     return out
 
 

@@ -26,7 +26,7 @@ import torch
 from .. import ref
 from ..decoder import DecoderLayer, DecoderShape
 from ..qweight import QWeight
-from . import gemv, native, pointwise
+from . import attention, gemv, native, pointwise
 from .matmul import _BGEMV_MT_MIN_ELEMS  # the per-op path's one-thread bound for float tiles
 
 
@@ -87,6 +87,7 @@ class Decoder:
         # pool.c where float GEMV tiles are among them (the per-op path's choice for those models)
         self._norm, self._qkv_post = lib.add_rms_norm_f32, lib.qkv_rope_store_f32
         self._attend = lib.paged_decode_team if all_qdot else lib.paged_decode
+        self._fattn, self._fattn_omp = lib.fattn_rows, int(all_qdot)  # llama.cpp's flash attention (fattn.c)
         # float tiles only at decode sizes: above, the per-op path may take BLAS (other sums)
         self.max_rows = None if all_qdot else gemv.MAX_M
         # the FFN's gate in C where the per-op path's is C too (else the reference's torch, same bits)
@@ -104,10 +105,11 @@ class Decoder:
                     1 if w.rows * w.cols < _BGEMV_MT_MIN_ELEMS else None)
 
         # per layer: (attn_norm, qkv, bias, q_norm, k_norm, inv_freq, R, wo, ffn_norm, gate/up, down,
-        # post_attn_norm, post_ffn_norm, window)
+        # post_attn_norm, post_ffn_norm, window, rope theta_scale)
         self._ptrs = [(L.attn_norm.data_ptr(), mm(L.wqkv), _ptr(L.bqkv), _ptr(L.q_norm), _ptr(L.k_norm),
                        L.inv_freq.data_ptr(), L.inv_freq.shape[0], mm(L.wo), L.ffn_norm.data_ptr(), mm(L.w_gate_up),
-                       mm(L.w_down), _ptr(L.post_attn_norm), _ptr(L.post_ffn_norm), L.window) for L in layers]
+                       mm(L.w_down), _ptr(L.post_attn_norm), _ptr(L.post_ffn_norm), L.window, L.rope_theta_scale)
+                      for L in layers]
         self._nqkv = (s.n_head + 2 * s.n_head_kv) * s.head_dim
         self._checked, self._ok = None, False
         self._kv_ptrs: list[tuple[int, int, int]] = []  # per layer (K, V, slots), with _checked
@@ -168,10 +170,13 @@ class Decoder:
         pr = [t.data_ptr() for t in res]
         ppos, plens, psc = pos.data_ptr(), lens.data_ptr(), scratch.data_ptr()
         norm, qkv_post, attend, act, act_args = self._norm, self._qkv_post, self._attend, self._act, self._act_args
-        eps, neox, scale, softcap = s.eps, int(s.neox), s.scale, s.softcap
+        flash, fattn, omp = attention.flash_rows(S), self._fattn, self._fattn_omp
+        eps, neox, softcap = s.eps, int(s.neox), s.softcap
+        prescale = s.prescale_q  # q *= s.scale after the RoPE, then attention at scale 1 (llama.cpp's gemma)
+        scale = 1.0 if prescale else s.scale
         cur = 0  # index in res of the residual stream (0: the embeddings, before the first layer)
         ph = phb  # the block output added to the residual next: hb, or hn after a post-norm
-        for (pn1, mqkv, pb, pqn, pkn, pf, R, mo, pn2, mgu, md, ppa, ppf, win), (pk, pv, n_slots), w in zip(
+        for (pn1, mqkv, pb, pqn, pkn, pf, R, mo, pn2, mgu, md, ppa, ppf, win, ts), (pk, pv, n_slots), w in zip(
                 self._ptrs, self._kv_ptrs, which):
             pslots, pbt, maxb = pool_args[w]
             nxt = 1 if cur != 1 else 2
@@ -181,12 +186,17 @@ class Decoder:
                 norm(ph, pr[cur], pn1, px, pr[nxt], S, C, eps, nt)
                 cur = nxt
             _matmul(mqkv, px, S, pqkv, nt)
-            bad = qkv_post(pqkv, nqkv, pb, pqn, pkn, eps, ppos, pf, R, neox, S, H, KVH, D, pq, pk, pv, pslots, f16,
-                           n_slots)
+            bad = qkv_post(pqkv, nqkv, pb, pqn, pkn, eps, ppos, pf, R, neox, ts, S, H, KVH, D, pq, pk, pv, pslots,
+                           f16, n_slots)
             if bad != -1:  # -2: sizes past the C buffers (fused_decoder refuses such layers)
                 raise (IndexError(f"write_kv: slot {bad} is outside the cache ({n_slots} slots)") if bad >= 0
                        else ValueError("fused decoder: head_dim or RoPE pairs past the C kernel's bounds"))
-            attend(pq, pk, pv, pbt, maxb, plens, patt, psc, S, H, KVH, D, BS, max_l, scale, softcap, f16, nt, win)
+            if prescale:
+                q.mul_(s.scale)
+            if flash:
+                fattn(pq, pk, pv, pbt, maxb, plens, patt, S, H, KVH, D, BS, scale, softcap, f16, nt, win, omp)
+            else:
+                attend(pq, pk, pv, pbt, maxb, plens, patt, psc, S, H, KVH, D, BS, max_l, scale, softcap, f16, nt, win)
             _matmul(mo, patt, S, phb, nt)
             ph = phb
             if ppa is not None:  # h = rms_norm(h) (gemma)

@@ -60,8 +60,22 @@ void add_rms_norm_f32(const float *x, const float *r, const float *w, float *out
     run_rows(norm_rows, &j, T, nthreads);
 }
 
-/* The RoPE angles of one position: cs[i], sn[i] = cos, sin of (float)pos * inv_freq[i], i < R. */
-static inline void rope_angles(long pos, const float *restrict inv_freq, int R, float *restrict cs, float *restrict sn) {
+/* The RoPE angles of one position: cs[i], sn[i] = cos, sin of the angle of pair i < R. With
+   theta_scale > 0 as ggml's rope computes them (ggml_rope_cache_init): t = (float)pos, then
+   t *= theta_scale per pair (rounded each step), angle = inv_freq[0] * t (ggml's freq_scale; 1 for
+   unscaled RoPE); else angle = (float)pos * inv_freq[i]. */
+static inline void rope_angles(long pos, const float *restrict inv_freq, int R, float theta_scale, float *restrict cs,
+                               float *restrict sn) {
+    if (theta_scale > 0.0f) {
+        float t = (float)pos;
+        for (int i = 0; i < R; ++i) {
+            const float a = inv_freq[0] * t;
+            cs[i] = cosf(a);
+            sn[i] = sinf(a);
+            t *= theta_scale;
+        }
+        return;
+    }
     for (int i = 0; i < R; ++i) {
         const float a = (float)pos * inv_freq[i];
         cs[i] = cosf(a);
@@ -70,34 +84,36 @@ static inline void rope_angles(long pos, const float *restrict inv_freq, int R, 
 }
 
 /* One head of D floats: pairs (2i, 2i + 1) (neox = 0) or (i, i + R) (neox = 1) rotated, i < R;
-   dimensions past 2R copied. */
+   dimensions past 2R copied. x0' = fma(x0, cos, -(x1 sin)), x1' = fma(x0, sin, x1 cos). */
 static inline void rope_head(const float *restrict xh, float *restrict oh, const float *restrict cs,
                              const float *restrict sn, int D, int R, int neox) {
     for (int d = 2 * R; d < D; ++d) oh[d] = xh[d];
     for (int i = 0; i < R; ++i) {
         const int i0 = neox ? i : 2 * i, i1 = neox ? i + R : 2 * i + 1;
         const float x0 = xh[i0], x1 = xh[i1];
-        oh[i0] = x0 * cs[i] - x1 * sn[i];
-        oh[i1] = x0 * sn[i] + x1 * cs[i];
+        /* as llama.cpp's build contracts ggml's rotate_pairs: the x0 product fused, the x1 product rounded */
+        const float p1 = x1 * sn[i], p2 = x1 * cs[i];
+        oh[i0] = __builtin_fmaf(x0, cs[i], -p1);
+        oh[i1] = __builtin_fmaf(x0, sn[i], p2);
     }
 }
 
 /* x, out: [T, NH, D]; every head rotated by the angles of pos[t] (rope_head). */
-struct rope_job { const float *x; const long *pos; const float *inv_freq; float *out; int NH, D, R, neox; };
+struct rope_job { const float *x; const long *pos; const float *inv_freq; float *out; int NH, D, R, neox; float ts; };
 static void rope_rows(const void *job, int t0, int t1) {
     const struct rope_job *j = (const struct rope_job *)job;
     float cs[512], sn[512];
     for (int t = t0; t < t1; ++t) {
-        rope_angles(j->pos[t], j->inv_freq, j->R, cs, sn);
+        rope_angles(j->pos[t], j->inv_freq, j->R, j->ts, cs, sn);
         for (int h = 0; h < j->NH; ++h)
             rope_head(j->x + ((size_t)t * j->NH + h) * j->D, j->out + ((size_t)t * j->NH + h) * j->D, cs, sn, j->D,
                       j->R, j->neox);
     }
 }
 void rope_f32(const float *x, const long *pos, const float *inv_freq, float *out, int T, int NH, int D, int R, int neox,
-              int nthreads) {
+              float theta_scale, int nthreads) {
     if (R > 512) return;  /* pointwise.py checks */
-    const struct rope_job j = {x, pos, inv_freq, out, NH, D, R, neox};
+    const struct rope_job j = {x, pos, inv_freq, out, NH, D, R, neox, theta_scale};
     run_rows(rope_rows, &j, T, nthreads);
 }
 
@@ -134,7 +150,7 @@ long write_kv_f32(const float *restrict k, const float *restrict v, void *restri
    Returns -1, -2 for sizes out of range, or the first slot >= n_slots (nothing written then). */
 long qkv_rope_store_f32(const float *restrict qkv, long ldq, const float *restrict bias,
                         const float *restrict qn, const float *restrict kn, float eps,
-                        const long *restrict pos, const float *restrict inv_freq, int R, int neox,
+                        const long *restrict pos, const float *restrict inv_freq, int R, int neox, float theta_scale,
                         int T, int H, int KVH, int D, float *restrict q_out, void *restrict kc,
                         void *restrict vc, const long *restrict slot, int f16, long n_slots) {
     float cs[512], sn[512], a[1024], b[1024];
@@ -144,7 +160,7 @@ long qkv_rope_store_f32(const float *restrict qkv, long ldq, const float *restri
     const int W = KVH * D;
     for (int t = 0; t < T; ++t) {
         const float *row = qkv + (size_t)t * ldq;
-        rope_angles(pos[t], inv_freq, R, cs, sn);
+        rope_angles(pos[t], inv_freq, R, theta_scale, cs, sn);
         for (int h = 0; h < H + 2 * KVH; ++h) {
             const float *src = row + (size_t)h * D;
             if (bias) {

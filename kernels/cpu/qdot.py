@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .. import env
 from .qdot_lib import (GROUP_MAX, ISA_FLAGS, TYPES, _GroupStruct, _lib, act_kind, available, build,  # noqa: F401
                        current_isa, groupable, lib, library, repacked_bytes, supported_isas)
 
@@ -177,6 +178,7 @@ class QdotGroup:
         self.splits = [w.rows for w in weights]
         st = _GroupStruct()
         st.nw, st.K = len(weights), K
+        st.exact = int(env.ggml_numerics())
         for i, w in enumerate(weights):
             st.types[i], st.Ns[i], st.Ws[i] = w.qtype, w.rows, w.data.data_ptr()
         self._struct = st
@@ -230,7 +232,7 @@ def matmul(x: torch.Tensor | QActs, w: QdotWeight, n_threads: int | None = None,
     xs = x.sums.data_ptr() if x.kind == "q8_0" else None
     bsum = x.sums.data_ptr() if x.kind == "q8_K" else None
     rc = _lib().qd_matmul(w.qtype, w.data.data_ptr(), w.rows, w.cols, x.q.data_ptr(), x.d.data_ptr(), xs, bsum, M,
-                          out.data_ptr(), out.stride(0), _threads(n_threads))
+                          out.data_ptr(), out.stride(0), _threads(n_threads), int(env.ggml_numerics()))
     if rc != 0:
         raise RuntimeError("qdot: matmul failed")
     return out

@@ -591,6 +591,7 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
         at += jbytes;
         if (i0 >= i1) continue;
         uint8_t *buf = (uint8_t *)tl_grow(&tl_buf, &tl_cap, sb * (size_t)G + 64);
+        const int exact = a->exact && qd_exact_type(jb->type);
         qd_scratch sc[16];
         const uint8_t *codes[16];
         for (int g = 0; g < G; ++g) sc[g] = scratch_at(buf + sb * (size_t)g, K, nb);
@@ -599,7 +600,7 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
             for (int p = p0; p < p1; ++p) codes[p - p0] = qd_decode_panel(t, jb->W + (size_t)p * pb, K, &sc[p - p0]);
 #if defined(QD_ZMM)
             uint8_t *pairs = NULL;
-            if (p1 - p0 >= 2) {
+            if (p1 - p0 >= 2 && !exact) {
                 pairs = (uint8_t *)tl_grow(&tl_pair, &tl_pair_cap, (size_t)(G / 2) * K * 16 + 64);
                 for (int p = p0; p + 1 < p1; p += 2)
                     z_interleave(codes[p - p0], codes[p + 1 - p0], K, pairs + (size_t)((p - p0) / 2) * K * 16);
@@ -608,6 +609,14 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
             for (int m0 = 0; m0 < M; m0 += MRMAX) {
                 const int MR = M - m0 < MRMAX ? M - m0 : MRMAX;
                 int p = p0;
+                if (exact) {
+                    for (; p < p1; ++p) {
+                        float out[MRMAX * 8];
+                        qd_exact_panel(jb->type, codes[p - p0], &sc[p - p0], nb, a, m0, MR, out);
+                        const int n0 = 8 * p, nn = jb->N - n0 < 8 ? jb->N - n0 : 8;
+                        for (int m = 0; m < MR; ++m) memcpy(jb->y + (size_t)(m0 + m) * jb->ldy + n0, out + 8 * m, sizeof(float) * nn);
+                    }
+                }
 #if defined(QD_ZMM)
                 for (; pairs && p + 1 < p1; p += 2) {
                     float out[MRMAX * 16];
@@ -708,12 +717,18 @@ static void run_fused(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, co
         const int nb = K / t->bs, p = (int)(gi - start[j]);
         const uint8_t *panel = jb->W + (size_t)p * qd_panel_bytes(t, K);
         qd_scratch sc = scratch_at(buf, K, nb);
-        if (!QD_INLINE_SCALES(jb->type, 1)) qd_decode_scales(t, panel, K, &sc);
-        const uint8_t *codes = qd_codes_at(t, panel, 0);
+        const int exact = a->exact && qd_exact_type(jb->type);
+        const uint8_t *codes;
+        if (exact) codes = qd_decode_panel(t, panel, K, &sc);
+        else {
+            if (!QD_INLINE_SCALES(jb->type, 1)) qd_decode_scales(t, panel, K, &sc);
+            codes = qd_codes_at(t, panel, 0);
+        }
         for (int m0 = 0; m0 < M; m0 += MRMAX) {
             const int MR = M - m0 < MRMAX ? M - m0 : MRMAX;
             float out[MRMAX * 8];
-            run_panel(jb->type, 1, MR, codes, (int)qd_block_stride(t), panel, &sc, nb, a, m0, out);
+            if (exact) qd_exact_panel(jb->type, codes, &sc, nb, a, m0, MR, out);
+            else run_panel(jb->type, 1, MR, codes, (int)qd_block_stride(t), panel, &sc, nb, a, m0, out);
             const int n0 = 8 * p, nn = jb->N - n0 < 8 ? jb->N - n0 : 8;
             for (int m = 0; m < MR; ++m) memcpy(jb->y + (size_t)(m0 + m) * jb->ldy + n0, out + 8 * m, sizeof(float) * nn);
         }
@@ -735,10 +750,10 @@ static int threads_for(double bytes, int M, int nthreads) {
 /* y[m * ldy + n] for m < M, n < N. Activations from qd_quantize_q8_0 (32-block types) or
    qd_quantize_q8_K (K-quants). Returns 0, or -1 for an unknown type. */
 int qd_matmul(int type, const uint8_t *W, int N, int K, const int8_t *xq, const float *xd, const int32_t *xs,
-              const int16_t *bsum, int M, float *y, long ldy, int nthreads) {
+              const int16_t *bsum, int M, float *y, long ldy, int nthreads, int exact) {
     const qd_type *t = qd_type_info(type);
     if (!t || K % t->bs || M <= 0) return t && K % t->bs == 0 ? 0 : -1;
-    const qd_acts a = {xq, xd, xs, bsum, M, K};
+    const qd_acts a = {xq, xd, xs, bsum, M, K, NULL, NULL, exact};
     const qd_job job = {type, N, W, y, ldy};
     nthreads = threads_for((double)((N + 7) / 8) * qd_panel_bytes(t, K), M, nthreads);
     qd_range ranges[QD_MAX_THREADS];
@@ -763,6 +778,7 @@ typedef struct {
     int nw, K;
     int types[QD_GROUP_MAX], Ns[QD_GROUP_MAX];
     const uint8_t *Ws[QD_GROUP_MAX];
+    int exact;  /* llama.cpp's float order where qdot_exact.c has it */
 } qd_group;
 
 int qd_group_run(const qd_group *g, const float *x, long ldx, int M, float *y, long ldy, int nthreads) {
@@ -788,14 +804,14 @@ int qd_group_run(const qd_group *g, const float *x, long ldx, int M, float *y, l
         a0.xq = (int8_t *)p; p += q8;
         a0.xd = (float *)p; p += 4 * n0;
         a0.xs = (int32_t *)p; p += 4 * n0;
-        a0.M = M; a0.K = K;
+        a0.M = M; a0.K = K; a0.exact = g->exact;
     }
     if (needK) {
         p = (uint8_t *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
         aK.xq = (int8_t *)p; p += q8;
         aK.xd = (float *)p; p += 4 * nK;
         aK.bsum = (int16_t *)p;
-        aK.M = M; aK.K = K;
+        aK.M = M; aK.K = K; aK.exact = g->exact;
     }
     nthreads = threads_for(bytes, M, nthreads);
     qd_range ranges[QD_MAX_THREADS];

@@ -13,7 +13,7 @@ from . import native
 
 log = logging.getLogger("kernels.cpu.qdot")
 
-_SOURCES = ("qdot_repack.c", "qdot_panel.c", "qdot_quant.c", "qdot_sched.c", "qdot_gemm.c")
+_SOURCES = ("qdot_repack.c", "qdot_panel.c", "qdot_quant.c", "qdot_sched.c", "qdot_gemm.c", "qdot_exact.c")
 
 _AVX2 = ("-mavx2", "-mfma", "-mf16c", "-mbmi2")
 ISA_FLAGS: dict[str, tuple[str, ...]] = {
@@ -71,7 +71,7 @@ GROUP_MAX = 8
 
 class _GroupStruct(ctypes.Structure):
     _fields_ = [("nw", ctypes.c_int), ("K", ctypes.c_int), ("types", ctypes.c_int * GROUP_MAX),
-                ("Ns", ctypes.c_int * GROUP_MAX), ("Ws", ctypes.c_void_p * GROUP_MAX)]
+                ("Ns", ctypes.c_int * GROUP_MAX), ("Ws", ctypes.c_void_p * GROUP_MAX), ("exact", ctypes.c_int)]
 
 
 _i, _l, _p = ctypes.c_int, ctypes.c_long, ctypes.c_void_p
@@ -79,7 +79,7 @@ _SIGNATURES = {
     "qd_repack": ([_i, _p, _l, _i, _i, _p, _i], _i),
     "qd_repack_many": ([_i, _p, _p, _p, _p, _p, _p, _i, _i], _i),
     "qd_repacked_bytes": ([_i, _i, _i], ctypes.c_size_t),
-    "qd_matmul": ([_i, _p, _i, _i, _p, _p, _p, _p, _i, _p, _l, _i], _i),
+    "qd_matmul": ([_i, _p, _i, _i, _p, _p, _p, _p, _i, _p, _l, _i, _i], _i),
     "qd_quantize_q8_0": ([_p, _l, _i, _i, _p, _p, _p, _i], None),
     "qd_quantize_q8_K": ([_p, _l, _i, _i, _p, _p, _p, _i], None),
     "qd_dequant_rows": ([_i, _p, _i, _i, _p, _i, _p, _i], None),

@@ -43,7 +43,9 @@ def _rope_kernel(
     tl.store(orow + i1, (x0 * s + x1 * c).to(ty), mask=m)
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, neox: bool) -> torch.Tensor:
+def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, neox: bool,
+         theta_scale: float = 0.0) -> torch.Tensor:
+    """`kernels.rope`; the angles always from inv_freq (theta_scale, ggml's CPU chain, not followed)."""
     T, NH, D = x.shape
     R = inv_freq.shape[0]
     assert 2 * R <= D, (R, D)

@@ -28,6 +28,9 @@ class ArchSpec:
     act: str = "silu"  # FFN: "silu" (SwiGLU) | "gelu" (GeGLU, tanh GELU)
     post_norms: bool = False  # gemma2/3: RMSNorm of the attention and FFN outputs before the residual add
     attn_scale: float | None = None  # scale of q.k (None: 1/sqrt(head_dim) times YaRN's factor)
+    prescale_q: bool = False  # q is multiplied by attn_scale before attention, which then scales by 1
+    # (llama.cpp's gemma graphs: ggml_scale(Qcur) and kq_scale 1; its flash attention rounds q to float16
+    # after the scale, which differs from scaling the scores where q's small elements are float16 subnormals)
     attn_softcap: float = 0.0  # tanh soft-cap of the attention scores (gemma2)
     final_softcap: float = 0.0  # tanh soft-cap of the output logits (gemma2)
     windows: list[int] = field(default_factory=list)  # per layer: sliding window (0: global attention)

@@ -6,7 +6,8 @@
 - gemma2/3: RMSNorm of the attention output and of the FFN output before each residual add
   (`post_attention_norm`, `post_ffw_norm`); gemma3: RMSNorm of q and k per head (`attn_q_norm`,
   `attn_k_norm`) before RoPE;
-- queries scaled by 1/sqrt(head_dim) (27B-sized models: 1/sqrt(n_embd / n_head));
+- queries scaled by 1/sqrt(head_dim) (27B-sized models: 1/sqrt(n_embd / n_head)) before the attention,
+  which then scales its scores by 1 (as llama.cpp's graphs do; its flash attention rounds the scaled q);
 - sliding-window layers (llama.cpp's LLAMA_SWA_TYPE_STANDARD: a query at p sees keys p - W + 1..p):
   gemma3 every layer but each sixth (il % 6 < 5 is local; `attention.sliding_window`, or a
   `sliding_window_pattern` array when the file has one), local layers with their own RoPE base
@@ -68,6 +69,7 @@ def spec_fields(cfg) -> dict[str, Any]:
         act="gelu",
         post_norms=cfg.arch != "gemma",
         attn_scale=1.0 / math.sqrt(cfg.head_dim) if cfg.arch == "gemma" else _attention_scale(cfg),
+        prescale_q=True,
         attn_softcap=cfg.attn_logit_softcap if cfg.arch == "gemma2" else 0.0,
         final_softcap=cfg.final_logit_softcap,
         windows=windows,

@@ -8,8 +8,9 @@ number of new tokens within one budget (`n_batch` tokens per forward):
    feeds that one token (so a long prompt never stalls the running generations);
 2. then prompt chunks, slot order: each prompt-reading slot feeds the next
    min(remaining prompt, budget left, chunk cap) tokens, where the chunk cap is `n_prefill_chunk`
-   while some slot decodes (chunked prefill) and the whole `n_batch` when none does; once the
-   budget is spent the other prompts wait for the next step.
+   while some slot decodes (chunked prefill) and the whole `n_batch` when none does, and a chunk
+   stops at the request's `prompt_breaks`; once the budget is spent the other prompts wait for
+   the next step.
 
 A row asks for logits when its last token's are needed (every decode row; the prompt chunk that
 ends a completion's prompt) with the sampler's top-k shortcut (`sampler.topk_needed`); a prompt
@@ -46,6 +47,15 @@ class StepPlan:
         return StepPlan([b for b, k in zip(self.batch, keep) if k], [s for s, k in zip(self.slots, keep) if k])
 
 
+def prompt_breaks(n_prompt: int, n_batch: int, n_ubatch: int) -> tuple[int, ...]:
+    """Where llama-server b1-0c1e570 ends a prompt batch of a completion task on a model with
+    sliding-window layers, so that it can save a context checkpoint there: 4 + n_ubatch and 4
+    tokens before the prompt's end (server-context.cpp, "process the last few tokens of the prompt
+    separately"). The same rows per forward give the same bits (the float order of some of its
+    matmuls depends on the batch's row count), so tritium's prompt batches end there too."""
+    return tuple(sorted(n_prompt - k for k in {min(n_batch, 4 + n_ubatch), 4} if n_prompt - k > 0))
+
+
 def plan_step(slots: list[Slot], n_batch: int, n_prefill_chunk: int) -> StepPlan:
     plan = StepPlan()
     decoding = [s for s in slots if s.state is SlotState.GENERATING and s.req.pending is not None]
@@ -63,6 +73,7 @@ def plan_step(slots: list[Slot], n_batch: int, n_prefill_chunk: int) -> StepPlan
             break
         r = s.req
         n = min(len(r.prompt) - r.n_past, budget, chunk_cap)
+        n = next((e - r.n_past for e in r.prompt_breaks if r.n_past < e < r.n_past + n), n)
         last = r.n_past + n == len(r.prompt)
         sample = last and not r.embedding
         k, banned = topk_needed(r.sampler) if sample else (0, ())

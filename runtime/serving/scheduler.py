@@ -25,7 +25,7 @@ from runtime.sampler import Sampled
 from runtime.serving.config import EngineConfig
 from runtime.serving.handle import TaskHandle
 from runtime.serving.metrics import Metrics
-from runtime.serving.plan import StepPlan, plan_step
+from runtime.serving.plan import StepPlan, plan_step, prompt_breaks
 from runtime.serving.prompt_cache import PromptCache, cache_idle_slot, reusable_prefix, swap_with_ram_cache
 from runtime.serving.runner import StepOutput, pool_embeddings
 from runtime.serving.sampling import GrammarError, Vocabulary, maybe_trigger_grammar, sample_rows
@@ -63,6 +63,9 @@ class Scheduler:
         self.waiting: list[TaskHandle] = []
         # the server's LoRA adapter scales (--lora, POST /lora-adapters); a task may bring its own
         self.lora_scales: tuple[float, ...] = tuple(0.0 if cfg.lora_init_without_apply else s for _, s in cfg.lora)
+        # llama-server ends prompt batches where it saves context checkpoints: models with
+        # sliding-window layers unless --swa-full (its n_swa > 0)
+        self.swa_checkpoints = any(L.window for L in model.layers) and not cfg.swa_full
 
     @property
     def n_busy(self) -> int:
@@ -133,6 +136,8 @@ class Scheduler:
         self.kv.truncate(s.seq, n_past)
         s.tokens = s.tokens[:n_past]
         r.n_past = r.n_cached = n_past
+        if self.swa_checkpoints and not task.infill:
+            r.prompt_breaks = prompt_breaks(len(prompt), self.cfg.n_batch, self.cfg.n_ubatch)
         s.state = SlotState.PROMPT
         try:
             self.vocab.start_sampler(r, task.grammar_prefix)

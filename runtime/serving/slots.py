@@ -54,6 +54,7 @@ class Request:
     lazy_grammar: Any = None  # matcher waiting for a trigger word in the output
     lazy_triggers: list[str] = field(default_factory=list)
     lora: tuple[float, ...] = ()  # scale per loaded LoRA adapter for this task
+    prompt_breaks: tuple[int, ...] = ()  # prompt positions where a prompt batch ends (`plan.prompt_breaks`)
 
     @property
     def task(self):
