@@ -163,7 +163,9 @@ typedef struct {
        of the 8 32-column sub-blocks split as 128 * hi + lo (lo 0..127): lo[8] then hi[8] */
     const int32_t *boff;
     const int8_t *bm;
-    int exact;  /* Q5_0 / Q8_0 / Q4_K / Q6_K in llama.cpp's float order (qdot_exact.c) */
+    int exact;  /* Q5_0 / Q8_0 / Q4_K / Q6_K in llama.cpp's float order (qdot_exact.c): 1, or 2 with
+                   its portable reference kernels (tests) */
+    const int32_t *n16;  /* exact, 32-block types: int32 [M][K / 4], -16 x the sum of each 4 activation codes */
 } qd_acts;
 
 /* qdot_sched.c: the small batches' work split. A thread's range of panel indices (over the jobs of
@@ -186,10 +188,11 @@ const uint8_t *qd_decode_panel(const qd_type *t, const uint8_t *panel, int K, qd
 const uint8_t *qd_decode_panel_scalar(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s);
 
 /* qdot_exact.c: whether `type` has a kernel in llama.cpp's float order, and that kernel for one
-   decoded panel and MR activation rows from m0 (out [MR][8]). */
+   panel and MR activation rows from m0 (out [MR][8]); ref: its portable C. */
 int qd_exact_type(int type);
-void qd_exact_panel(int type, const uint8_t *codes, const qd_scratch *s, int nb, const qd_acts *a, int m0, int MR,
-                    float *out);
+void qd_exact_sums(const int8_t *xq, int K, int32_t *n16);  /* one row's n16 (qd_acts) */
+void qd_exact_panel(int type, int fused, const uint8_t *codes, int stride, const qd_scratch *s, int nb,
+                    const qd_acts *a, int m0, int MR, float *out, int ref);
 /* qdot_quant.c: one activation row */
 void qd_quant_row_q8_0(const float *x, int K, int8_t *q, float *d, int32_t *s);
 void qd_quant_row_q8_K(const float *x, int K, int8_t *q, float *d, int16_t *bs);

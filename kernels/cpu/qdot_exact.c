@@ -24,6 +24,7 @@
    The portable C below is the reference of these orders (every float operation a single IEEE
    operation; the build has -ffp-contract=off), on the panels decoded into scratch (qdot_panel.c). */
 #include "qdot.h"
+#include "qdot_codes.h"
 
 static inline float hsum8(const float *l) {
     return ((l[4] + l[0]) + (l[6] + l[2])) + ((l[5] + l[1]) + (l[7] + l[3]));
@@ -38,7 +39,7 @@ static inline int kg_dot(const uint8_t *codes, size_t k, int r, const int8_t *x,
     return s;
 }
 
-static void exact_32(int type, const uint8_t *codes, const qd_scratch *s, int nb, const qd_acts *a, int m0, int MR,
+static void ref_32(int type, const uint8_t *codes, const qd_scratch *s, int nb, const qd_acts *a, int m0, int MR,
                      float *out) {
     const int K = a->K, s8 = type == QD_Q8_0, off = type == QD_Q5_0 ? 16 : 0;
     for (int m = 0; m < MR; ++m) {
@@ -59,7 +60,7 @@ static void exact_32(int type, const uint8_t *codes, const qd_scratch *s, int nb
     }
 }
 
-static void exact_q6_K(const uint8_t *codes, const qd_scratch *s, int nb, const qd_acts *a, int m0, int MR, float *out) {
+static void ref_q6_K(const uint8_t *codes, const qd_scratch *s, int nb, const qd_acts *a, int m0, int MR, float *out) {
     const int K = a->K;
     if (a->M >= 8) {  /* ggml's tiled K-quant matmul: per 256-block, acc = fma(float(isum) * d_w, d_x, acc) */
         for (int m = 0; m < MR; ++m) {
@@ -112,7 +113,7 @@ static inline int q4k_min(const qd_scratch *s, int b, int i, int r) {
     return (int16_t)(s->mn[(size_t)b * 64 + 8 * i + r] & 0xFFFF);
 }
 
-static void exact_q4_K(const uint8_t *codes, const qd_scratch *s, int nb, const qd_acts *a, int m0, int MR, float *out) {
+static void ref_q4_K(const uint8_t *codes, const qd_scratch *s, int nb, const qd_acts *a, int m0, int MR, float *out) {
     const int K = a->K, gemm_rows = a->M - a->M % 4;
     for (int m = 0; m < MR; ++m) {
         const int8_t *x = a->xq + (size_t)(m0 + m) * K;
@@ -144,16 +145,198 @@ static void exact_q4_K(const uint8_t *codes, const qd_scratch *s, int nb, const 
     }
 }
 
+#if defined(QD_AVX2)
+/* ---- the same operations, 8 weight rows in the 8 float lanes (AVX2 / VNNI) -------------------
+   Integer sums may be formed in any order (they are exact); every float operation is the one
+   above, lane by lane. Codes come from the panel itself (fused) or the decoded scratch. */
+
+/* ((l4 + l0) + (l6 + l2)) + ((l5 + l1) + (l7 + l3)) of eight lane vectors */
+ALWAYS __m256 hsum8v(const __m256 *l) {
+    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(l[4], l[0]), _mm256_add_ps(l[6], l[2])),
+                         _mm256_add_ps(_mm256_add_ps(l[5], l[1]), _mm256_add_ps(l[7], l[3])));
+}
+
+/* 8 rows' sums of code x activation over one k-group, + init (int32 lanes). Q8_0 (s8): signed
+   codes; on VNNI biased by +128, the bias removed through init (-128 * the 4 activations' sum). */
+ALWAYS __m256i dot_kg(const int s8, __m256i w, __m256i a4, __m256i init) {
+#if defined(QD_VNNI)
+    if (s8) w = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+    return QD_DPBUSD(init, w, a4);
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (s8) return _mm256_add_epi32(init, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w),
+                                                                                   _mm256_sign_epi8(a4, w)), ones));
+    return _mm256_add_epi32(init, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a4), ones));
+#endif
+}
+
+ALWAYS void simd_32(const int type, const int fused, const uint8_t *codes, int stride, const qd_scratch *s, int nb,
+                    const qd_acts *a, int m0, int MR, float *out) {
+    const int K = a->K, s8 = type == QD_Q8_0;
+#if defined(QD_VNNI)
+    const int off = s8 ? 128 : type == QD_Q5_0 ? 16 : 0;
+#else
+    const int off = type == QD_Q5_0 ? 16 : 0;
+#endif
+    for (int m = 0; m < MR; ++m) {
+        const int8_t *x = a->xq + (size_t)(m0 + m) * K;
+        __m256 acc[8];
+        for (int l = 0; l < 8; ++l) acc[l] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; ++b) {
+            const __m256 d = _mm256_mul_ps(_mm256_loadu_ps(s->d + 8 * b), _mm256_set1_ps(a->xd[(size_t)(m0 + m) * nb + b]));
+            const int32_t *n16 = a->n16 + (size_t)(m0 + m) * (K / 4) + 8 * b;
+            #pragma GCC unroll 8
+            for (int l = 0; l < 8; ++l) {
+                const int8_t *xl = x + 32 * b + 4 * l;
+                /* -off x the 4 activations' sum: the codes' offset (Q5_0), the +128 bias (Q8_0, VNNI) */
+                const __m256i init = off == 0 ? _mm256_setzero_si256()
+                                   : off == 16 ? _mm256_set1_epi32(n16[l]) : _mm256_slli_epi32(_mm256_set1_epi32(n16[l]), 3);
+                const __m256i isum = dot_kg(s8, wv(type, fused, codes, stride, stride, 32, b, l), bcast4(xl), init);
+                acc[l] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[l]);
+            }
+        }
+        _mm256_storeu_ps(out + 8 * m, hsum8v(acc));
+    }
+}
+
+/* 16-bit pairs (v, v) of the int32 lanes of v (|v| < 2^15) */
+ALWAYS __m256i pair16(__m256i v) {
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+}
+ALWAYS __m256i bcast_pair(const int16_t *p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
+
+/* Q6_K / Q4_K: sub-block j's scale x (code . x) over k-group k, added to acc (int32 lanes) */
+ALWAYS __m256i add_scaled(__m256i acc, __m256i w, __m256i a4, __m256i sc16) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a4), sc16));
+}
+
+ALWAYS void simd_q6_K(const int fused, const uint8_t *codes, int stride, const qd_scratch *s, int nb,
+                      const qd_acts *a, int m0, int MR, float *out) {
+    const int K = a->K, gbytes = qd_type_info(QD_Q6_K)->codes / 8, tiled = a->M >= 8;
+    for (int m = 0; m < MR; ++m) {
+        const int8_t *x = a->xq + (size_t)(m0 + m) * K;
+        const int16_t *bs = a->bsum + (size_t)(m0 + m) * (K / 16);
+        __m256 acc[8];
+        for (int l = 0; l < 8; ++l) acc[l] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; ++b) {
+            const int32_t *sc = s->sc + (size_t)b * 16 * 8;
+            const int32_t *mn = s->mn + (size_t)b * 64;
+            const float xd = a->xd[(size_t)(m0 + m) * nb + b];
+            const __m256 dw = _mm256_loadu_ps(s->d + 8 * b);
+            const int8_t *xb = x + 256 * b;
+            const int16_t *bb = bs + 16 * b;
+            if (tiled) {  /* one integer per row: sum_j sc_j (raw_j - 32 bsum_j) */
+                __m256i isum = _mm256_setzero_si256();
+                #pragma GCC unroll 4
+                for (int j = 0; j < 16; ++j) {
+                    const __m256i sc16 = pair16(_mm256_loadu_si256((const __m256i *)(sc + 8 * j)));
+                    for (int k = 4 * j; k < 4 * j + 4; ++k)
+                        isum = add_scaled(isum, wv(QD_Q6_K, fused, codes, stride, gbytes, 256, b, k), bcast4(xb + 4 * k), sc16);
+                }
+                for (int i = 0; i < 8; ++i)
+                    isum = _mm256_sub_epi32(isum, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(mn + 8 * i)),
+                                                                    bcast_pair(bb + 2 * i)));
+                const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), dw);
+                acc[0] = _mm256_fmadd_ps(t, _mm256_set1_ps(xd), acc[0]);
+                continue;
+            }
+            __m256i isum[8];
+            #pragma GCC unroll 8
+            for (int l = 0; l < 8; ++l)  /* the -32 offset of lane l: chunk l's two sub-blocks */
+                isum[l] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                           _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(mn + 8 * l)), bcast_pair(bb + 2 * l)));
+            for (int c = 0; c < 8; ++c) {
+                const __m256i sc_lo = pair16(_mm256_loadu_si256((const __m256i *)(sc + 8 * (2 * c)))),
+                              sc_hi = pair16(_mm256_loadu_si256((const __m256i *)(sc + 8 * (2 * c + 1))));
+                #pragma GCC unroll 8
+                for (int l = 0; l < 8; ++l) {
+                    const int k = 8 * c + l;
+                    isum[l] = add_scaled(isum[l], wv(QD_Q6_K, fused, codes, stride, gbytes, 256, b, k), bcast4(xb + 4 * k),
+                                         l < 4 ? sc_lo : sc_hi);
+                }
+            }
+            const __m256 d = _mm256_mul_ps(_mm256_set1_ps(xd), dw);
+            #pragma GCC unroll 8
+            for (int l = 0; l < 8; ++l) acc[l] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum[l]), acc[l]);
+        }
+        _mm256_storeu_ps(out + 8 * m, tiled ? acc[0] : hsum8v(acc));
+    }
+}
+
+ALWAYS void simd_q4_K(const int fused, const uint8_t *codes, int stride, const qd_scratch *s, int nb,
+                      const qd_acts *a, int m0, int MR, float *out) {
+    const int K = a->K, gbytes = qd_type_info(QD_Q4_K)->codes / 8, gemm_rows = a->M - a->M % 4;
+    for (int m = 0; m < MR; ++m) {
+        const int8_t *x = a->xq + (size_t)(m0 + m) * K;
+        const int16_t *bs = a->bsum + (size_t)(m0 + m) * (K / 16);
+        const int step = m0 + m < gemm_rows ? 2 : 8;  /* sub-blocks per float step: gemm 64 columns, gemv 256 */
+        __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+        for (int b = 0; b < nb; ++b) {
+            const int32_t *sc = s->sc + (size_t)b * 8 * 8;
+            const int32_t *mn = s->mn + (size_t)b * 64;
+            const __m256 xd = _mm256_set1_ps(a->xd[(size_t)(m0 + m) * nb + b]);
+            const __m256 dd = _mm256_mul_ps(_mm256_loadu_ps(s->d + 8 * b), xd),
+                         dm = _mm256_mul_ps(_mm256_loadu_ps(s->dm + 8 * b), xd);
+            const int8_t *xb = x + 256 * b;
+            const int16_t *bb = bs + 16 * b;
+            for (int j0 = 0; j0 < 8; j0 += step) {
+                __m256i isum = _mm256_setzero_si256(), imin = _mm256_setzero_si256();
+                for (int j = j0; j < j0 + step; ++j) {
+                    __m256i t16 = _mm256_setzero_si256();  /* 8 k-groups of 4-bit codes: |sum| < 2^15 */
+                    #pragma GCC unroll 8
+                    for (int kg = 0; kg < 8; ++kg) {
+                        const int k = 8 * j + kg;
+                        t16 = _mm256_add_epi16(t16, _mm256_maddubs_epi16(wv(QD_Q4_K, fused, codes, stride, gbytes, 256, b, k),
+                                                                         bcast4(xb + 4 * k)));
+                    }
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(t16, pair16(_mm256_loadu_si256((const __m256i *)(sc + 8 * j)))));
+                    imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(mn + 8 * j)),
+                                                                    bcast_pair(bb + 2 * j)));
+                }
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc);
+                accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), dm, accm);
+            }
+        }
+        _mm256_storeu_ps(out + 8 * m, _mm256_sub_ps(acc, accm));
+    }
+}
+
+static void simd_panel(int type, int fused, const uint8_t *codes, int stride, const qd_scratch *s, int nb,
+                       const qd_acts *a, int m0, int MR, float *out) {
+#define CASES(F) \
+    switch (type) { \
+    case QD_Q5_0: simd_32(QD_Q5_0, F, codes, stride, s, nb, a, m0, MR, out); break; \
+    case QD_Q8_0: simd_32(QD_Q8_0, F, codes, stride, s, nb, a, m0, MR, out); break; \
+    case QD_Q6_K: simd_q6_K(F, codes, stride, s, nb, a, m0, MR, out); break; \
+    default: simd_q4_K(F, codes, stride, s, nb, a, m0, MR, out); break; }
+    if (fused) CASES(1) else CASES(0)
+#undef CASES
+}
+#endif  /* QD_AVX2 */
+
+void qd_exact_sums(const int8_t *xq, int K, int32_t *n16) {
+    for (int i = 0; i < K / 4; ++i) n16[i] = -16 * (xq[4 * i] + xq[4 * i + 1] + xq[4 * i + 2] + xq[4 * i + 3]);
+}
+
 int qd_exact_type(int type) {
     return type == QD_Q5_0 || type == QD_Q8_0 || type == QD_Q6_K || type == QD_Q4_K;
 }
 
-/* One panel (8 weight rows) for MR activation rows from m0: out [MR][8]. */
-void qd_exact_panel(int type, const uint8_t *codes, const qd_scratch *s, int nb, const qd_acts *a, int m0, int MR,
-                    float *out) {
+/* One panel (8 weight rows) for MR activation rows from m0: out [MR][8]. fused: the codes read
+   from the panel (codes = its first block's, blocks `stride` bytes apart; scales decoded into s),
+   else from the decoded scratch. ref: the portable C (decoded scratch only). */
+void qd_exact_panel(int type, int fused, const uint8_t *codes, int stride, const qd_scratch *s, int nb,
+                    const qd_acts *a, int m0, int MR, float *out, int ref) {
+#if defined(QD_AVX2)
+    if (!ref) {
+        simd_panel(type, fused, codes, stride, s, nb, a, m0, MR, out);
+        return;
+    }
+#endif
+    (void)fused; (void)stride;
     switch (type) {
-    case QD_Q6_K: exact_q6_K(codes, s, nb, a, m0, MR, out); break;
-    case QD_Q4_K: exact_q4_K(codes, s, nb, a, m0, MR, out); break;
-    default: exact_32(type, codes, s, nb, a, m0, MR, out); break;
+    case QD_Q6_K: ref_q6_K(codes, s, nb, a, m0, MR, out); break;
+    case QD_Q4_K: ref_q4_K(codes, s, nb, a, m0, MR, out); break;
+    default: ref_32(type, codes, s, nb, a, m0, MR, out); break;
     }
 }

@@ -17,6 +17,7 @@
    vpmaddwd by 1 or by the sub-block scale; VNNI vpdpbusd straight into int32 (Q8_0 codes biased
    by +128, the bias removed through the block sums), sub-block scales by vpmulld. */
 #include "qdot.h"
+#include "qdot_codes.h"
 #include <omp.h>
 
 #define MRMAX 4
@@ -37,11 +38,6 @@
 
 
 #if defined(QD_AVX2)
-#define ALWAYS static inline __attribute__((always_inline))
-
-ALWAYS __m256i bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
-ALWAYS __m256i ldv(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
-
 /* Small batches stream the weights from memory once. With 4 activation rows per kernel call the
    kernels software-prefetch QD_PF bytes ahead (the panels are contiguous, so this runs on into the
    next panel's scales and codes); with 1-3 rows the hardware prefetcher alone does better. On a
@@ -58,49 +54,6 @@ ALWAYS __m256i ldv(const uint8_t *p) { return _mm256_loadu_si256((const __m256i 
 #endif
 ALWAYS void prefetch_ahead(const uint8_t *p, int n) {
     for (int o = 0; o < n; o += 64) _mm_prefetch((const char *)(p + QD_PF + o), _MM_HINT_T0);
-}
-
-/* Code vector of k-group kg (0..7) of one 32-column group of a panel, decoded in registers from the
-   x8 planes (qdot.h): the small-batch kernels read the weights once, straight from memory. */
-ALWAYS __m256i mvb(__m256i v, int from, int to) {
-    return to >= from ? _mm256_slli_epi16(v, to - from) : _mm256_srli_epi16(v, from - to);
-}
-ALWAYS __m256i nib_kg(const uint8_t *g, int kg) {
-    const __m256i n = ldv(g + 32 * (kg % 4)), m4 = _mm256_set1_epi8(15);
-    return kg < 4 ? _mm256_and_si256(n, m4) : _mm256_and_si256(_mm256_srli_epi16(n, 4), m4);
-}
-/* lo | (hi & mask): one vpternlogd where AVX-512VL has it (a K-quant's high bits onto its nibbles) */
-ALWAYS __m256i or_masked(__m256i lo, __m256i hi, int mask) {
-#if defined(__AVX512VL__)
-    return _mm256_ternarylogic_epi32(lo, hi, _mm256_set1_epi8((char)mask), 0xF8);
-#else
-    return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8((char)mask)));
-#endif
-}
-ALWAYS __m256i code_kg(const int type, const uint8_t *g, int kg) {
-    switch (type) {
-    case QD_Q4_0: case QD_Q4_1: case QD_Q4_K: return nib_kg(g, kg);
-    case QD_Q5_0: case QD_Q5_1: case QD_Q5_K:
-        return or_masked(nib_kg(g, kg), mvb(ldv(g + 128), kg, 4), 0x10);
-    case QD_Q6_K:
-        return or_masked(nib_kg(g, kg), mvb(ldv(g + 128 + 32 * (kg / 4)), 2 * (kg % 4), 4), 0x30);
-    case QD_Q3_K:
-        return _mm256_or_si256(_mm256_and_si256(mvb(ldv(g + 32 * (kg / 4)), 2 * (kg % 4), 0), _mm256_set1_epi8(3)),
-                               _mm256_and_si256(mvb(ldv(g + 64), kg, 2), _mm256_set1_epi8(4)));
-    case QD_Q2_K:
-        return _mm256_and_si256(mvb(ldv(g + 32 * (kg / 4)), 2 * (kg % 4), 0), _mm256_set1_epi8(3));
-    default: /* Q8_0 */
-        return ldv(g + 32 * kg);
-    }
-}
-
-/* The code vector of k-group k (0 .. bs/4 - 1) of block b: from the decoded scratch (stride 256 per
-   32 columns) or, fused, from the panel itself (codes of block 0 at `codes`, the blocks `stride`
-   bytes apart, gbytes per 32-column group). */
-ALWAYS __m256i wv(const int type, const int fused, const uint8_t *codes, int stride, int gbytes, int bs, int b, int k) {
-    if (fused && type != QD_Q8_0) return code_kg(type, codes + (size_t)b * stride + (size_t)(k / 8) * gbytes, k % 8);
-    if (fused) return ldv(codes + (size_t)b * stride + 32 * k);  /* Q8_0 */
-    return ldv(codes + (size_t)b * bs * 8 + 32 * k);
 }
 
 /* 32-block types. off: offset subtracted from the codes (through the activation sums);
@@ -612,7 +565,8 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
                 if (exact) {
                     for (; p < p1; ++p) {
                         float out[MRMAX * 8];
-                        qd_exact_panel(jb->type, codes[p - p0], &sc[p - p0], nb, a, m0, MR, out);
+                        qd_exact_panel(jb->type, 0, codes[p - p0], (int)qd_block_stride(t), &sc[p - p0], nb, a, m0, MR,
+                                       out, a->exact == 2);
                         const int n0 = 8 * p, nn = jb->N - n0 < 8 ? jb->N - n0 : 8;
                         for (int m = 0; m < MR; ++m) memcpy(jb->y + (size_t)(m0 + m) * jb->ldy + n0, out + 8 * m, sizeof(float) * nn);
                     }
@@ -719,15 +673,16 @@ static void run_fused(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, co
         qd_scratch sc = scratch_at(buf, K, nb);
         const int exact = a->exact && qd_exact_type(jb->type);
         const uint8_t *codes;
-        if (exact) codes = qd_decode_panel(t, panel, K, &sc);
+        if (exact && a->exact == 2) codes = qd_decode_panel(t, panel, K, &sc);  /* the reference reads scratch */
         else {
-            if (!QD_INLINE_SCALES(jb->type, 1)) qd_decode_scales(t, panel, K, &sc);
+            if (exact || !QD_INLINE_SCALES(jb->type, 1)) qd_decode_scales(t, panel, K, &sc);
             codes = qd_codes_at(t, panel, 0);
         }
         for (int m0 = 0; m0 < M; m0 += MRMAX) {
             const int MR = M - m0 < MRMAX ? M - m0 : MRMAX;
             float out[MRMAX * 8];
-            if (exact) qd_exact_panel(jb->type, codes, &sc, nb, a, m0, MR, out);
+            if (exact) qd_exact_panel(jb->type, a->exact != 2, codes, (int)qd_block_stride(t), &sc, nb, a, m0, MR, out,
+                                      a->exact == 2);
             else run_panel(jb->type, 1, MR, codes, (int)qd_block_stride(t), panel, &sc, nb, a, m0, out);
             const int n0 = 8 * p, nn = jb->N - n0 < 8 ? jb->N - n0 : 8;
             for (int m = 0; m < MR; ++m) memcpy(jb->y + (size_t)(m0 + m) * jb->ldy + n0, out + 8 * m, sizeof(float) * nn);
@@ -753,7 +708,12 @@ int qd_matmul(int type, const uint8_t *W, int N, int K, const int8_t *xq, const 
               const int16_t *bsum, int M, float *y, long ldy, int nthreads, int exact) {
     const qd_type *t = qd_type_info(type);
     if (!t || K % t->bs || M <= 0) return t && K % t->bs == 0 ? 0 : -1;
-    const qd_acts a = {xq, xd, xs, bsum, M, K, NULL, NULL, exact};
+    qd_acts a = {xq, xd, xs, bsum, M, K, NULL, NULL, exact, NULL};
+    if (exact && !t->kq) {
+        int32_t *n16 = (int32_t *)tl_grow(&tl_act, &tl_act_cap, (size_t)M * K + 64);
+        for (int m = 0; m < M; ++m) qd_exact_sums(xq + (size_t)m * K, K, n16 + (size_t)m * (K / 4));
+        a.n16 = n16;
+    }
     const qd_job job = {type, N, W, y, ldy};
     nthreads = threads_for((double)((N + 7) / 8) * qd_panel_bytes(t, K), M, nthreads);
     qd_range ranges[QD_MAX_THREADS];
@@ -797,7 +757,8 @@ int qd_group_run(const qd_group *g, const float *x, long ldx, int M, float *y, l
     }
     /* activation buffers (calling thread's cache; the workers only read them) */
     const size_t q8 = (size_t)M * K, n0 = (size_t)M * (K / 32), nK = (size_t)M * (K / 256);
-    const size_t need = (need0 ? q8 + 8 * n0 : 0) + (needK ? q8 + 4 * nK + 2 * (size_t)M * (K / 16) : 0) + 256;
+    const size_t need = (need0 ? q8 + 8 * n0 : 0) + (needK ? q8 + 4 * nK + 2 * (size_t)M * (K / 16) : 0)
+                        + (need0 && g->exact ? q8 + 64 : 0) + 256;
     uint8_t *buf = (uint8_t *)tl_grow(&tl_act, &tl_act_cap, need), *p = buf;
     qd_acts a0 = {0}, aK = {0};
     if (need0) {
@@ -805,6 +766,10 @@ int qd_group_run(const qd_group *g, const float *x, long ldx, int M, float *y, l
         a0.xd = (float *)p; p += 4 * n0;
         a0.xs = (int32_t *)p; p += 4 * n0;
         a0.M = M; a0.K = K; a0.exact = g->exact;
+        if (g->exact) {
+            p = (uint8_t *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
+            a0.n16 = (int32_t *)p; p += q8;
+        }
     }
     if (needK) {
         p = (uint8_t *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
@@ -823,6 +788,7 @@ int qd_group_run(const qd_group *g, const float *x, long ldx, int M, float *y, l
         for (int m = 0; m < M; ++m) {
             if (need0) qd_quant_row_q8_0(x + (size_t)m * ldx, K, (int8_t *)a0.xq + (size_t)m * K,
                                          (float *)a0.xd + (size_t)m * (K / 32), (int32_t *)a0.xs + (size_t)m * (K / 32));
+            if (need0 && g->exact) qd_exact_sums(a0.xq + (size_t)m * K, K, (int32_t *)a0.n16 + (size_t)m * (K / 4));
             if (needK) qd_quant_row_q8_K(x + (size_t)m * ldx, K, (int8_t *)aK.xq + (size_t)m * K,
                                          (float *)aK.xd + (size_t)m * (K / 256), (int16_t *)aK.bsum + (size_t)m * (K / 16));
         }

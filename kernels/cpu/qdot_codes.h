@@ -1,0 +1,56 @@
+/* The code vectors of qdot's x8 panels (qdot.h), decoded in registers (AVX2): shared by the
+   integer-dot kernels (qdot_gemm.c) and the kernels in llama.cpp's float order (qdot_exact.c). */
+#ifndef QDOT_CODES_H
+#define QDOT_CODES_H
+#include "qdot.h"
+#if defined(QD_AVX2)
+#define ALWAYS static inline __attribute__((always_inline))
+
+ALWAYS __m256i bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
+ALWAYS __m256i ldv(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* Code vector of k-group kg (0..7) of one 32-column group of a panel, decoded in registers from the
+   x8 planes (qdot.h): the small-batch kernels read the weights once, straight from memory. */
+ALWAYS __m256i mvb(__m256i v, int from, int to) {
+    return to >= from ? _mm256_slli_epi16(v, to - from) : _mm256_srli_epi16(v, from - to);
+}
+ALWAYS __m256i nib_kg(const uint8_t *g, int kg) {
+    const __m256i n = ldv(g + 32 * (kg % 4)), m4 = _mm256_set1_epi8(15);
+    return kg < 4 ? _mm256_and_si256(n, m4) : _mm256_and_si256(_mm256_srli_epi16(n, 4), m4);
+}
+/* lo | (hi & mask): one vpternlogd where AVX-512VL has it (a K-quant's high bits onto its nibbles) */
+ALWAYS __m256i or_masked(__m256i lo, __m256i hi, int mask) {
+#if defined(__AVX512VL__)
+    return _mm256_ternarylogic_epi32(lo, hi, _mm256_set1_epi8((char)mask), 0xF8);
+#else
+    return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi8((char)mask)));
+#endif
+}
+ALWAYS __m256i code_kg(const int type, const uint8_t *g, int kg) {
+    switch (type) {
+    case QD_Q4_0: case QD_Q4_1: case QD_Q4_K: return nib_kg(g, kg);
+    case QD_Q5_0: case QD_Q5_1: case QD_Q5_K:
+        return or_masked(nib_kg(g, kg), mvb(ldv(g + 128), kg, 4), 0x10);
+    case QD_Q6_K:
+        return or_masked(nib_kg(g, kg), mvb(ldv(g + 128 + 32 * (kg / 4)), 2 * (kg % 4), 4), 0x30);
+    case QD_Q3_K:
+        return _mm256_or_si256(_mm256_and_si256(mvb(ldv(g + 32 * (kg / 4)), 2 * (kg % 4), 0), _mm256_set1_epi8(3)),
+                               _mm256_and_si256(mvb(ldv(g + 64), kg, 2), _mm256_set1_epi8(4)));
+    case QD_Q2_K:
+        return _mm256_and_si256(mvb(ldv(g + 32 * (kg / 4)), 2 * (kg % 4), 0), _mm256_set1_epi8(3));
+    default: /* Q8_0 */
+        return ldv(g + 32 * kg);
+    }
+}
+
+/* The code vector of k-group k (0 .. bs/4 - 1) of block b: from the decoded scratch (stride 256 per
+   32 columns) or, fused, from the panel itself (codes of block 0 at `codes`, the blocks `stride`
+   bytes apart, gbytes per 32-column group). */
+ALWAYS __m256i wv(const int type, const int fused, const uint8_t *codes, int stride, int gbytes, int bs, int b, int k) {
+    if (fused && type != QD_Q8_0) return code_kg(type, codes + (size_t)b * stride + (size_t)(k / 8) * gbytes, k % 8);
+    if (fused) return ldv(codes + (size_t)b * stride + 32 * k);  /* Q8_0 */
+    return ldv(codes + (size_t)b * bs * 8 + 32 * k);
+}
+
+#endif  /* QD_AVX2 */
+#endif  /* QDOT_CODES_H */
