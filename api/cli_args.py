@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use a single unified KV buffer shared by all slots")
     g.add_argument("--swa-full", action="store_true", default=False,
                    help="use full-size SWA cache (sliding-window layers keep every position, as the others)")
+    g.add_argument("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", type=int, default=32, metavar="N",
+                   dest="ctx_checkpoints",
+                   help="max number of context checkpoints per slot (sliding-window models: prompt batches end "
+                        "where llama-server saves them, and a reused prompt resumes from the last one; 0 = none)")
     g.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
                    help="number of tokens to predict (-1 = until end of generation or context)")
     g.add_argument("-t", "--threads", type=int, default=-1, metavar="N", help="CPU threads (-1 = torch default)")
@@ -190,7 +194,7 @@ _NO_EFFECT = [
     (("--no-mmap",), False), (("--numa",), True), (("-sm", "--split-mode"), True), (("-mg", "--main-gpu"), True),
     (("-ts", "--tensor-split"), True), (("-fit", "--fit"), True), (("-dt", "--defrag-thold"), True),
     (("--threads-http",), True), (("--keep",), True), (("--context-shift",), False),
-    (("--no-context-shift",), False), (("--ctx-checkpoints", "--swa-checkpoints"), True),
+    (("--no-context-shift",), False),
     (("--spm-infill",), False),
     (("--no-prefill-assistant",), False), (("-lcs", "--lookup-cache-static"), True),
     (("-lcd", "--lookup-cache-dynamic"), True), (("--reuse-port",), False), (("-e", "--escape"), False),

@@ -6,6 +6,7 @@
 | `CC` | `kernels.cpu.native` | the C compiler (default: `gcc`, else `cc`, from PATH) |
 | `TRITIUM_CACHE` | `kernels.cpu.native` | where compiled kernels are kept (default `~/.cache/tritium`) |
 | `TRITIUM_CPU_ISA` | `kernels.cpu.qdot` | force the integer-dot kernels' build: avx512vnni, avxvnni, avx2, vnni-emu (VNNI code paths emulated on AVX2, tests) or scalar (default: the best this CPU runs) |
+| `TRITIUM_FAST_NUMERICS` | `kernels.cpu.qdot`, `kernels.cpu.attention` | set (non-empty): the CPU kernels keep their own float order (faster on the quantized matmuls) instead of llama.cpp's, bit for bit (kernels/README.md, "Numerics") |
 | `TRITON_INTERPRET` | `kernels.triton` | Triton's interpreter is on (CPU tensors); read by triton itself at import too |
 
 Each is read when asked (not at import), so tests can set them with monkeypatch.

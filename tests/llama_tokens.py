@@ -52,11 +52,18 @@ def recorded_tokens(data_name: str) -> dict:
 
 
 def greedy(m: Model, prompt: list[int], n: int, banned: list[int], cache: torch.dtype) -> list[int]:
-    """n greedy tokens, end-of-generation tokens `banned` (llama-server's ignore_eos)."""
+    """n greedy tokens, end-of-generation tokens `banned` (llama-server's ignore_eos); the prompt in
+    llama-server's batches (on a sliding-window model, ending where it saves context checkpoints)."""
+    from runtime.serving.plan import prompt_breaks
+
     kv = m.new_cache(len(prompt) + n + 16, dtype=cache)
     seq = SeqKV()
     kv.reserve(seq, len(prompt) + n)
-    logits, _ = m.forward(kv, [SeqBatch(seq, prompt, 0)])
+    ends = (list(prompt_breaks(len(prompt), 2048, 512)) if any(L.window for L in m.layers) else []) + [len(prompt)]
+    at = 0
+    for e in ends:
+        logits, _ = m.forward(kv, [SeqBatch(seq, prompt[at:e], at)])
+        at = e
     seq.n_tokens = len(prompt)
     out = []
     for _ in range(n):

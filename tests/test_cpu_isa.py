@@ -98,7 +98,7 @@ def test_bgemv_is_the_fma_chain_on_every_build(isa, M, N, K, dtype):
 def _decode(case, softcap):
     from kernels.cpu import attention as cpu_attention
     return cpu_attention.paged_decode(case.q, case.k_cache, case.v_cache, case.block_tables,
-                                      case.kv_lens.tolist(), 0.15, softcap, n_threads=2)
+                                      case.kv_lens.tolist(), 0.15, softcap, n_threads=2, flash=False)
 
 
 @needs_cc

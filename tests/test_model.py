@@ -115,7 +115,8 @@ def tiny(request, tmp_path_factory):
     return lm
 
 
-@pytest.mark.parametrize("kv_dtype,tol", [(torch.float32, 2e-4), (torch.float16, 5e-3)])
+# (float16 cache: rows of batches under 64 take llama.cpp's flash attention, whose accumulator is float16)
+@pytest.mark.parametrize("kv_dtype,tol", [(torch.float32, 2e-4), (torch.float16, 1e-2)])
 def test_batched_paged_forward_matches_float64_reference(tiny, kv_dtype, tol):
     """Batching, chunking and the paged cache against the float64 reference. Quantized weights are
     dequantized once at load here (float math, the float tolerances); the integer-dot path, whose

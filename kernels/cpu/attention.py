@@ -1,22 +1,22 @@
 """Paged attention on the CPU (reference: `kernels.ref.paged_attention`).
 
-Every query row goes to the C kernel of `attention.c` as one decode item: its sequence's keys
-and values read straight from the block-allocated cache through its block table (no gather
-copy), float32 scores and softmax, GQA, optional tanh soft-capping; the same bits on every
-instruction-set build (see attention.c). A prompt row is the decode of its position (its own
-key count, the sequence's table): a token's attention, and so the whole forward, gives the same
-bits whether its prompt ran in one batch, in chunks, or after a cached prefix, as llama.cpp's
-flash attention does for batches under 64 rows (a repeated greedy request with a cached prompt
-continued differently before). Without the compiled kernels, several decode sequences go through
-one padded torch gather while that stays small; everything else through the reference.
+Every query row is one decode item of a C kernel: its sequence's keys and values read straight
+from the block-allocated cache through its block table (no gather copy), GQA, optional tanh
+soft-capping. A forward of fewer than 64 query rows (every decode step, short prompts) goes to
+`fattn.c`, llama.cpp's CPU flash attention for such batches bit for bit (float16 query and
+accumulator, online softmax); larger ones to `attention.c` (float32 scores and softmax, the same
+bits on every instruction-set build), as llama.cpp takes its float32 tiles there. A prompt row is
+the decode of its position (its own key count, the sequence's table): under 64 rows a token's
+attention gives the same bits whether its prompt ran in one batch, in chunks, or after a cached
+prefix, as llama.cpp's (a repeated greedy request with a cached prompt continued differently
+before). Without the compiled kernels, several decode sequences go through one padded torch gather
+while that stays small; everything else through the reference.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from .. import ref
+from .. import env, ref
 from . import native
 
 # Batched decode attention pads every sequence to the longest; only do it while the padded KV
@@ -28,7 +28,6 @@ _ROWS_SCRATCH_ELEMS = 1 << 23
 # ggml's flash attention takes batches of this many query rows or more through float32 tiles
 # (ggml_fa_tile_config::Q), fewer row by row with float16 roundings (fattn.c).
 FA_TILE_Q = 64
-_F32_ONLY = os.environ.get("TRITIUM_ATTN_F32") == "1"  # experiment toggle
 
 
 def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -69,8 +68,9 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 
 
 def flash_rows(n_rows: int) -> bool:
-    """Whether a forward of `n_rows` query rows takes fattn.c (llama.cpp's row-by-row flash attention)."""
-    return n_rows < FA_TILE_Q and not _F32_ONLY
+    """Whether a forward of `n_rows` query rows takes fattn.c (llama.cpp's row-by-row flash attention,
+    as llama-server does below FA_TILE_Q rows), unless TRITIUM_FAST_NUMERICS asks for qdot's own order."""
+    return n_rows < FA_TILE_Q and env.ggml_numerics()
 
 
 def _decode_batched(q, k_cache, v_cache, block_tables, lens, scale, softcap, window=0):

@@ -191,9 +191,11 @@ def group(weights: list[QdotWeight]) -> QdotGroup:
 
 
 def matmul_group(x: torch.Tensor, g: QdotGroup, out: torch.Tensor | None = None,
-                 n_threads: int | None = None) -> torch.Tensor:
+                 n_threads: int | None = None, exact: int | None = None) -> torch.Tensor:
     """x float32 [T, K] (rows may be strided) -> y float32 [T, sum(rows)]; `out` may be given
-    (float32 [T, sum(rows)], unit column stride)."""
+    (float32 [T, sum(rows)], unit column stride). `exact`: 1 llama.cpp's float order for the types
+    that have it (qdot_exact.c), 2 the same through its portable reference, 0 qdot's own order;
+    default the group's (from kernels.env.ggml_numerics when it was made)."""
     if x.dtype is not torch.float32 or x.stride(-1) != 1:
         x = x.float().contiguous()
     M, K = x.shape
@@ -203,13 +205,19 @@ def matmul_group(x: torch.Tensor, g: QdotGroup, out: torch.Tensor | None = None,
         out = torch.empty((M, g.rows), dtype=torch.float32)
     elif out.shape != (M, g.rows) or out.dtype is not torch.float32 or out.stride(1) != 1:
         raise ValueError("qdot: out must be float32 [T, rows] with unit column stride")
-    if g._fn(g._ptr, x.data_ptr(), x.stride(0), M, out.data_ptr(), out.stride(0), n_threads or torch.get_num_threads()):
-        raise RuntimeError("qdot: matmul failed")
+    st, keep = g._struct, g._struct.exact
+    if exact is not None:
+        st.exact = int(exact)
+    try:
+        if g._fn(g._ptr, x.data_ptr(), x.stride(0), M, out.data_ptr(), out.stride(0), n_threads or torch.get_num_threads()):
+            raise RuntimeError("qdot: matmul failed")
+    finally:
+        st.exact = keep
     return out
 
 
 def matmul(x: torch.Tensor | QActs, w: QdotWeight, n_threads: int | None = None,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, exact: int | None = None) -> torch.Tensor:
     """x float32 [T, cols] (or its `quantize_activations` of kind `w.act_kind`) times the weight:
     y float32 [T, rows]. `out` may be a float32 [T, rows] view with unit column stride (e.g. a
     column slice of a fused q/k/v output). A float x is quantized inside the same C call."""
@@ -217,7 +225,7 @@ def matmul(x: torch.Tensor | QActs, w: QdotWeight, n_threads: int | None = None,
         g = w._group
         if g is None:
             g = w._group = QdotGroup([w])
-        return matmul_group(x, g, out, n_threads)
+        return matmul_group(x, g, out, n_threads, exact if exact is not None else int(env.ggml_numerics()))
     if x.kind != w.act_kind:
         raise ValueError(f"qdot: a {w.act_kind} weight got {x.kind} activations")
     M, K = x.q.shape
@@ -232,7 +240,8 @@ def matmul(x: torch.Tensor | QActs, w: QdotWeight, n_threads: int | None = None,
     xs = x.sums.data_ptr() if x.kind == "q8_0" else None
     bsum = x.sums.data_ptr() if x.kind == "q8_K" else None
     rc = _lib().qd_matmul(w.qtype, w.data.data_ptr(), w.rows, w.cols, x.q.data_ptr(), x.d.data_ptr(), xs, bsum, M,
-                          out.data_ptr(), out.stride(0), _threads(n_threads), int(env.ggml_numerics()))
+                          out.data_ptr(), out.stride(0), _threads(n_threads),
+                          int(env.ggml_numerics()) if exact is None else int(exact))
     if rc != 0:
         raise RuntimeError("qdot: matmul failed")
     return out

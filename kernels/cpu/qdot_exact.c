@@ -30,6 +30,10 @@ static inline float hsum8(const float *l) {
     return ((l[4] + l[0]) + (l[6] + l[2])) + ((l[5] + l[1]) + (l[7] + l[3]));
 }
 
+/* A sub-block scale from the scratch (qdot_panel.c keeps int32, or on AVX2 builds without VNNI
+   the int16 pair (s, s)): the low 16 bits, signed. */
+static inline int scale_at(const int32_t *p) { return (int16_t)(*p & 0xFFFF); }
+
 /* The integer dot of row r (0..7) of k-group k with 4 activation codes, from decoded scratch
    codes ([K / 4][32]: byte 4 r + j is row r, column 4 k + j); Q8_0's codes are signed. */
 static inline int kg_dot(const uint8_t *codes, size_t k, int r, const int8_t *x, int s8) {
@@ -75,7 +79,7 @@ static void ref_q6_K(const uint8_t *codes, const qd_scratch *s, int nb, const qd
                         int raw = 0;
                         for (int k = 4 * j; k < 4 * j + 4; ++k)
                             raw += kg_dot(codes, (size_t)b * 64 + k, r, x + 256 * b + 4 * k, 0);
-                        isum += sc[j * 8 + r] * (raw - 32 * bs[16 * b + j]);
+                        isum += scale_at(sc + j * 8 + r) * (raw - 32 * bs[16 * b + j]);
                     }
                     const float t = (float)isum * s->d[8 * b + r];
                     acc = fmaf(t, a->xd[(size_t)(m0 + m) * nb + b], acc);  /* contracted by b1's build */
@@ -97,9 +101,9 @@ static void ref_q6_K(const uint8_t *codes, const qd_scratch *s, int nb, const qd
                     int isum = 0;
                     for (int c = 0; c < 8; ++c) {
                         const int k = 8 * c + l;  /* k-group in the block: columns 4 k .. 4 k + 3 */
-                        isum += sc[(k / 4) * 8 + r] * kg_dot(codes, (size_t)b * 64 + k, r, x + 256 * b + 4 * k, 0);
+                        isum += scale_at(sc + (k / 4) * 8 + r) * kg_dot(codes, (size_t)b * 64 + k, r, x + 256 * b + 4 * k, 0);
                     }
-                    isum -= 32 * (sc[(2 * l) * 8 + r] * bs[16 * b + 2 * l] + sc[(2 * l + 1) * 8 + r] * bs[16 * b + 2 * l + 1]);
+                    isum -= 32 * (scale_at(sc + (2 * l) * 8 + r) * bs[16 * b + 2 * l] + scale_at(sc + (2 * l + 1) * 8 + r) * bs[16 * b + 2 * l + 1]);
                     acc[l] = fmaf(d, (float)isum, acc[l]);
                 }
             }
@@ -133,7 +137,7 @@ static void ref_q4_K(const uint8_t *codes, const qd_scratch *s, int nb, const qd
                             const int k = 8 * j + kg;
                             dot += kg_dot(codes, (size_t)b * 64 + k, r, x + 256 * b + 4 * k, 0);
                         }
-                        isum += s->sc[((size_t)b * 8 + j) * 8 + r] * dot;
+                        isum += scale_at(s->sc + ((size_t)b * 8 + j) * 8 + r) * dot;
                         imin += q4k_min(s, b, j, r) * (bs[16 * b + 2 * j] + bs[16 * b + 2 * j + 1]);
                     }
                     acc = fmaf((float)isum, dd, acc);

@@ -18,6 +18,7 @@ class EngineConfig:
     n_parallel: int = -1  # -1 = auto: 4 slots, unified KV
     kv_unified: bool | None = None
     swa_full: bool = False  # sliding-window layers keep the whole context (else only their window)
+    ctx_checkpoints: int = 32  # llama-server's context checkpoints per slot (0: none; plan.prompt_breaks)
     n_threads: int = -1
     device: str = "cpu"  # cpu | cuda | auto (cuda when available)
     cache_ram_mib: int = 8192  # -1 unlimited, 0 off

@@ -56,6 +56,22 @@ def prompt_breaks(n_prompt: int, n_batch: int, n_ubatch: int) -> tuple[int, ...]
     return tuple(sorted(n_prompt - k for k in {min(n_batch, 4 + n_ubatch), 4} if n_prompt - k > 0))
 
 
+def checkpoint_resume(n_past: int, n_prompt: int, checkpoints: list[int], n_swa: int) -> tuple[int, list[int]]:
+    """Where llama-server b1-0c1e570 resumes a reused prompt on a sliding-window model: it cannot
+    roll its sliding-window cache back, so while the sequence is within the window it restores the
+    newest context checkpoint at or before the common prefix (a checkpoint saved before the batch
+    starting at position c holds positions < c) and evaluates from position c - 1 (at least 1), or
+    from 0 without one; checkpoints past that are dropped (server-context.cpp, "search for a
+    context checkpoint"). Returns (n_past, the checkpoints kept). Past the window llama-server
+    restores a checkpoint's saved state, which tritium does not keep: it recomputes from 0 there
+    (KVCache.window_ok), as before."""
+    if n_past <= 0 or n_past - n_swa - (0 if n_past < n_prompt else 1) > 0:
+        return n_past, checkpoints
+    c = next((c for c in reversed(checkpoints) if c - 1 <= n_past), None)
+    n_past = 0 if c is None else min(n_past, max(1, c - 1))
+    return n_past, [c for c in checkpoints if c - 1 <= n_past]
+
+
 def plan_step(slots: list[Slot], n_batch: int, n_prefill_chunk: int) -> StepPlan:
     plan = StepPlan()
     decoding = [s for s in slots if s.state is SlotState.GENERATING and s.req.pending is not None]

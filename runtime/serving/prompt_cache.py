@@ -57,6 +57,7 @@ class CacheEntry:
     tokens: list[int]
     state: dict  # {"k": [L, n, KVH, D], "v": ...} on the host
     size: int
+    checkpoints: list[int] = field(default_factory=list)  # the slot's context checkpoints (Slot.checkpoints)
 
 
 @dataclass
@@ -76,7 +77,7 @@ class PromptCache:
     def n_tokens(self) -> int:
         return sum(len(e.tokens) for e in self.entries)
 
-    def save(self, tokens: list[int], export, nbytes: int = 0) -> bool:
+    def save(self, tokens: list[int], export, nbytes: int = 0, checkpoints: list[int] | None = None) -> bool:
         """Save a slot's state (`nbytes` once exported) unless an entry already holds these tokens as
         a prefix or it alone exceeds the size limit; entries that the new one fully contains are
         dropped, then the oldest ones while the new one would not fit (server_prompt_cache::alloc)."""
@@ -94,7 +95,7 @@ class PromptCache:
                 self.entries.pop(0)
         state = export()
         size = sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
-        self.entries.append(CacheEntry(list(tokens), state, size))
+        self.entries.append(CacheEntry(list(tokens), state, size, list(checkpoints or [])))
         return True
 
     def take_best(self, cur: list[int], new: list[int]) -> CacheEntry | None:
@@ -147,7 +148,7 @@ class PromptCache:
 def save_slot(cache: PromptCache, kv: KVCache, s: Slot) -> bool:
     """The slot's cached tokens and their KV into the RAM cache (False: not saved)."""
     per_token = sum(t[0, 0].numel() * t.element_size() for t in (*kv.k, *kv.v))  # one position, all layers
-    return cache.save(s.tokens, lambda: kv.export(s.seq, len(s.tokens)), per_token * len(s.tokens))
+    return cache.save(s.tokens, lambda: kv.export(s.seq, len(s.tokens)), per_token * len(s.tokens), s.checkpoints)
 
 
 def swap_with_ram_cache(cache: PromptCache, kv: KVCache, s: Slot, prompt: list[int], by_lru: bool,
@@ -166,11 +167,11 @@ def swap_with_ram_cache(cache: PromptCache, kv: KVCache, s: Slot, prompt: list[i
     entry = cache.take_best(s.tokens, prompt)
     if entry is not None:
         kv.clear(s.seq)  # its content is in the RAM cache now
-        s.tokens = []
+        s.tokens, s.checkpoints = [], []
         try:
             reserve(s, len(entry.tokens))
             kv.import_(s.seq, entry.state)
-            s.tokens = list(entry.tokens)
+            s.tokens, s.checkpoints = list(entry.tokens), list(entry.checkpoints)
         except OutOfBlocks:
             kv.clear(s.seq)
     cache.update()
@@ -186,7 +187,7 @@ def cache_idle_slot(cache: PromptCache, kv: KVCache, s: Slot, clear: bool) -> bo
         cache.update()
     if clear and s.tokens:
         kv.clear(s.seq)
-        s.tokens = []
+        s.tokens, s.checkpoints = [], []
     return saved
 
 

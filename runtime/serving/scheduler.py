@@ -25,7 +25,7 @@ from runtime.sampler import Sampled
 from runtime.serving.config import EngineConfig
 from runtime.serving.handle import TaskHandle
 from runtime.serving.metrics import Metrics
-from runtime.serving.plan import StepPlan, plan_step, prompt_breaks
+from runtime.serving.plan import StepPlan, checkpoint_resume, plan_step, prompt_breaks
 from runtime.serving.prompt_cache import PromptCache, cache_idle_slot, reusable_prefix, swap_with_ram_cache
 from runtime.serving.runner import StepOutput, pool_embeddings
 from runtime.serving.sampling import GrammarError, Vocabulary, maybe_trigger_grammar, sample_rows
@@ -63,9 +63,10 @@ class Scheduler:
         self.waiting: list[TaskHandle] = []
         # the server's LoRA adapter scales (--lora, POST /lora-adapters); a task may bring its own
         self.lora_scales: tuple[float, ...] = tuple(0.0 if cfg.lora_init_without_apply else s for _, s in cfg.lora)
-        # llama-server ends prompt batches where it saves context checkpoints: models with
-        # sliding-window layers unless --swa-full (its n_swa > 0)
-        self.swa_checkpoints = any(L.window for L in model.layers) and not cfg.swa_full
+        # llama-server ends prompt batches where it saves context checkpoints and resumes a reused
+        # prompt from the last one: models with sliding-window layers unless --swa-full (its n_swa > 0)
+        self.swa_checkpoints = any(L.window for L in model.layers) and not cfg.swa_full and cfg.ctx_checkpoints > 0
+        self.n_swa = max((L.window for L in model.layers), default=0)
 
     @property
     def n_busy(self) -> int:
@@ -126,6 +127,8 @@ class Scheduler:
         if task.cache_prompt:
             n_reuse = self.cfg.cache_reuse if task.n_cache_reuse is None else task.n_cache_reuse
             n_past = reusable_prefix(self.kv, s, prompt, n_reuse, self.model.rope_inv_freqs, self.model.neox)
+        if self.swa_checkpoints:
+            n_past, s.checkpoints = checkpoint_resume(n_past, len(prompt), s.checkpoints, self.n_swa)
         if n_past >= len(prompt):
             n_past = len(prompt) - 1  # the last prompt token is always evaluated (its logits are needed)
         if n_past > 0 and not self.kv.window_ok(s.seq, n_past):  # the sliding-window layers dropped it
@@ -135,6 +138,7 @@ class Scheduler:
             n_past = 0
         self.kv.truncate(s.seq, n_past)
         s.tokens = s.tokens[:n_past]
+        s.checkpoints = [c for c in s.checkpoints if c - 1 <= n_past]
         r.n_past = r.n_cached = n_past
         if self.swa_checkpoints and not task.infill:
             r.prompt_breaks = prompt_breaks(len(prompt), self.cfg.n_batch, self.cfg.n_ubatch)
@@ -164,12 +168,25 @@ class Scheduler:
                 self._release(s)
         plan = plan_step(self.slots, self.cfg.n_batch, self.cfg.n_prefill_chunk)
         for b, s in zip(plan.batch, plan.slots):
+            if self.swa_checkpoints:
+                self._checkpoint(s, b.n_past, b.n_past + len(b.tokens))
             try:
                 self._reserve(s, b.n_past + len(b.tokens))
             except OutOfBlocks:
                 self._context_exceeded()
                 return plan.keep([False] * len(plan.slots))
         return plan
+
+    def _checkpoint(self, s: Slot, start: int, end: int) -> None:
+        """llama-server saves a context checkpoint before a completion's prompt batch that starts
+        past 0 and ends the prompt or lies within n_ubatch of its end (`plan.checkpoint_resume`)."""
+        r = s.req
+        if s.state is not SlotState.PROMPT or r.embedding or r.task.infill or start <= 0:
+            return
+        n = len(r.prompt)
+        if end == n or n < end + self.cfg.n_ubatch:
+            s.checkpoints = [c for c in s.checkpoints if c != start][-(self.cfg.ctx_checkpoints - 1):] + [start] \
+                if self.cfg.ctx_checkpoints > 1 else [start]
 
     def _context_exceeded(self) -> None:
         """The KV pool is full even after purging idle slots (a unified cache shared by slots that

@@ -74,6 +74,9 @@ class Slot:
     state: SlotState = SlotState.IDLE
     req: Request | None = None  # the running task; None exactly when state is IDLE
     lora: tuple[float, ...] = ()  # the adapter scales its cached tokens were computed with
+    # llama-server's context checkpoints of the cached sequence (sliding-window models): the prompt
+    # positions where a batch started (`plan.checkpoint_resume`)
+    checkpoints: list[int] = field(default_factory=list)
 
     @property
     def busy(self) -> bool:

@@ -1,0 +1,130 @@
+"""tritium's CPU forward computes llama.cpp's float32 arithmetic bit for bit (kernels/README.md,
+"Numerics"): the logits of the two real Q4_K_M models equal those of the reference build's libllama
+(b1-0c1e570) on the same tokens and prompt batches, recorded by scripts/record_exact_logits.py into
+tests/data/exact_logits.json (sha256 of every step's float32 logits); and the vector kernels that
+do it give the same bits as their portable reference (kernels/cpu/qdot_exact.c) on every build.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from kernels.cpu import native, qdot
+from runtime.model_files import GEMMA, QWEN
+from runtime.serving.plan import prompt_breaks
+from tests.kernel_oracles import random_qweight
+from tests.llama_tokens import real_model_path
+
+DATA = Path(__file__).parent / "data" / "exact_logits.json"
+
+
+def _recorded() -> dict:
+    return json.loads(DATA.read_text(encoding="utf-8"))
+
+
+def _same_isa_as_the_recording() -> None:
+    """The recorded bits are those of a llama.cpp built for AVX-512 (its kernels' float order differs
+    on AVX2-only CPUs, and tritium follows the build it runs: kernels/cpu/fattn.c)."""
+    flags = native.cpu_flags()
+    if not {"avx512f", "avx512vl", "avx512_vnni"} <= flags:
+        pytest.skip("the recording was made on an AVX-512 VNNI CPU; this CPU takes llama.cpp's other float order")
+
+
+@pytest.mark.parametrize("real", [QWEN, GEMMA], ids=lambda m: m.key)
+def test_logits_are_llama_cpps_bit_for_bit(real):
+    from runtime.kv_cache import SeqKV
+    from runtime.loader import load_model
+    from runtime.model import Model, SeqBatch
+
+    _same_isa_as_the_recording()
+    cases = _recorded()["models"][real.key]
+    m = Model(load_model(real_model_path(real)), "cpu")
+    for case in cases:
+        toks = case["tokens"]
+        kv = m.new_cache(len(toks) + 64)
+        s = SeqKV()
+        kv.reserve(s, len(toks))
+        at, logits = 0, None
+        with torch.inference_mode():
+            for n in case["batches"]:
+                logits, _ = m.forward(kv, [SeqBatch(s, toks[at:at + n], at)])
+                at += n
+            s.n_tokens = len(toks)
+            for k, step in enumerate(case["steps"]):
+                lg = logits[-1].float().numpy()
+                top = [[int(i), float(lg[i])] for i in np.argsort(-lg, kind="stable")[:5]]
+                assert hashlib.sha256(lg.astype(np.float32).tobytes()).hexdigest() == step["sha256"], (
+                    f"{real.key} {case['prompt']!r} step {k}: logits differ from llama.cpp's; top-5 {top} "
+                    f"against {step['top']}")
+                if k + 1 == len(case["steps"]):
+                    break
+                kv.reserve(s, s.n_tokens + 1)
+                logits, _ = m.forward(kv, [SeqBatch(s, [step["argmax"]], s.n_tokens)])
+                s.n_tokens += 1
+
+
+def test_the_recorded_batches_are_the_servers():
+    """The batches of the recording are what the scheduler plans (llama-server's checkpoint ends
+    on the sliding-window model, one batch otherwise)."""
+    rec = _recorded()["models"]
+    for case in rec[GEMMA.key]:
+        n = len(case["tokens"])
+        ends = [e for e in prompt_breaks(n, 2048, 512)] + [n]
+        assert case["batches"] == [b - a for a, b in zip([0] + ends[:-1], ends)]
+    assert all(case["batches"] == [len(case["tokens"])] for case in rec[QWEN.key])
+
+
+def test_prompt_breaks_follow_llama_server():
+    assert prompt_breaks(6, 2048, 512) == (2,)
+    assert prompt_breaks(4, 2048, 512) == ()  # nothing before the last 4
+    assert prompt_breaks(5, 2048, 512) == (1,)
+    assert prompt_breaks(600, 2048, 512) == (84, 596)  # 4 + n_ubatch and 4 tokens before the end
+    assert prompt_breaks(600, 256, 512) == (344, 596)  # n_last = min(n_batch, 4 + n_ubatch)
+
+
+# ---- the vector kernels against their portable reference ------------------------------------
+
+ISAS = ["avx512vnni", "avxvnni", "vnni-emu", "avx2", "scalar"]
+
+
+@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("isa", ISAS)
+def test_exact_kernels_match_their_reference(isa, qtype, monkeypatch):
+    """Every row count that changes llama.cpp's order (Q4_K: gemm for the first M - M % 4 rows,
+    gemv after; Q6_K: the tiled path from 8 rows; the fused and the scratch drivers above 8),
+    every thread count: the vector kernels' bits equal the portable C's."""
+    if isa not in qdot.supported_isas():
+        pytest.skip(f"this CPU cannot run {isa}")
+    monkeypatch.setenv("TRITIUM_CPU_ISA", isa)
+    if qdot.lib() is None:
+        pytest.skip("no C compiler")
+    gen = torch.Generator().manual_seed(int(qtype))
+    w = random_qweight(qtype, 40, 512, gen)
+    h = qdot.prepare(w.data, int(w.qtype), w.rows, w.cols)
+    for M in (1, 3, 4, 5, 7, 8, 9, 12, 13):
+        x = torch.randn(M, 512, generator=gen) * 3
+        x[:, ::37] *= 9
+        want = qdot.matmul(x, h, n_threads=1, exact=2)
+        for nt in (1, 2):
+            got = qdot.matmul(x, h, n_threads=nt, exact=1)
+            assert torch.equal(got, want), f"{isa} {qtype.name} M={M} threads={nt}"
+        # and these are not the other kernels' bits (the exact order is really taken)
+        assert not torch.equal(qdot.matmul(x, h, exact=0), want) or M == 1 and qtype == Q.Q4_K
+
+
+def test_exact_is_the_default_and_fast_numerics_opt_out(monkeypatch):
+    if qdot.lib() is None:
+        pytest.skip("no C compiler")
+    gen = torch.Generator().manual_seed(3)
+    w = random_qweight(Q.Q5_0, 16, 256, gen)
+    h = qdot.prepare(w.data, int(w.qtype), w.rows, w.cols)
+    x = torch.randn(2, 256, generator=gen)
+    assert torch.equal(qdot.matmul(x, h), qdot.matmul(x, h, exact=1))
+    monkeypatch.setenv("TRITIUM_FAST_NUMERICS", "1")
+    assert torch.equal(qdot.matmul(x, h), qdot.matmul(x, h, exact=0))
