@@ -27,7 +27,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PROMPTS = ["The capital of France is", "Q: What is 12 times 7?\nA:",
-           "def mean(xs):\n    \"\"\"Return the arithmetic mean of a list of numbers.\"\"\"\n    return"]
+           "def mean(xs):\n    \"\"\"Return the arithmetic mean of a list of numbers.\"\"\"\n    return",
+           # 64 rows or more in a batch: llama.cpp's tiled flash attention
+           "The history of the Roman Empire is long and complex. It began with the founding of the city of Rome, "
+           "according to legend in 753 BC, by Romulus and Remus. Over the centuries the small settlement grew into "
+           "a republic, and then into an empire that stretched from Britain to Egypt and Syria, ruled by emperors "
+           "in Rome. Its"]
 N_DECODE = 3
 TOP = 5
 

@@ -116,6 +116,9 @@ def paged_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
     n = cu[S] - cu[0]
     rows = max(1, _ROWS_SCRATCH_ELEMS // (H * max(1, int(row_lens.max()))))  # per call: bounded score scratch
     flash = flash_rows(n)  # llama.cpp's choice for the whole batch
+    if not flash and softcap == 0.0 and env.ggml_numerics() and _tiled(q, k_cache, v_cache, block_tables, cu, lens,
+                                                                       scale, window, out):
+        return out
     for i in range(0, n, rows):
         r0, r1 = cu[0] + i, cu[0] + min(i + rows, n)
         # on the OpenMP team: the prompt's matmuls (qdot, BLAS) leave its threads spinning, and a
@@ -123,6 +126,28 @@ def paged_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
         out[r0:r1] = paged_decode(qf[r0:r1], k_cache, v_cache, bt[i:i + rows], row_lens[i:i + rows], scale,
                                   softcap, window=window, team=True, flash=flash)
     return out
+
+
+def _tiled(q, k_cache, v_cache, block_tables, cu, lens, scale, window, out) -> bool:
+    """Batches of FA_TILE_Q rows or more as llama.cpp's tiled flash attention (fattn.c
+    `fattn_tiled_seq`, one call per sequence) into `out`; False where the CPU lacks it."""
+    lib = native.lib()
+    T, H, D = q.shape
+    NB, BS, KVH, _ = k_cache.shape
+    qf = q.float().contiguous()
+    bt = block_tables.to(torch.int32).contiguous()
+    f16 = int(k_cache.dtype == torch.float16)
+    res = torch.empty((T, H, D), dtype=torch.float32)
+    for s in range(len(lens)):
+        n = cu[s + 1] - cu[s]
+        if n == 0:
+            continue
+        if lib.fattn_tiled_seq(qf[cu[s]].data_ptr(), k_cache.data_ptr(), v_cache.contiguous().data_ptr(),
+                               bt[s].data_ptr(), n, lens[s] - n, res[cu[s]].data_ptr(), H, KVH, D, BS, float(scale),
+                               f16, torch.get_num_threads(), int(window), 1):
+            return False
+    out[cu[0]:cu[-1]] = res[cu[0]:cu[-1]]
+    return True
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,

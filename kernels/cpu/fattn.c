@@ -180,3 +180,155 @@ void fattn_rows(const float *q, const void *kc, const void *vc, const int *bt, i
         for (int i = 0; i < n; ++i) fa_item(&a, i);
     }
 }
+
+/* ---- batches of 64 rows or more: ggml_compute_forward_flash_attn_ext_tiled ---------------------
+   llama.cpp takes float32 tiles of 64 query rows x 64 keys there. Per query row and head, for each
+   64-key tile (cell index 0, 64, ...) with a key the row sees:
+       s_t = (q . k_t) x scale       simd_gemm: an fma chain over d from 0 (K widened from float16)
+       masked keys -inf; m = max_t s_t
+       Mnew = max(M, m); if Mnew > M: ms = expf(M - Mnew), acc *= ms, S *= ms; M = Mnew
+       p_t = ggml_v_expf(s_t - Mnew) (AVX-512: 16 lanes), S = (float)((double)S + the four 16-lane
+       sums added in double)     ggml_vec_soft_max_f32
+       acc_d = fma(v_t,d, p_t, acc_d) over t in order      simd_gemm
+   out = acc x (1 / S). Only on CPUs with AVX-512F + DQ (ggml's exp there; its AVX2 one differs), no
+   soft-cap; else attention.c. One sequence per call: rows j = 0 .. n-1 at positions p0 + j. */
+#if defined(__x86_64__)
+#define TILE 64
+#define AVX512_T __attribute__((target("avx512f,avx512dq,fma")))
+AVX512_T static inline __m512 v_expf(__m512 x) {  /* ggml-cpu/vec.h ggml_v_expf, AVX-512 */
+    const __m512 r = _mm512_set1_ps(0x1.8p23f);
+    const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), r);
+    const __m512 n = _mm512_sub_ps(z, r);
+    const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+    const __mmask16 d = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192), _CMP_GT_OQ);
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0F)));
+    const __m512 res = _mm512_scalef_ps(j, n);
+    if (_mm512_kortestz(d, d)) return res;
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512 alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, zero, _CMP_LE_OQ), _mm512_set1_ps(INFINITY), zero);
+    return _mm512_mask_blend_ps(d, res, alt);
+}
+
+struct ft_args {
+    const float *q; const char *kc, *vc; const int *bt; float *out;
+    int n, p0, H, KVH, D, BS, bs_shift, f16; float scale; int window, rows_per_item;
+};
+
+/* One (KV head, chunk of rows) item. */
+AVX512_T static void ft_item(void *args, int item) {
+    const struct ft_args *A = args;
+    const int H = A->H, KVH = A->KVH, G = H / KVH, D = A->D, esz = A->f16 ? 2 : 4;
+    const int kh = item % KVH, r0 = item / KVH * A->rows_per_item;
+    const int r1 = r0 + A->rows_per_item < A->n ? r0 + A->rows_per_item : A->n;
+    const int nr = r1 - r0;
+    float *kt = aligned_alloc(64, sizeof(float) * (size_t)D * TILE);        /* K tile, [D][64] */
+    float *vt = aligned_alloc(64, sizeof(float) * (size_t)TILE * D);        /* V tile, [64][D] */
+    float *acc = aligned_alloc(64, sizeof(float) * (size_t)nr * G * D + 64); /* per (row, head) */
+    float *Ms = malloc(sizeof(float) * (size_t)nr * G * 2), *Ss = Ms + (size_t)nr * G;
+    if (!kt || !vt || !acc || !Ms) { free(kt); free(vt); free(acc); free(Ms); return; }
+    memset(acc, 0, sizeof(float) * (size_t)nr * G * D);
+    for (int i = 0; i < nr * G; ++i) { Ms[i] = -INFINITY; Ss[i] = 0.0f; }
+    const int last = A->p0 + r1 - 1;  /* the last key any row here sees */
+    const int first = A->window > 0 ? A->p0 + r0 - A->window + 1 : 0;
+    for (int k0 = (first > 0 ? first : 0) / TILE * TILE; k0 <= last; k0 += TILE) {
+        const int k1 = k0 + TILE - 1 < last ? k0 + TILE - 1 : last;  /* keys up to k1 exist for some row */
+        const int kf = first > k0 ? first : k0;  /* and from kf (a sliding window's pool holds no older ones) */
+        for (int t = k0; t < kf; ++t)
+            for (int d = 0; d < D; ++d) kt[(size_t)d * TILE + (t - k0)] = 0.0f;
+        for (int t = kf; t <= k1; ++t) {
+            const size_t cell = ((size_t)A->bt[t >> A->bs_shift] << A->bs_shift) + (t & (A->BS - 1));
+            const size_t off = (cell * KVH + kh) * D * esz;
+            for (int d = 0; d < D; ++d) {
+                kt[(size_t)d * TILE + (t - k0)] = A->f16 ? (float)((const _Float16 *)(A->kc + off))[d]
+                                                         : ((const float *)(A->kc + off))[d];
+                vt[(size_t)(t - k0) * D + d] = A->f16 ? (float)((const _Float16 *)(A->vc + off))[d]
+                                                      : ((const float *)(A->vc + off))[d];
+            }
+        }
+        for (int t = k1 + 1 - k0; t < TILE; ++t)
+            for (int d = 0; d < D; ++d) kt[(size_t)d * TILE + t] = 0.0f;
+        for (int r = r0; r < r1; ++r) {
+            const int pos = A->p0 + r;  /* sees keys lo .. pos */
+            const int lo = A->window > 0 && pos - A->window + 1 > 0 ? pos - A->window + 1 : 0;
+            if (k0 > pos || k0 + TILE - 1 < lo) continue;
+            for (int g = 0; g < G; ++g) {
+                const int h = kh * G + g, st = (r - r0) * G + g;
+                const float *q = A->q + ((size_t)r * H + h) * D;
+                __m512 s4[4];
+                for (int j = 0; j < 4; ++j) s4[j] = _mm512_setzero_ps();
+                for (int d = 0; d < D; ++d) {
+                    const __m512 qd = _mm512_set1_ps(q[d]);
+                    for (int j = 0; j < 4; ++j) s4[j] = _mm512_fmadd_ps(_mm512_load_ps(kt + (size_t)d * TILE + 16 * j), qd, s4[j]);
+                }
+                float s[TILE] __attribute__((aligned(64)));
+                for (int j = 0; j < 4; ++j) _mm512_store_ps(s + 16 * j, _mm512_mul_ps(s4[j], _mm512_set1_ps(A->scale)));
+                float m = -INFINITY;
+                for (int t = 0; t < TILE; ++t) {
+                    const int key = k0 + t;
+                    if (key < lo || key > pos) s[t] = -INFINITY;
+                    m = s[t] > m ? s[t] : m;
+                }
+                if (m == -INFINITY) continue;
+                float *a = acc + (size_t)st * D;
+                const float Mold = Ms[st], Mnew = fmaxf(Mold, m);
+                if (Mnew > Mold) {
+                    const float ms = expf(Mold - Mnew);
+                    for (int d = 0; d < D; ++d) a[d] *= ms;
+                    Ss[st] *= ms;
+                }
+                Ms[st] = Mnew;
+                double sum = 0.0;
+                for (int j = 0; j < 4; ++j) {
+                    const __m512 p = v_expf(_mm512_sub_ps(_mm512_load_ps(s + 16 * j), _mm512_set1_ps(Mnew)));
+                    _mm512_store_ps(s + 16 * j, p);
+                    sum += (double)_mm512_reduce_add_ps(p);
+                }
+                Ss[st] = (float)((double)Ss[st] + sum);
+                const int tv0 = (lo > k0 ? lo : k0) - k0, tv1 = (pos < k0 + TILE - 1 ? pos : k0 + TILE - 1) - k0;
+                for (int t = tv0; t <= tv1; ++t)  /* the other keys' p are 0: fma(v, 0, acc) = acc */
+                    for (int d = 0; d < D; ++d) a[d] = fmaf(vt[(size_t)t * D + d], s[t], a[d]);
+            }
+        }
+    }
+    for (int r = r0; r < r1; ++r)
+        for (int g = 0; g < G; ++g) {
+            const int h = kh * G + g, st = (r - r0) * G + g;
+            const float inv = Ss[st] == 0.0f ? 0.0f : 1.0f / Ss[st];
+            float *o = A->out + ((size_t)r * H + h) * D;
+            for (int d = 0; d < D; ++d) o[d] = acc[(size_t)st * D + d] * inv;
+        }
+    free(kt); free(vt); free(acc); free(Ms);
+}
+
+/* q: [n, H, D] f32 (rows at positions p0 .. p0 + n - 1 of one sequence); bt: its block table;
+   out: [n, H, D]. Returns 0, or -1 where this CPU lacks AVX-512F + DQ (the caller falls back). */
+int fattn_tiled_seq(const float *q, const void *kc, const void *vc, const int *bt, int n, int p0, float *out,
+                    int H, int KVH, int D, int BS, float scale, int kv_f16, int nthreads, int window, int omp) {
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq") || H % KVH || D % 16) return -1;
+    int bs_shift = 0;
+    while ((1 << bs_shift) < BS) ++bs_shift;
+    if ((1 << bs_shift) != BS) return -1;
+    const int rpi = 16;
+    struct ft_args a = {q, kc, vc, bt, out, n, p0, H, KVH, D, BS, bs_shift, kv_f16, scale, window, rpi};
+    const int items = KVH * ((n + rpi - 1) / rpi);
+    if (!omp) {
+        pool_run(ft_item, &a, items, nthreads);
+    } else {
+        #pragma omp parallel for num_threads(nthreads < items ? nthreads : items) schedule(dynamic, 1)
+        for (int i = 0; i < items; ++i) ft_item(&a, i);
+    }
+    return 0;
+}
+#else
+int fattn_tiled_seq(const float *q, const void *kc, const void *vc, const int *bt, int n, int p0, float *out,
+                    int H, int KVH, int D, int BS, float scale, int kv_f16, int nthreads, int window, int omp) {
+    (void)q; (void)kc; (void)vc; (void)bt; (void)n; (void)p0; (void)out; (void)H; (void)KVH; (void)D; (void)BS;
+    (void)scale; (void)kv_f16; (void)nthreads; (void)window; (void)omp;
+    return -1;
+}
+#endif

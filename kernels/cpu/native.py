@@ -147,6 +147,7 @@ KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "fattn.c",
     "paged_decode_team": ([_p, _p, _p, _p, _i, _p, _p, _p, _i, _i, _i, _i, _i, _i, _f, _f, _i, _i, _i], None),
     # fattn.c (kernels/cpu/attention.py)
     "fattn_rows": ([_p, _p, _p, _p, _i, _p, _p, _i, _i, _i, _i, _i, _f, _f, _i, _i, _i, _i], None),
+    "fattn_tiled_seq": ([_p, _p, _p, _p, _i, _i, _p, _i, _i, _i, _i, _f, _i, _i, _i, _i], _i),
     # pointwise.c (kernels/cpu/pointwise.py)
     "add_rms_norm_f32": ([_p, _p, _p, _p, _p, _i, _i, _f, _i], None),
     "rope_f32": ([_p, _p, _p, _p, _i, _i, _i, _i, _i, _f, _i], None),

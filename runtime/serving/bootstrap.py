@@ -251,8 +251,12 @@ CPU_UBATCH_BYTES_PER_ROW = 2 << 20
 
 
 def runner_ubatch(cfg: EngineConfig, model: Model, weight_bytes: int) -> int:
-    """Rows per forward of the model runner: -ub, capped on the CPU by the model's size (above)."""
-    if model.device.type != "cpu":
+    """Rows per forward of the model runner: -ub, capped on the CPU by the model's size (above)
+    unless the CPU computes llama.cpp's numerics (kernels/README.md): then llama.cpp's -ub, whose
+    row counts its float order depends on (Q4_K's gemm groups of 4, its flash attention's tiles)."""
+    from kernels import env
+
+    if model.device.type != "cpu" or env.ggml_numerics():
         return cfg.n_ubatch
     return min(cfg.n_ubatch, max(CPU_UBATCH_MIN, weight_bytes // CPU_UBATCH_BYTES_PER_ROW // 64 * 64))
 
