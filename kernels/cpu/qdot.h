@@ -166,6 +166,7 @@ typedef struct {
     int exact;  /* Q5_0 / Q8_0 / Q4_K / Q6_K in llama.cpp's float order (qdot_exact.c): 1, or 2 with
                    its portable reference kernels (tests) */
     const int32_t *n16;  /* exact, 32-block types: int32 [M][K / 4], -16 x the sum of each 4 activation codes */
+    const int32_t *n128; /* the same x 8 (Q8_0's +128 bias on VNNI) */
 } qd_acts;
 
 /* qdot_sched.c: the small batches' work split. A thread's range of panel indices (over the jobs of
@@ -190,7 +191,7 @@ const uint8_t *qd_decode_panel_scalar(const qd_type *t, const uint8_t *panel, in
 /* qdot_exact.c: whether `type` has a kernel in llama.cpp's float order, and that kernel for one
    panel and MR activation rows from m0 (out [MR][8]); ref: its portable C. */
 int qd_exact_type(int type);
-void qd_exact_sums(const int8_t *xq, int K, int32_t *n16);  /* one row's n16 (qd_acts) */
+void qd_exact_sums(const int8_t *xq, int K, int32_t *n16, int32_t *n128);  /* one row's n16, n128 (qd_acts) */
 void qd_exact_panel(int type, int fused, const uint8_t *codes, int stride, const qd_scratch *s, int nb,
                     const qd_acts *a, int m0, int MR, float *out, int ref);
 /* qdot_quant.c: one activation row */

@@ -174,33 +174,45 @@ ALWAYS __m256i dot_kg(const int s8, __m256i w, __m256i a4, __m256i init) {
 #endif
 }
 
-ALWAYS void simd_32(const int type, const int fused, const uint8_t *codes, int stride, const qd_scratch *s, int nb,
-                    const qd_acts *a, int m0, int MR, float *out) {
+/* NR (1 or 2) activation rows from m at once: the code vectors decoded once for both. */
+ALWAYS void simd_32_rows(const int type, const int fused, const int NR, const uint8_t *codes, int stride,
+                         const qd_scratch *s, int nb, const qd_acts *a, int m, float *out) {
     const int K = a->K, s8 = type == QD_Q8_0;
 #if defined(QD_VNNI)
     const int off = s8 ? 128 : type == QD_Q5_0 ? 16 : 0;
 #else
     const int off = type == QD_Q5_0 ? 16 : 0;
 #endif
-    for (int m = 0; m < MR; ++m) {
-        const int8_t *x = a->xq + (size_t)(m0 + m) * K;
-        __m256 acc[8];
-        for (int l = 0; l < 8; ++l) acc[l] = _mm256_setzero_ps();
-        for (int b = 0; b < nb; ++b) {
-            const __m256 d = _mm256_mul_ps(_mm256_loadu_ps(s->d + 8 * b), _mm256_set1_ps(a->xd[(size_t)(m0 + m) * nb + b]));
-            const int32_t *n16 = a->n16 + (size_t)(m0 + m) * (K / 4) + 8 * b;
-            #pragma GCC unroll 8
-            for (int l = 0; l < 8; ++l) {
-                const int8_t *xl = x + 32 * b + 4 * l;
+    const int32_t *nsum = off == 16 ? a->n16 : a->n128;
+    __m256 acc[2][8];
+    for (int r = 0; r < NR; ++r)
+        for (int l = 0; l < 8; ++l) acc[r][l] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+        __m256 d[2];
+        for (int r = 0; r < NR; ++r)
+            d[r] = _mm256_mul_ps(_mm256_loadu_ps(s->d + 8 * b), _mm256_set1_ps(a->xd[(size_t)(m + r) * nb + b]));
+        #pragma GCC unroll 8
+        for (int l = 0; l < 8; ++l) {
+            const __m256i w = wv(type, fused, codes, stride, stride, 32, b, l);
+            for (int r = 0; r < NR; ++r) {
                 /* -off x the 4 activations' sum: the codes' offset (Q5_0), the +128 bias (Q8_0, VNNI) */
-                const __m256i init = off == 0 ? _mm256_setzero_si256()
-                                   : off == 16 ? _mm256_set1_epi32(n16[l]) : _mm256_slli_epi32(_mm256_set1_epi32(n16[l]), 3);
-                const __m256i isum = dot_kg(s8, wv(type, fused, codes, stride, stride, 32, b, l), bcast4(xl), init);
-                acc[l] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[l]);
+                const __m256i init = off ? _mm256_set1_epi32(nsum[(size_t)(m + r) * (K / 4) + 8 * b + l])
+                                         : _mm256_setzero_si256();
+                const __m256i isum = dot_kg(s8, w, bcast4(a->xq + (size_t)(m + r) * K + 32 * b + 4 * l), init);
+                acc[r][l] = _mm256_fmadd_ps(d[r], _mm256_cvtepi32_ps(isum), acc[r][l]);
             }
         }
-        _mm256_storeu_ps(out + 8 * m, hsum8v(acc));
     }
+    for (int r = 0; r < NR; ++r) _mm256_storeu_ps(out + 8 * r, hsum8v(acc[r]));
+}
+
+ALWAYS void simd_32(const int type, const int fused, const uint8_t *codes, int stride, const qd_scratch *s, int nb,
+                    const qd_acts *a, int m0, int MR, float *out) {
+    int m = 0;
+#if defined(__AVX512VL__)  /* 32 vector registers: two rows' 16 accumulators fit */
+    for (; m + 2 <= MR; m += 2) simd_32_rows(type, fused, 2, codes, stride, s, nb, a, m0 + m, out + 8 * m);
+#endif
+    for (; m < MR; ++m) simd_32_rows(type, fused, 1, codes, stride, s, nb, a, m0 + m, out + 8 * m);
 }
 
 /* 16-bit pairs (v, v) of the int32 lanes of v (|v| < 2^15) */
@@ -318,8 +330,12 @@ static void simd_panel(int type, int fused, const uint8_t *codes, int stride, co
 }
 #endif  /* QD_AVX2 */
 
-void qd_exact_sums(const int8_t *xq, int K, int32_t *n16) {
-    for (int i = 0; i < K / 4; ++i) n16[i] = -16 * (xq[4 * i] + xq[4 * i + 1] + xq[4 * i + 2] + xq[4 * i + 3]);
+void qd_exact_sums(const int8_t *xq, int K, int32_t *n16, int32_t *n128) {
+    for (int i = 0; i < K / 4; ++i) {
+        const int s = xq[4 * i] + xq[4 * i + 1] + xq[4 * i + 2] + xq[4 * i + 3];
+        n16[i] = -16 * s;
+        n128[i] = -128 * s;
+    }
 }
 
 int qd_exact_type(int type) {

@@ -209,6 +209,10 @@ ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, 
         #pragma GCC unroll 4
         for (int m = 0; m < MR; ++m) {
             const float xd = a->xd[(size_t)(m0 + m) * nb + b];
+            if (inl == 1 && a->exact && a->M >= 8) {  /* Q6_K, llama.cpp's tiled order (qdot_exact.c) */
+                accf[m] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[m]), dw), _mm256_set1_ps(xd), accf[m]);
+                continue;
+            }
             if (inl == 1) {
                 accf[m] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd)), _mm256_cvtepi32_ps(acc[m]), accf[m]);
                 continue;
@@ -236,7 +240,10 @@ ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, 
                                                                 _mm256_set1_epi32(p)));
             }
             const __m256 xdv = _mm256_set1_ps(xd);
-            if (fold) {
+            if (fold && a->exact && a->M >= 8) {  /* Q6_K / Q3_K, llama.cpp's tiled order (qdot_exact.c) */
+                const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(acc[m], mins)), dw);
+                accf[m] = _mm256_fmadd_ps(t, xdv, accf[m]);
+            } else if (fold) {
                 accf[m] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xdv), _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[m], mins)), accf[m]);
             } else {
                 accf[m] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xdv), _mm256_cvtepi32_ps(acc[m]), accf[m]);
@@ -381,7 +388,10 @@ ALWAYS void z_mk_k(const int MR, const int nsub, const int fold, const uint8_t *
                 mins = _mm512_add_epi32(mins, _mm512_madd_epi16(mn[i], _mm512_set1_epi32(q)));
             }
             const __m512 xdv = _mm512_set1_ps(xd);
-            if (fold) {
+            if (fold && a->exact && a->M >= 8) {  /* Q6_K / Q3_K, llama.cpp's tiled order (qdot_exact.c) */
+                const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m], mins)), dw);
+                accf[m] = _mm512_fmadd_ps(t, xdv, accf[m]);
+            } else if (fold) {
                 accf[m] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xdv), _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m], mins)), accf[m]);
             } else {
                 accf[m] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xdv), _mm512_cvtepi32_ps(acc[m]), accf[m]);
@@ -394,9 +404,65 @@ ALWAYS void z_mk_k(const int MR, const int nsub, const int fold, const uint8_t *
     for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + 16 * m, accf[m]);
 }
 
+/* Q4_K in llama.cpp's float order (qdot_exact.c: q4_K_8x8 gemm for the first M - M % 4 rows, a
+   float step per 64 columns, gemv for the others, per 256; the mins in their own accumulator):
+   the integers of z_mk_k, its float epilogue per row. out [MR][16]. */
+ALWAYS void z_mk_q4k_exact(const int MR, const uint8_t *c2, const qd_scratch *sA, const qd_scratch *sB, int nb,
+                           const qd_acts *a, int m0, float *out) {
+    __m512 accf[MRMAX], accm[MRMAX];
+    const size_t K = (size_t)a->K, K16 = K / 16;
+    const int8_t *const xq0 = a->xq + (size_t)m0 * K;
+    const int16_t *const bs0 = a->bsum + (size_t)m0 * K16;
+    const int gemm_rows = a->M - a->M % 4;
+    #pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) accf[m] = accm[m] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+        const __m512 dw = z_ld2f(sA->d + 8 * b, sB->d + 8 * b), dmw = z_ld2f(sA->dm + 8 * b, sB->dm + 8 * b);
+        __m512i acc[MRMAX], mins[MRMAX];
+        #pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m) acc[m] = mins[m] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; ++j) {
+            __m512i t[MRMAX];
+            #pragma GCC unroll 4
+            for (int m = 0; m < MR; ++m) t[m] = _mm512_setzero_si512();
+            #pragma GCC unroll 8
+            for (int kg = 0; kg < 8; ++kg) {
+                const int k = j * 8 + kg;
+                const __m512i w = _mm512_loadu_si512((const void *)(c2 + ((size_t)b * 2048 + 32 * k) * 2));
+                #pragma GCC unroll 4
+                for (int m = 0; m < MR; ++m) t[m] = _mm512_dpbusd_epi32(t[m], w, z_bcast4(xq0 + m * K + 256 * b + 4 * k));
+            }
+            const __m512i scv = z_ld2i(sA->sc + (size_t)b * 64 + 8 * j, sB->sc + (size_t)b * 64 + 8 * j);
+            const __m512i mnv = z_ld2i(sA->mn + (size_t)b * 64 + 8 * j, sB->mn + (size_t)b * 64 + 8 * j);
+            #pragma GCC unroll 4
+            for (int m = 0; m < MR; ++m) {
+                int32_t q; memcpy(&q, bs0 + m * K16 + 16 * b + 2 * j, 4);
+                acc[m] = _mm512_add_epi32(acc[m], _mm512_mullo_epi32(t[m], scv));
+                mins[m] = _mm512_add_epi32(mins[m], _mm512_madd_epi16(mnv, _mm512_set1_epi32(q)));
+            }
+            #pragma GCC unroll 4
+            for (int m = 0; m < MR; ++m)
+                if ((j & 1 && m0 + m < gemm_rows) || j == 7) {  /* gemm: every 2 sub-blocks; gemv: the block */
+                    const __m512 xdv = _mm512_set1_ps(a->xd[(size_t)(m0 + m) * nb + b]);
+                    accf[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), _mm512_mul_ps(dw, xdv), accf[m]);
+                    accm[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins[m]), _mm512_mul_ps(dmw, xdv), accm[m]);
+                    acc[m] = mins[m] = _mm512_setzero_si512();
+                }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + 16 * m, _mm512_sub_ps(accf[m], accm[m]));
+}
+
 /* A pair of panels: interleaved codes c2, scratch sA / sB -> out [MR][16]. */
 static void run_pair(int type, int MR, const uint8_t *c2, const qd_scratch *sA, const qd_scratch *sB, int nb,
                      const qd_acts *a, int m0, float *out) {
+#define Q4KX(n, unused) z_mk_q4k_exact(n, c2, sA, sB, nb, a, m0, out)
+    if (type == QD_Q4_K && a->exact) {
+        MR_SWITCH(Q4KX, 0)
+        return;
+    }
+#undef Q4KX
 #define ZMKA(n, T, off, hm) z_mk_a(T, n, off, hm, c2, sA, sB, nb, a, m0, out)
 #define ZMKK(n, nsub, fold) z_mk_k(n, nsub, fold, c2, sA, sB, nb, a, m0, out)
 #define A_CASE(T, chunk, off, hm) case T: MR_SWITCH(ZMKA, T, off, hm) break;
@@ -447,7 +513,9 @@ static void run_panel(int type, int fused, int MR, const uint8_t *c, int stride,
                         const int32_t p = s->mn[(size_t)b * 64 + 8 * i + r];
                         mins += (int16_t)(p & 0xFFFF) * bs[2 * i] + (int16_t)((uint32_t)p >> 16) * bs[2 * i + 1];
                     }
-                    if (type == QD_Q6_K || type == QD_Q3_K) acc[r] += (s->d[8 * b + r] * xd) * (float)(isum - mins);
+                    if ((type == QD_Q6_K || type == QD_Q3_K) && a->exact && a->M >= 8)  /* llama.cpp's tiled order */
+                        acc[r] = fmaf((float)(isum - mins) * s->d[8 * b + r], xd, acc[r]);
+                    else if (type == QD_Q6_K || type == QD_Q3_K) acc[r] += (s->d[8 * b + r] * xd) * (float)(isum - mins);
                     else acc[r] += (s->d[8 * b + r] * xd) * (float)isum - (s->dm[8 * b + r] * xd) * (float)mins;
                 }
             }
@@ -544,7 +612,13 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
         at += jbytes;
         if (i0 >= i1) continue;
         uint8_t *buf = (uint8_t *)tl_grow(&tl_buf, &tl_cap, sb * (size_t)G + 64);
-        const int exact = a->exact && qd_exact_type(jb->type);
+        /* (Q6_K from 8 rows: the integer-dot kernels, their tiled float epilogue) */
+        /* panels in llama.cpp's float order through qdot_exact.c, except where the integer-dot kernels
+           have its epilogue: Q6_K from 8 rows (mk_k / z_mk_k), Q4_K in AVX-512 pairs (z_mk_q4k_exact) */
+        const int exact = a->exact && qd_exact_type(jb->type) && !(jb->type == QD_Q6_K && M >= 8 && a->exact == 1);
+#if defined(QD_ZMM)
+        const int pair_ok = !exact || (jb->type == QD_Q4_K && a->exact == 1);
+#endif
         qd_scratch sc[16];
         const uint8_t *codes[16];
         for (int g = 0; g < G; ++g) sc[g] = scratch_at(buf + sb * (size_t)g, K, nb);
@@ -553,7 +627,7 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
             for (int p = p0; p < p1; ++p) codes[p - p0] = qd_decode_panel(t, jb->W + (size_t)p * pb, K, &sc[p - p0]);
 #if defined(QD_ZMM)
             uint8_t *pairs = NULL;
-            if (p1 - p0 >= 2 && !exact) {
+            if (p1 - p0 >= 2 && pair_ok) {
                 pairs = (uint8_t *)tl_grow(&tl_pair, &tl_pair_cap, (size_t)(G / 2) * K * 16 + 64);
                 for (int p = p0; p + 1 < p1; p += 2)
                     z_interleave(codes[p - p0], codes[p + 1 - p0], K, pairs + (size_t)((p - p0) / 2) * K * 16);
@@ -562,15 +636,6 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
             for (int m0 = 0; m0 < M; m0 += MRMAX) {
                 const int MR = M - m0 < MRMAX ? M - m0 : MRMAX;
                 int p = p0;
-                if (exact) {
-                    for (; p < p1; ++p) {
-                        float out[MRMAX * 8];
-                        qd_exact_panel(jb->type, 0, codes[p - p0], (int)qd_block_stride(t), &sc[p - p0], nb, a, m0, MR,
-                                       out, a->exact == 2);
-                        const int n0 = 8 * p, nn = jb->N - n0 < 8 ? jb->N - n0 : 8;
-                        for (int m = 0; m < MR; ++m) memcpy(jb->y + (size_t)(m0 + m) * jb->ldy + n0, out + 8 * m, sizeof(float) * nn);
-                    }
-                }
 #if defined(QD_ZMM)
                 for (; pairs && p + 1 < p1; p += 2) {
                     float out[MRMAX * 16];
@@ -584,7 +649,12 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
 #endif
                 for (; p < p1; ++p) {
                     float out[MRMAX * 8];
-                    run_panel(jb->type, 0, MR, codes[p - p0], (int)qd_block_stride(t), jb->W + (size_t)p * pb, &sc[p - p0], nb, a, m0, out);
+                    if (exact)
+                        qd_exact_panel(jb->type, 0, codes[p - p0], (int)qd_block_stride(t), &sc[p - p0], nb, a, m0, MR,
+                                       out, a->exact == 2);
+                    else
+                        run_panel(jb->type, 0, MR, codes[p - p0], (int)qd_block_stride(t), jb->W + (size_t)p * pb,
+                                  &sc[p - p0], nb, a, m0, out);
                     const int n0 = 8 * p, nn = jb->N - n0 < 8 ? jb->N - n0 : 8;
                     for (int m = 0; m < MR; ++m) memcpy(jb->y + (size_t)(m0 + m) * jb->ldy + n0, out + 8 * m, sizeof(float) * nn);
                 }
@@ -671,7 +741,7 @@ static void run_fused(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, co
         const int nb = K / t->bs, p = (int)(gi - start[j]);
         const uint8_t *panel = jb->W + (size_t)p * qd_panel_bytes(t, K);
         qd_scratch sc = scratch_at(buf, K, nb);
-        const int exact = a->exact && qd_exact_type(jb->type);
+        const int exact = a->exact && qd_exact_type(jb->type) && !(jb->type == QD_Q6_K && M >= 8 && a->exact == 1);
         const uint8_t *codes;
         if (exact && a->exact == 2) codes = qd_decode_panel(t, panel, K, &sc);  /* the reference reads scratch */
         else {
@@ -708,11 +778,12 @@ int qd_matmul(int type, const uint8_t *W, int N, int K, const int8_t *xq, const 
               const int16_t *bsum, int M, float *y, long ldy, int nthreads, int exact) {
     const qd_type *t = qd_type_info(type);
     if (!t || K % t->bs || M <= 0) return t && K % t->bs == 0 ? 0 : -1;
-    qd_acts a = {xq, xd, xs, bsum, M, K, NULL, NULL, exact, NULL};
+    qd_acts a = {xq, xd, xs, bsum, M, K, NULL, NULL, exact, NULL, NULL};
     if (exact && !t->kq) {
-        int32_t *n16 = (int32_t *)tl_grow(&tl_act, &tl_act_cap, (size_t)M * K + 64);
-        for (int m = 0; m < M; ++m) qd_exact_sums(xq + (size_t)m * K, K, n16 + (size_t)m * (K / 4));
+        int32_t *n16 = (int32_t *)tl_grow(&tl_act, &tl_act_cap, 2 * (size_t)M * K + 64), *n128 = n16 + (size_t)M * (K / 4);
+        for (int m = 0; m < M; ++m) qd_exact_sums(xq + (size_t)m * K, K, n16 + (size_t)m * (K / 4), n128 + (size_t)m * (K / 4));
         a.n16 = n16;
+        a.n128 = n128;
     }
     const qd_job job = {type, N, W, y, ldy};
     nthreads = threads_for((double)((N + 7) / 8) * qd_panel_bytes(t, K), M, nthreads);
@@ -758,7 +829,7 @@ int qd_group_run(const qd_group *g, const float *x, long ldx, int M, float *y, l
     /* activation buffers (calling thread's cache; the workers only read them) */
     const size_t q8 = (size_t)M * K, n0 = (size_t)M * (K / 32), nK = (size_t)M * (K / 256);
     const size_t need = (need0 ? q8 + 8 * n0 : 0) + (needK ? q8 + 4 * nK + 2 * (size_t)M * (K / 16) : 0)
-                        + (need0 && g->exact ? q8 + 64 : 0) + 256;
+                        + (need0 && g->exact ? 2 * q8 + 128 : 0) + 256;
     uint8_t *buf = (uint8_t *)tl_grow(&tl_act, &tl_act_cap, need), *p = buf;
     qd_acts a0 = {0}, aK = {0};
     if (need0) {
@@ -769,6 +840,7 @@ int qd_group_run(const qd_group *g, const float *x, long ldx, int M, float *y, l
         if (g->exact) {
             p = (uint8_t *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
             a0.n16 = (int32_t *)p; p += q8;
+            a0.n128 = (int32_t *)p; p += q8;
         }
     }
     if (needK) {
@@ -788,7 +860,8 @@ int qd_group_run(const qd_group *g, const float *x, long ldx, int M, float *y, l
         for (int m = 0; m < M; ++m) {
             if (need0) qd_quant_row_q8_0(x + (size_t)m * ldx, K, (int8_t *)a0.xq + (size_t)m * K,
                                          (float *)a0.xd + (size_t)m * (K / 32), (int32_t *)a0.xs + (size_t)m * (K / 32));
-            if (need0 && g->exact) qd_exact_sums(a0.xq + (size_t)m * K, K, (int32_t *)a0.n16 + (size_t)m * (K / 4));
+            if (need0 && g->exact) qd_exact_sums(a0.xq + (size_t)m * K, K, (int32_t *)a0.n16 + (size_t)m * (K / 4),
+                                                 (int32_t *)a0.n128 + (size_t)m * (K / 4));
             if (needK) qd_quant_row_q8_K(x + (size_t)m * ldx, K, (int8_t *)aK.xq + (size_t)m * K,
                                          (float *)aK.xd + (size_t)m * (K / 256), (int16_t *)aK.bsum + (size_t)m * (K / 16));
         }
