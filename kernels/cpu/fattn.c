@@ -195,25 +195,7 @@ void fattn_rows(const float *q, const void *kc, const void *vc, const int *bt, i
 #if defined(__x86_64__)
 #define TILE 64
 #define AVX512_T __attribute__((target("avx512f,avx512dq,fma")))
-AVX512_T static inline __m512 v_expf(__m512 x) {  /* ggml-cpu/vec.h ggml_v_expf, AVX-512 */
-    const __m512 r = _mm512_set1_ps(0x1.8p23f);
-    const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), r);
-    const __m512 n = _mm512_sub_ps(z, r);
-    const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f),
-                                      _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
-    const __mmask16 d = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192), _CMP_GT_OQ);
-    const __m512 u = _mm512_mul_ps(b, b);
-    const __m512 j = _mm512_fmadd_ps(
-        _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
-                        _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f))),
-        u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0F)));
-    const __m512 res = _mm512_scalef_ps(j, n);
-    if (_mm512_kortestz(d, d)) return res;
-    const __m512 zero = _mm512_setzero_ps();
-    const __m512 alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, zero, _CMP_LE_OQ), _mm512_set1_ps(INFINITY), zero);
-    return _mm512_mask_blend_ps(d, res, alt);
-}
-
+#include "ggml_expf.h"
 struct ft_args {
     const float *q; const char *kc, *vc; const int *bt; float *out;
     int n, p0, H, KVH, D, BS, bs_shift, f16; float scale; int window, rows_per_item;
@@ -284,7 +266,7 @@ AVX512_T static void ft_item(void *args, int item) {
                 Ms[st] = Mnew;
                 double sum = 0.0;
                 for (int j = 0; j < 4; ++j) {
-                    const __m512 p = v_expf(_mm512_sub_ps(_mm512_load_ps(s + 16 * j), _mm512_set1_ps(Mnew)));
+                    const __m512 p = ggml_v_expf_avx512(_mm512_sub_ps(_mm512_load_ps(s + 16 * j), _mm512_set1_ps(Mnew)));
                     _mm512_store_ps(s + 16 * j, p);
                     sum += (double)_mm512_reduce_add_ps(p);
                 }

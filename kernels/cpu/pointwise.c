@@ -219,26 +219,7 @@ void gelu_table_mul_f32(const float *x, const float *g, float *y, const float *t
    build's target (pointwise.py calls it only on a CPU that has AVX-512F and DQ); the elements past
    the last full vector of 16 through ggml's scalar ggml_silu_f32 (libm expf). y = silu(x) * g. */
 #if defined(__x86_64__)
-#define AVX512_FN static inline __attribute__((target("avx512f,avx512dq,fma"), always_inline))
-AVX512_FN __m512 ggml_v_expf_avx512(__m512 x) {
-    const __m512 r = _mm512_set1_ps(0x1.8p23f);
-    const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), r);
-    const __m512 n = _mm512_sub_ps(z, r);
-    const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f),
-                                      _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
-    const __mmask16 d = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192), _CMP_GT_OQ);
-    const __m512 u = _mm512_mul_ps(b, b);
-    const __m512 j = _mm512_fmadd_ps(
-        _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
-                        _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f))),
-        u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0F)));
-    const __m512 res = _mm512_scalef_ps(j, n);
-    if (_mm512_kortestz(d, d)) return res;
-    const __m512 zero = _mm512_setzero_ps();
-    const __m512 alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, zero, _CMP_LE_OQ), _mm512_set1_ps(INFINITY), zero);
-    return _mm512_mask_blend_ps(d, res, alt);
-}
-
+#include "ggml_expf.h"
 /* x, g: [rows, n] with row strides ldx, ldg; y: [rows, n] with row stride ldy. */
 __attribute__((target("avx512f,avx512dq,fma")))
 static void swiglu_rows(const void *job, int t0, int t1) {
