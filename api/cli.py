@@ -207,7 +207,8 @@ def engine_config(args: argparse.Namespace, scfg: ServerConfig, preload: Preload
     device = args.device  # "auto" is resolved by the engine
     return EngineConfig(
         model_path=args.model, n_ctx=args.ctx_size, n_parallel=args.parallel,
-        kv_unified=True if args.kv_unified else None, swa_full=args.swa_full, ctx_checkpoints=args.ctx_checkpoints, n_threads=args.threads, device=device,
+        kv_unified=True if args.kv_unified else None, swa_full=args.swa_full, ctx_checkpoints=args.ctx_checkpoints,
+        n_threads=args.threads, device=device,
         cache_ram_mib=args.cache_ram, cache_reuse=args.cache_reuse, cache_idle_slots=args.cache_idle_slots,
         sleep_idle_seconds=args.sleep_idle_seconds,
         slot_prompt_similarity=args.slot_prompt_similarity, slot_save_path=args.slot_save_path,
