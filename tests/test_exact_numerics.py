@@ -156,36 +156,3 @@ def test_ctx_checkpoints_flag():
     assert cfg().ctx_checkpoints == 32  # llama-server's default
     assert cfg("--ctx-checkpoints", "0").ctx_checkpoints == 0
     assert cfg("--swa-checkpoints", "4").ctx_checkpoints == 4 and cfg("-ctxcp", "2").ctx_checkpoints == 2
-
-
-def test_quantized_head_first_pass_keeps_the_exact_top_k(monkeypatch):
-    """A Q8_0 / Q5_0 output head under llama.cpp's numerics: qdot's faster order finds the
-    candidates, which come back in llama.cpp's order, bit for bit those of the full matmul; rows
-    with k 0 whole."""
-    import importlib
-
-    from kernels.qweight import QWeight
-
-    cpu_matmul = importlib.import_module("kernels.cpu.matmul")
-    cpu_topk = importlib.import_module("kernels.cpu.topk")  # (the package attribute is the function)
-
-    if qdot.lib() is None:
-        pytest.skip("no C compiler")
-    gen = torch.Generator().manual_seed(5)
-    for qtype in (Q.Q8_0, Q.Q5_0):
-        raw = random_qweight(qtype, 203, 256, gen)  # 203 rows: a partial last panel
-        w = cpu_matmul.prepare_weights([QWeight(raw.data, raw.qtype, raw.rows, raw.cols)])[0]
-        head = cpu_topk.prepare_topk_head(w)
-        assert isinstance(head, cpu_topk.QdotHead)
-        x = torch.randn(3, 256, generator=gen)
-        full = qdot.matmul_group(x, w.kernel, exact=1)
-        got = cpu_topk.topk_logits(x, w, head, [1, 5, 0], [(), (int(full[1].argmax()),), ()])
-        assert torch.equal(got[2], full[2])
-        assert int(got[0].argmax()) == int(full[0].argmax()) and got[0].max() == full[0].max()
-        want1 = full[1].clone()
-        want1[int(full[1].argmax())] = -float("inf")
-        top = want1.topk(5).indices
-        assert torch.equal(got[1][top], full[1][top])
-        assert bool(torch.isinf(got[1]).sum() >= 203 - 40)  # the rest left out
-    monkeypatch.setenv("TRITIUM_FAST_NUMERICS", "1")
-    assert cpu_topk.prepare_topk_head(w) is None  # qdot's own order everywhere: nothing to redo

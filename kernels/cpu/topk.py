@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import env
 from ..qweight import QWeight
-from . import gemv, qdot
+from . import gemv
 from .matmul import qmatmul
 
 
@@ -69,21 +68,8 @@ class TopkHead:
     e_max: float
 
 
-@dataclass
-class QdotHead:
-    """A quantized head in llama.cpp's float order (qdot_exact.c) whose first pass is qdot's own,
-    faster order: the two differ by float32 rounding only. Q8_0 / Q5_0: an output's exact value
-    does not depend on the other rows of the call, so candidates are recomputed alone."""
-    w: QWeight
-    panel_bytes: int
-
-
-def prepare_topk_head(w: QWeight) -> TopkHead | QdotHead | None:
-    """For a float head in 64-row tiles where the C kernels are a vector build; for a Q8_0 / Q5_0
-    head in qdot panels under llama.cpp's numerics (else None)."""
-    if (w.data.device.type == "cpu" and w.layout == "x8" and int(w.qtype) in (6, 8)
-            and len(w.kernel.weights) == 1 and env.ggml_numerics()):
-        return QdotHead(w, qdot.repacked_bytes(int(w.qtype), 8, w.cols))
+def prepare_topk_head(w: QWeight) -> TopkHead | None:
+    """For a float head in 64-row tiles where the C kernels are a vector build (else None)."""
     if w.data.device.type != "cpu" or w.layout != "tiles64" or not gemv.i8_fast():
         return None
     q, scale, err, norm = gemv.pack_i8(w.data)
@@ -115,8 +101,6 @@ def topk_logits(x: torch.Tensor, w: QWeight, head: TopkHead | None, topk: list[i
     weights."""
     if head is None or all(k <= 0 for k in topk):
         return qmatmul(x, w).float()
-    if isinstance(head, QdotHead):
-        return _qdot_topk_logits(x, head, topk, banned)
     V = w.rows
     exact = [i for i, k in enumerate(topk) if k <= 0]
     approx = [i for i, k in enumerate(topk) if k > 0]
@@ -137,35 +121,4 @@ def topk_logits(x: torch.Tensor, w: QWeight, head: TopkHead | None, topk: list[i
         # the file's weights, float32 dot products in numpy (a torch matmul is a BLAS call that
         # may fork threads, as costly as the fill above on a loaded host)
         out[i, cand] = gemv.rows(w.data, torch.from_numpy(cand)).float().numpy() @ xn[j]
-    return torch.from_numpy(out)
-
-
-def _qdot_topk_logits(x: torch.Tensor, head: QdotHead, topk: list[int], banned: list[tuple[int, ...]]) -> torch.Tensor:
-    """`topk_logits` for a `QdotHead`: qdot's own order everywhere first (exact=0), then the panels
-    of the rows that can be among the top k (within 1e-3 + 1e-4 |max| of the k-th: the orders differ
-    by float32 rounding, ~1e-6 relative) in llama.cpp's order, alone (same bits as in the full call)."""
-    w = head.w
-    member = w.kernel.weights[0]
-    V = w.rows
-    xf = x.float()
-    out = qdot.matmul_group(xf, w.kernel, exact=0).numpy().copy()
-    for i, k in enumerate(topk):
-        r = out[i]
-        if k <= 0:
-            out[i] = qdot.matmul_group(xf[i:i + 1], w.kernel, exact=1).numpy()[0]
-            continue
-        if banned[i]:
-            r[list(banned[i])] = -np.inf
-        kth = kth_largest(r, min(k, V))
-        slack = 1e-3 + 1e-4 * float(np.abs(r[np.isfinite(r)]).max(initial=0.0))
-        cand = np.flatnonzero(r >= kth - slack)
-        exact = np.full(V, -np.inf, dtype=np.float32)
-        for p in np.unique(cand // 8):
-            n = min(8, V - 8 * int(p))
-            sub = qdot.QdotWeight(member.data[int(p) * head.panel_bytes:(int(p) + 1) * head.panel_bytes],
-                                  member.qtype, n, member.cols)
-            exact[8 * int(p):8 * int(p) + n] = qdot.matmul(xf[i:i + 1], sub, exact=1).numpy()[0]
-        keep = np.full(V, -np.inf, dtype=np.float32)
-        keep[cand] = exact[cand]
-        out[i] = keep
     return torch.from_numpy(out)
