@@ -6,7 +6,7 @@ fastest path this machine has and falling back to the torch reference (`kernels.
 | `matmul.py` | weight layouts chosen at load (`prepare_weight`, `prepare_weights`); `qmatmul`, `dequantize`, `embedding` over each (C GEMV tiles, BLAS) |
 | `attention.py` | `paged_attention`: C decode kernel reading the paged cache in place, batched torch decode, else the reference |
 | `moe.py` | mixture-of-experts FFN: experts prepared one by one at load, tokens grouped by expert, one matmul per used expert |
-| `topk.py` | `topk` over one long row (numpy); `topk_logits` through an int8 copy of a float output head, or a Q8_0 / Q5_0 head's qdot order as the first pass under llama.cpp's numerics |
+| `topk.py` | `topk` over one long row (numpy); `topk_logits` through an int8 copy of the output head |
 | `gemv.py` + `gemv.c` | batched GEMV on 64-row float tiles (float32/float16/bfloat16) and int8 tiles with row scales |
 | `qdot.py` + `qdot*.c` | integer-dot quantized matmul: GGUF blocks regrouped into 8-row panels (same size), activations quantized to 8 bits per block, one ISA build each (scalar, AVX2, AVX-VNNI, AVX-512 VNNI) |
 | `qgemv.py` + `qgemv.c` | the fallback for quantized types qdot lacks: repacked exactly into affine-integer tiles, float32 GEMV |
