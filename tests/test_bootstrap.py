@@ -31,9 +31,14 @@ def test_slot_layout():
     assert slot_layout(EngineConfig(n_ctx=0, n_parallel=0), 2048) == (2048, 1, False, 2048)
 
 
-def test_cpu_micro_batches_are_capped_by_the_model_size_whatever_ub_says():
+def test_cpu_micro_batches_are_capped_by_the_model_size_whatever_ub_says(monkeypatch):
+    """With TRITIUM_FAST_NUMERICS (under llama.cpp's numerics the micro-batch is -ub: its float order
+    depends on the rows per forward, kernels/README.md)."""
     cpu, cuda = SimpleNamespace(device=torch.device("cpu")), SimpleNamespace(device=torch.device("cuda"))
     qwen05b, q15b = 491_400_064, 1_117_318_368
+    assert runner_ubatch(EngineConfig(n_ubatch=512), cpu, qwen05b) == 512
+    assert runner_ubatch(EngineConfig(n_ubatch=2048), cpu, q15b) == 2048
+    monkeypatch.setenv("TRITIUM_FAST_NUMERICS", "1")
     assert runner_ubatch(EngineConfig(n_ubatch=512), cpu, qwen05b) == CPU_UBATCH_MIN == 256
     assert runner_ubatch(EngineConfig(n_ubatch=512), cpu, q15b) == 512
     assert runner_ubatch(EngineConfig(n_ubatch=2048), cpu, q15b) == 512  # one row per 2 MiB, in 64s
