@@ -105,8 +105,12 @@ def test_return_progress_and_timings_per_token(client):
     assert last["prompt_progress"]["processed"] == last["prompt_progress"]["total"] == first["tokens_evaluated"]
     assert last["timings"]["prompt_n"] == last["prompt_progress"]["total"] and last["timings"]["prompt_ms"] > 0
     tokens = [c for c in chunks if "prompt_progress" not in c and not c["stop"]]
-    assert len(tokens) == 3 and all("timings" in c for c in tokens)
-    assert [c["timings"]["predicted_n"] for c in tokens] == [1, 2, 3]
+    final = [c for c in chunks if "prompt_progress" not in c and c["stop"]]
+    assert all("timings" in c for c in tokens + final)
+    # one chunk per token as they come; a token whose text is held back (a partial UTF-8 sequence of
+    # this random model's vocabulary, as llama-server holds it) arrives with the final chunk instead
+    assert [c["timings"]["predicted_n"] for c in tokens] == list(range(1, len(tokens) + 1))
+    assert 2 <= len(tokens) <= 3 and final and final[-1]["timings"]["predicted_n"] == 3
     # chat: each progress chunk is a role delta; without return_progress none are sent
     chat = {"messages": MSGS, "max_tokens": 2, "stream": True, "return_progress": True}
     chunks = sse_json(client.post("/v1/chat/completions", json=chat).content)
