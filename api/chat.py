@@ -38,6 +38,9 @@ def special_text(tok: Any, tid: int | None) -> str:
     return tok.piece(tid).decode("utf-8", "replace")
 
 
+# user messages (the last ones) whose token positions a chat task carries (chat_task.user_starts)
+USER_STARTS_MAX = 8
+
 @dataclass
 class ChatPrep:
     """A chat request after template rendering."""
@@ -56,6 +59,9 @@ class ChatPrep:
     echo_format: str = ChatFormat.CONTENT_ONLY
     grammar_prefix: str = ""  # generated text the tool grammar has already seen (the prefill), set by apply_grammar
     generation_prompt: str = ""  # the template's assistant-turn opening + the prefill (b1's generation_prompt)
+    # the rendered conversation before each of the last user messages (their token positions are
+    # where llama-server's context checkpoints may end a prompt batch: chat_task.user_starts)
+    user_prefixes: list[str] = field(default_factory=list)
 
 
 def _tool_choice(raw: Any) -> str:
@@ -175,6 +181,12 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     except Exception as e:  # jinja errors, raise_exception() in the template
         raise ApiError(f"Failed to apply chat template: {e}") from e
     prompt += prefill
+    user_prefixes = []
+    for i in [i for i, m in enumerate(msgs) if isinstance(m, dict) and m.get("role") == "user"][-USER_STARTS_MAX:]:
+        try:
+            user_prefixes.append(tmpl.render(msgs[:i], add_generation_prompt=False, tools=shown, **kwargs))
+        except Exception:  # a template that cannot render that prefix: no position for it
+            continue
 
     reasoning_format = f.string("reasoning_format", cfg.reasoning_format)
     if reasoning_format not in REASONING_FORMATS:
@@ -198,7 +210,7 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
                     # b1-0c1e570's default: whether the template can render several calls
                     f.boolean("parallel_tool_calls", caps.get("supports_parallel_tool_calls", False)),
                     include_usage, ChatFormat.PEG_NATIVE if cfg.jinja else ChatFormat.CONTENT_ONLY, grammar_prefix,
-                    gen_prompt + prefill)
+                    gen_prompt + prefill, user_prefixes)
 
 
 # ------------------------------------------------------------------------------------------

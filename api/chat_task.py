@@ -29,4 +29,18 @@ async def chat_task(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.Cha
     task = parse_task(prep.body, toks, params, cfg.n_predict, openai=True)
     task.chat_format, task.grammar_prefix = prep.echo_format, prep.grammar_prefix
     task.generation_prompt = prep.generation_prompt
+    task.user_starts = await off_loop(user_starts, ctx, prep, toks)
     return prep, task, params
+
+
+def user_starts(ctx: ApiContext, prep: chat_api.ChatPrep, toks: list[int]) -> list[int]:
+    """The token positions where the last user messages begin (llama-server finds them by its
+    template's user delimiter, `common_chat_msg_delimiters::split`, and ends prompt batches and
+    saves context checkpoints there on sliding-window models): the length of the rendered
+    conversation before each, where its tokens are a prefix of the prompt's."""
+    out = []
+    for text in prep.user_prefixes:
+        pre = ctx.tokenizer.encode(text, add_special=True, parse_special=True)
+        if 0 < len(pre) < len(toks) and toks[:len(pre)] == pre:
+            out.append(len(pre))
+    return sorted(set(out))

@@ -73,6 +73,7 @@ class CompletionTask:
     lora: dict[int, float] | None = None  # per-request adapter scales (unlisted: 0); None = the server's
     is_child: bool = False  # one of the n - 1 extra completions of `n`: its slot keeps no cache afterwards
     chat_format: str = "Content-only"  # echoed in generation_settings: llama.cpp's name of the parser format
+    user_starts: list[int] = field(default_factory=list)  # chat: token positions where user messages begin
     infill: bool = False  # an /infill task: like llama-server's, it never saves to or loads from --cache-ram
 
 

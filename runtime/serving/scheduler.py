@@ -142,6 +142,12 @@ class Scheduler:
         r.n_past = r.n_cached = n_past
         if self.swa_checkpoints and not task.infill:
             r.prompt_breaks = prompt_breaks(len(prompt), self.cfg.n_batch, self.cfg.n_ubatch)
+            # a chat's user messages: llama-server also ends a batch where the last one begins, and
+            # where the first one past the cache begins while the slot holds no checkpoint
+            users = [u for u in getattr(task, "user_starts", ()) if u > n_past]
+            if users:
+                extra = {users[-1]} | ({users[0]} if not s.checkpoints else set())
+                r.prompt_breaks = tuple(sorted(set(r.prompt_breaks) | extra))
         s.state = SlotState.PROMPT
         try:
             self.vocab.start_sampler(r, task.grammar_prefix)
@@ -184,7 +190,10 @@ class Scheduler:
         if s.state is not SlotState.PROMPT or r.embedding or r.task.infill or start <= 0:
             return
         n = len(r.prompt)
-        if end == n or n < end + self.cfg.n_ubatch:
+        users = getattr(r.task, "user_starts", ())
+        near = end == n or n < end + self.cfg.n_ubatch
+        # ... or starts a user message: the first checkpoint, or the last user message's
+        if near or start in users and (not s.checkpoints or start == users[-1]):
             s.checkpoints = [c for c in s.checkpoints if c != start][-(self.cfg.ctx_checkpoints - 1):] + [start] \
                 if self.cfg.ctx_checkpoints > 1 else [start]
 
