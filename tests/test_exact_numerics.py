@@ -156,3 +156,23 @@ def test_ctx_checkpoints_flag():
     assert cfg().ctx_checkpoints == 32  # llama-server's default
     assert cfg("--ctx-checkpoints", "0").ctx_checkpoints == 0
     assert cfg("--swa-checkpoints", "4").ctx_checkpoints == 4 and cfg("-ctxcp", "2").ctx_checkpoints == 2
+
+
+def test_user_message_starts_are_where_the_user_turns_begin():
+    """api/chat_task.user_starts: the positions llama-server's user delimiter finds (the ChatML
+    fallback of the template-less Gemma file: "<|im_start|>user")."""
+    from types import SimpleNamespace
+
+    from api.chat_task import user_starts
+    from runtime.tokenizer import load_tokenizer
+
+    tk = load_tokenizer(real_model_path(GEMMA))
+    turns = [("user", "Tell me about Rome."), ("assistant", "Rome is old."), ("user", "And then?")]
+    render = lambda ts: "".join(f"<|im_start|>{r}\n{c}<|im_end|>\n" for r, c in ts)  # noqa: E731
+    prompt = render(turns) + "<|im_start|>assistant\n"
+    toks = tk.encode(prompt, add_special=True, parse_special=True)
+    prep = SimpleNamespace(user_prefixes=[render(turns[:0]), render(turns[:2])])
+    got = user_starts(SimpleNamespace(tokenizer=tk), prep, toks)
+    im_start = tk.encode("<|im_start|>user", add_special=False, parse_special=True)
+    want = [i for i in range(len(toks)) if toks[i:i + len(im_start)] == im_start]
+    assert got == want and len(got) == 2 and got[0] == 1  # after the BOS
