@@ -188,9 +188,10 @@ long qd_take_back(qd_range *r);                     /* one panel, or -1 */
 const uint8_t *qd_decode_panel(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s);
 const uint8_t *qd_decode_panel_scalar(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s);
 
-/* qdot_exact.c: whether `type` has a kernel in llama.cpp's float order, and that kernel for one
+/* qdot_exact.c: whether a panel of `type` goes through its kernel in llama.cpp's float order (a->exact
+   set, the type covered, and no integer-dot kernel with that order already), and that kernel for one
    panel and MR activation rows from m0 (out [MR][8]); ref: its portable C. */
-int qd_exact_type(int type);
+int qd_exact_route(const qd_acts *a, int type);
 void qd_exact_sums(const int8_t *xq, int K, int32_t *n16, int32_t *n128);  /* one row's n16, n128 (qd_acts) */
 void qd_exact_panel(int type, int fused, const uint8_t *codes, int stride, const qd_scratch *s, int nb,
                     const qd_acts *a, int m0, int MR, float *out, int ref);

@@ -1,5 +1,6 @@
 /* The code vectors of qdot's x8 panels (qdot.h), decoded in registers (AVX2): shared by the
-   integer-dot kernels (qdot_gemm.c) and the kernels in llama.cpp's float order (qdot_exact.c). */
+   integer-dot kernels (qdot_gemm.c), the kernels in llama.cpp's float order (qdot_exact.c) and
+   the panel decoder (qdot_panel.c). */
 #ifndef QDOT_CODES_H
 #define QDOT_CODES_H
 #include "qdot.h"
@@ -8,6 +9,10 @@
 
 ALWAYS __m256i bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
 ALWAYS __m256i ldv(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+/* int16 pairs (lo, hi) of the int32 lanes of lo and hi (|lane| < 2^15): vpmaddwd's second operand */
+ALWAYS __m256i pairs(__m256i lo, __m256i hi) {
+    return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
+}
 
 /* Code vector of k-group kg (0..7) of one 32-column group of a panel, decoded in registers from the
    x8 planes (qdot.h): the small-batch kernels read the weights once, straight from memory. */

@@ -215,10 +215,8 @@ ALWAYS void simd_32(const int type, const int fused, const uint8_t *codes, int s
     for (; m < MR; ++m) simd_32_rows(type, fused, 1, codes, stride, s, nb, a, m0 + m, out + 8 * m);
 }
 
-/* 16-bit pairs (v, v) of the int32 lanes of v (|v| < 2^15) */
-ALWAYS __m256i pair16(__m256i v) {
-    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
-}
+/* sub-block scales (int32 lanes) as vpmaddwd pairs (s, s) */
+ALWAYS __m256i sc_pair(const int32_t *p) { const __m256i v = _mm256_loadu_si256((const __m256i *)p); return pairs(v, v); }
 ALWAYS __m256i bcast_pair(const int16_t *p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
 
 /* Q6_K / Q4_K: sub-block j's scale x (code . x) over k-group k, added to acc (int32 lanes) */
@@ -228,7 +226,7 @@ ALWAYS __m256i add_scaled(__m256i acc, __m256i w, __m256i a4, __m256i sc16) {
 
 ALWAYS void simd_q6_K(const int fused, const uint8_t *codes, int stride, const qd_scratch *s, int nb,
                       const qd_acts *a, int m0, int MR, float *out) {
-    const int K = a->K, gbytes = qd_type_info(QD_Q6_K)->codes / 8, tiled = a->M >= 8;
+    const int K = a->K, gbytes = qd_type_info(QD_Q6_K)->codes / 8;  /* under 8 rows (gemv order) */
     for (int m = 0; m < MR; ++m) {
         const int8_t *x = a->xq + (size_t)(m0 + m) * K;
         const int16_t *bs = a->bsum + (size_t)(m0 + m) * (K / 16);
@@ -241,29 +239,14 @@ ALWAYS void simd_q6_K(const int fused, const uint8_t *codes, int stride, const q
             const __m256 dw = _mm256_loadu_ps(s->d + 8 * b);
             const int8_t *xb = x + 256 * b;
             const int16_t *bb = bs + 16 * b;
-            if (tiled) {  /* one integer per row: sum_j sc_j (raw_j - 32 bsum_j) */
-                __m256i isum = _mm256_setzero_si256();
-                #pragma GCC unroll 4
-                for (int j = 0; j < 16; ++j) {
-                    const __m256i sc16 = pair16(_mm256_loadu_si256((const __m256i *)(sc + 8 * j)));
-                    for (int k = 4 * j; k < 4 * j + 4; ++k)
-                        isum = add_scaled(isum, wv(QD_Q6_K, fused, codes, stride, gbytes, 256, b, k), bcast4(xb + 4 * k), sc16);
-                }
-                for (int i = 0; i < 8; ++i)
-                    isum = _mm256_sub_epi32(isum, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(mn + 8 * i)),
-                                                                    bcast_pair(bb + 2 * i)));
-                const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), dw);
-                acc[0] = _mm256_fmadd_ps(t, _mm256_set1_ps(xd), acc[0]);
-                continue;
-            }
             __m256i isum[8];
             #pragma GCC unroll 8
             for (int l = 0; l < 8; ++l)  /* the -32 offset of lane l: chunk l's two sub-blocks */
                 isum[l] = _mm256_sub_epi32(_mm256_setzero_si256(),
                                            _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(mn + 8 * l)), bcast_pair(bb + 2 * l)));
             for (int c = 0; c < 8; ++c) {
-                const __m256i sc_lo = pair16(_mm256_loadu_si256((const __m256i *)(sc + 8 * (2 * c)))),
-                              sc_hi = pair16(_mm256_loadu_si256((const __m256i *)(sc + 8 * (2 * c + 1))));
+                const __m256i sc_lo = sc_pair(sc + 8 * (2 * c)),
+                              sc_hi = sc_pair(sc + 8 * (2 * c + 1));
                 #pragma GCC unroll 8
                 for (int l = 0; l < 8; ++l) {
                     const int k = 8 * c + l;
@@ -275,7 +258,7 @@ ALWAYS void simd_q6_K(const int fused, const uint8_t *codes, int stride, const q
             #pragma GCC unroll 8
             for (int l = 0; l < 8; ++l) acc[l] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum[l]), acc[l]);
         }
-        _mm256_storeu_ps(out + 8 * m, tiled ? acc[0] : hsum8v(acc));
+        _mm256_storeu_ps(out + 8 * m, hsum8v(acc));
     }
 }
 
@@ -305,7 +288,7 @@ ALWAYS void simd_q4_K(const int fused, const uint8_t *codes, int stride, const q
                         t16 = _mm256_add_epi16(t16, _mm256_maddubs_epi16(wv(QD_Q4_K, fused, codes, stride, gbytes, 256, b, k),
                                                                          bcast4(xb + 4 * k)));
                     }
-                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(t16, pair16(_mm256_loadu_si256((const __m256i *)(sc + 8 * j)))));
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(t16, sc_pair(sc + 8 * j)));
                     imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(mn + 8 * j)),
                                                                     bcast_pair(bb + 2 * j)));
                 }
@@ -338,8 +321,9 @@ void qd_exact_sums(const int8_t *xq, int K, int32_t *n16, int32_t *n128) {
     }
 }
 
-int qd_exact_type(int type) {
-    return type == QD_Q5_0 || type == QD_Q8_0 || type == QD_Q6_K || type == QD_Q4_K;
+int qd_exact_route(const qd_acts *a, int type) {
+    if (!a->exact || !(type == QD_Q5_0 || type == QD_Q8_0 || type == QD_Q6_K || type == QD_Q4_K)) return 0;
+    return !(type == QD_Q6_K && a->M >= 8 && a->exact == 1);  /* mk_k / z_mk_k / run_panel have its tiled epilogue */
 }
 
 /* One panel (8 weight rows) for MR activation rows from m0: out [MR][8]. fused: the codes read

@@ -612,10 +612,9 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
         at += jbytes;
         if (i0 >= i1) continue;
         uint8_t *buf = (uint8_t *)tl_grow(&tl_buf, &tl_cap, sb * (size_t)G + 64);
-        /* (Q6_K from 8 rows: the integer-dot kernels, their tiled float epilogue) */
         /* panels in llama.cpp's float order through qdot_exact.c, except where the integer-dot kernels
            have its epilogue: Q6_K from 8 rows (mk_k / z_mk_k), Q4_K in AVX-512 pairs (z_mk_q4k_exact) */
-        const int exact = a->exact && qd_exact_type(jb->type) && !(jb->type == QD_Q6_K && M >= 8 && a->exact == 1);
+        const int exact = qd_exact_route(a, jb->type);
 #if defined(QD_ZMM)
         const int pair_ok = !exact || (jb->type == QD_Q4_K && a->exact == 1);
 #endif
@@ -741,7 +740,7 @@ static void run_fused(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, co
         const int nb = K / t->bs, p = (int)(gi - start[j]);
         const uint8_t *panel = jb->W + (size_t)p * qd_panel_bytes(t, K);
         qd_scratch sc = scratch_at(buf, K, nb);
-        const int exact = a->exact && qd_exact_type(jb->type) && !(jb->type == QD_Q6_K && M >= 8 && a->exact == 1);
+        const int exact = qd_exact_route(a, jb->type);
         const uint8_t *codes;
         if (exact && a->exact == 2) codes = qd_decode_panel(t, panel, K, &sc);  /* the reference reads scratch */
         else {

@@ -2,6 +2,7 @@
    scales and integer sub-block scales / mins, ready for the dot kernels in qdot_gemm.c. A panel is
    decoded once per matmul call and then read by every activation row (decode batch or prefill). */
 #include "qdot.h"
+#include "qdot_codes.h"
 
 static inline int32_t pair16(int a, int b) { return (int32_t)((uint32_t)(uint16_t)a | (uint32_t)(uint16_t)b << 16); }
 
@@ -165,20 +166,11 @@ void qd_dequant_rows(int type, const uint8_t *W, int N, int K, const int64_t *id
 
 static inline __m256i ld(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 static inline void st(void *p, __m256i v) { _mm256_storeu_si256((__m256i *)p, v); }
-/* bit `from` of every byte -> bit `to` (16-bit lane shifts; the mask keeps the byte's own bits) */
-static inline __m256i mv(__m256i v, int from, int to) {
-    return to >= from ? _mm256_slli_epi16(v, to - from) : _mm256_srli_epi16(v, from - to);
-}
 #if defined(QD_VNNI)
 static inline __m256i sc_form(__m256i v) { return v; }
 #else  /* int16 pair (s, s) per lane for vpmaddwd */
-static inline __m256i sc_form(__m256i v) {
-    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
-}
+static inline __m256i sc_form(__m256i v) { return pairs(v, v); }
 #endif
-static inline __m256i pairs(__m256i lo, __m256i hi) {
-    return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
-}
 static inline __m256i byte_of(__m256i v, int j) {
     return _mm256_and_si256(_mm256_srli_epi32(v, 8 * j), _mm256_set1_epi32(0xFF));
 }
@@ -266,12 +258,12 @@ static inline void v_nib(const uint8_t *g, __m256i c[8]) {
 }
 static inline void v_bit1(const uint8_t *pl, int dst, __m256i c[8]) {
     const __m256i h = ld(pl), m = _mm256_set1_epi8((char)(1 << dst));
-    for (int kg = 0; kg < 8; ++kg) c[kg] = _mm256_or_si256(c[kg], _mm256_and_si256(mv(h, kg, dst), m));
+    for (int kg = 0; kg < 8; ++kg) c[kg] = _mm256_or_si256(c[kg], _mm256_and_si256(mvb(h, kg, dst), m));
 }
 static inline void v_bit2(const uint8_t *pl, int dst, __m256i c[8]) {
     const __m256i h0 = ld(pl), h1 = ld(pl + 32), m = _mm256_set1_epi8((char)(3 << dst));
     for (int kg = 0; kg < 8; ++kg)
-        c[kg] = _mm256_or_si256(c[kg], _mm256_and_si256(mv(kg < 4 ? h0 : h1, 2 * (kg % 4), dst), m));
+        c[kg] = _mm256_or_si256(c[kg], _mm256_and_si256(mvb(kg < 4 ? h0 : h1, 2 * (kg % 4), dst), m));
 }
 
 void qd_decode_scales(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s) {
