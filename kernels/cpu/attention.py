@@ -105,20 +105,20 @@ def paged_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
     q: [T, H, D] -> [T, H, D] float32 (rows past cu[-1]: zeros)."""
     T, H, D = q.shape
     S = len(lens)
+    qf = q.float().contiguous()
+    out = torch.zeros((T, H, D), dtype=torch.float32)
+    n = cu[S] - cu[0]
+    flash = flash_rows(n)  # llama.cpp's choice for the whole batch
+    if not flash and softcap == 0.0 and env.ggml_numerics() and _tiled(qf, k_cache, v_cache, block_tables, cu, lens,
+                                                                       scale, window, out):
+        return out
     q_lens = torch.tensor([cu[s + 1] - cu[s] for s in range(S)], dtype=torch.int64)
     seq = torch.repeat_interleave(torch.arange(S), q_lens)  # [T'] the sequence of each row
     starts = torch.tensor(cu[:S], dtype=torch.int64)
     row_lens = (torch.tensor(lens, dtype=torch.int64)[seq] - q_lens[seq]
                 + torch.arange(cu[S] - cu[0]) - (starts[seq] - cu[0]) + 1).to(torch.int32)
     bt = block_tables.to(torch.int32)[seq].contiguous()  # [T', MAXB]
-    qf = q.float().contiguous()
-    out = torch.zeros((T, H, D), dtype=torch.float32)
-    n = cu[S] - cu[0]
     rows = max(1, _ROWS_SCRATCH_ELEMS // (H * max(1, int(row_lens.max()))))  # per call: bounded score scratch
-    flash = flash_rows(n)  # llama.cpp's choice for the whole batch
-    if not flash and softcap == 0.0 and env.ggml_numerics() and _tiled(q, k_cache, v_cache, block_tables, cu, lens,
-                                                                       scale, window, out):
-        return out
     for i in range(0, n, rows):
         r0, r1 = cu[0] + i, cu[0] + min(i + rows, n)
         # on the OpenMP team: the prompt's matmuls (qdot, BLAS) leave its threads spinning, and a
@@ -128,25 +128,24 @@ def paged_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
     return out
 
 
-def _tiled(q, k_cache, v_cache, block_tables, cu, lens, scale, window, out) -> bool:
+def _tiled(qf, k_cache, v_cache, block_tables, cu, lens, scale, window, out) -> bool:
     """Batches of FA_TILE_Q rows or more as llama.cpp's tiled flash attention (fattn.c
-    `fattn_tiled_seq`, one call per sequence) into `out`; False where the CPU lacks it."""
+    `fattn_tiled_seq`, one call per sequence) into `out`; False where the CPU or the shapes rule it
+    out, which the first call finds before it writes anything. qf: [T, H, D] float32, contiguous."""
     lib = native.lib()
-    T, H, D = q.shape
+    T, H, D = qf.shape
     NB, BS, KVH, _ = k_cache.shape
-    qf = q.float().contiguous()
     bt = block_tables.to(torch.int32).contiguous()
+    v = v_cache.contiguous()
     f16 = int(k_cache.dtype == torch.float16)
-    res = torch.empty((T, H, D), dtype=torch.float32)
     for s in range(len(lens)):
         n = cu[s + 1] - cu[s]
         if n == 0:
             continue
-        if lib.fattn_tiled_seq(qf[cu[s]].data_ptr(), k_cache.data_ptr(), v_cache.contiguous().data_ptr(),
-                               bt[s].data_ptr(), n, lens[s] - n, res[cu[s]].data_ptr(), H, KVH, D, BS, float(scale),
-                               f16, torch.get_num_threads(), int(window), 1):
+        if lib.fattn_tiled_seq(qf[cu[s]].data_ptr(), k_cache.data_ptr(), v.data_ptr(), bt[s].data_ptr(), n,
+                               lens[s] - n, out[cu[s]].data_ptr(), H, KVH, D, BS, float(scale), f16,
+                               torch.get_num_threads(), int(window), 1):
             return False
-    out[cu[0]:cu[-1]] = res[cu[0]:cu[-1]]
     return True
 
 

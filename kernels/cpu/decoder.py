@@ -165,12 +165,12 @@ class Decoder:
         qkv, q = torch.empty((S, nqkv), dtype=f32), torch.empty((S, H * D), dtype=f32)
         att, gu = torch.empty((S, H * D), dtype=f32), torch.empty((S, 2 * F), dtype=f32)
         a = torch.empty((S, F), dtype=f32)
-        scratch = torch.empty((S * KVH, H // KVH, max_l), dtype=f32)
+        flash, fattn, omp = attention.flash_rows(S), self._fattn, self._fattn_omp
+        scratch = None if flash else torch.empty((S * KVH, H // KVH, max_l), dtype=f32)  # attend's scores
         px, phb, phn, pqkv, pq, patt, pgu, pa = (t.data_ptr() for t in (x, hb, hn, qkv, q, att, gu, a))
         pr = [t.data_ptr() for t in res]
-        ppos, plens, psc = pos.data_ptr(), lens.data_ptr(), scratch.data_ptr()
+        ppos, plens, psc = pos.data_ptr(), lens.data_ptr(), 0 if scratch is None else scratch.data_ptr()
         norm, qkv_post, attend, act, act_args = self._norm, self._qkv_post, self._attend, self._act, self._act_args
-        flash, fattn, omp = attention.flash_rows(S), self._fattn, self._fattn_omp
         eps, neox, softcap = s.eps, int(s.neox), s.softcap
         prescale = s.prescale_q  # q *= s.scale after the RoPE, then attention at scale 1 (llama.cpp's gemma)
         scale = 1.0 if prescale else s.scale
