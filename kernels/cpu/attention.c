@@ -258,20 +258,11 @@ static void attend_item(void *args, int item) {
 static void decode_items(const float *q, const void *kc, const void *vc, const int *bt, int maxb, const int *lens,
                          float *out, float *scratch, int S, int H, int KVH, int D, int BS, int maxL, float scale,
                          float softcap, int kv_f16, int nthreads, int window, int omp) {
-    int bs_shift = 0;
-    while ((1 << bs_shift) < BS) ++bs_shift;
-    if ((1 << bs_shift) != BS) return;  /* attention.py only passes power-of-2 block sizes */
+    const int bs_shift = pool_block_shift(BS);
+    if (bs_shift < 0) return;  /* attention.py only passes power-of-2 block sizes */
     struct att_args a = {q, kc, vc, bt, lens, out, scratch, maxb, H, KVH, D, BS, bs_shift, maxL, kv_f16,
                          scale, softcap, window};
-    const int n = S * KVH;
-    if (!omp) {
-        pool_run(attend, &a, n, nthreads);
-    } else if (nthreads <= 1 || n <= 1) {
-        for (int i = 0; i < n; ++i) attend(&a, i);
-    } else {
-        #pragma omp parallel for num_threads(nthreads < n ? nthreads : n) schedule(dynamic, 1)
-        for (int i = 0; i < n; ++i) attend(&a, i);
-    }
+    pool_run_on(attend, &a, S * KVH, nthreads, omp);
 }
 
 void paged_decode(const float *q, const void *kc, const void *vc, const int *bt, int maxb, const int *lens,

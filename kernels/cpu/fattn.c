@@ -166,19 +166,10 @@ static void fa_item(void *args, int item) {
 void fattn_rows(const float *q, const void *kc, const void *vc, const int *bt, int maxb, const int *lens,
                 float *out, int S, int H, int KVH, int D, int BS, float scale, float softcap, int kv_f16,
                 int nthreads, int window, int omp) {
-    int bs_shift = 0;
-    while ((1 << bs_shift) < BS) ++bs_shift;
-    if ((1 << bs_shift) != BS || H % KVH) return;  /* attention.py passes power-of-2 blocks only */
+    const int bs_shift = pool_block_shift(BS);
+    if (bs_shift < 0 || H % KVH) return;  /* attention.py passes power-of-2 blocks only */
     struct fa_args a = {q, kc, vc, bt, lens, out, maxb, H, KVH, D, BS, bs_shift, kv_f16, scale, softcap, window};
-    const int n = S * H;
-    if (!omp) {
-        pool_run(fa_item, &a, n, nthreads);
-    } else if (nthreads <= 1 || n <= 1) {
-        for (int i = 0; i < n; ++i) fa_item(&a, i);
-    } else {
-        #pragma omp parallel for num_threads(nthreads < n ? nthreads : n) schedule(dynamic, 1)
-        for (int i = 0; i < n; ++i) fa_item(&a, i);
-    }
+    pool_run_on(fa_item, &a, S * H, nthreads, omp);
 }
 
 /* ---- batches of 64 rows or more: ggml_compute_forward_flash_attn_ext_tiled ---------------------
@@ -292,18 +283,11 @@ AVX512_T static void ft_item(void *args, int item) {
 int fattn_tiled_seq(const float *q, const void *kc, const void *vc, const int *bt, int n, int p0, float *out,
                     int H, int KVH, int D, int BS, float scale, int kv_f16, int nthreads, int window, int omp) {
     if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq") || H % KVH || D % 16) return -1;
-    int bs_shift = 0;
-    while ((1 << bs_shift) < BS) ++bs_shift;
-    if ((1 << bs_shift) != BS) return -1;
+    const int bs_shift = pool_block_shift(BS);
+    if (bs_shift < 0) return -1;
     const int rpi = 16;
     struct ft_args a = {q, kc, vc, bt, out, n, p0, H, KVH, D, BS, bs_shift, kv_f16, scale, window, rpi};
-    const int items = KVH * ((n + rpi - 1) / rpi);
-    if (!omp) {
-        pool_run(ft_item, &a, items, nthreads);
-    } else {
-        #pragma omp parallel for num_threads(nthreads < items ? nthreads : items) schedule(dynamic, 1)
-        for (int i = 0; i < items; ++i) ft_item(&a, i);
-    }
+    pool_run_on(ft_item, &a, KVH * ((n + rpi - 1) / rpi), nthreads, omp);
     return 0;
 }
 #else

@@ -131,3 +131,20 @@ void pool_run(chunk_fn fn, void *arg, int nchunks, int nthreads) {
     if (now_ns() - t1 > (t1 - t0) / 2 + SLACK_NS) backoff = BACKOFF_JOBS;
     pthread_mutex_unlock(&run_mu);
 }
+
+void pool_run_on(chunk_fn fn, void *arg, int nchunks, int nthreads, int omp) {
+    if (!omp) {
+        pool_run(fn, arg, nchunks, nthreads);
+    } else if (nthreads <= 1 || nchunks <= 1) {
+        for (int i = 0; i < nchunks; ++i) fn(arg, i);
+    } else {
+        #pragma omp parallel for num_threads(nthreads < nchunks ? nthreads : nchunks) schedule(dynamic, 1)
+        for (int i = 0; i < nchunks; ++i) fn(arg, i);
+    }
+}
+
+int pool_block_shift(int BS) {
+    int shift = 0;
+    while ((1 << shift) < BS) ++shift;
+    return (1 << shift) == BS ? shift : -1;
+}
