@@ -151,7 +151,9 @@ class Matcher:
             return
         nxt = self.compiled.step(self.state, token_id) if v.token_pieces[token_id] else _DEAD
         if nxt == _DEAD:
-            raise GrammarError(f"token {token_id} ({v.token_pieces[token_id]!r}) not allowed by the grammar")
+            # llama.cpp's llama_grammar_accept_token wording (llama-server answers it with a 500)
+            piece = v.token_pieces[token_id].decode("utf-8", "replace")
+            raise GrammarError(f"Unexpected empty grammar stack after accepting piece: {piece} ({token_id})")
         self.state = nxt
 
     def advance_bytes(self, data: bytes) -> None:

@@ -1,9 +1,13 @@
 """llama.cpp's sampler chain over a batch of logit rows.
 
-Each row has its own `SamplingParams` and `SamplerState` (history, RNG, grammar matcher).
-Order, as llama.cpp's common sampler builds it: logit bias (and ignore_eos) -> grammar mask ->
-the `samplers` list (penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature)
+Each row has its own `SamplingParams` and `SamplerState` (history, RNG, grammar matcher, and its
+logit biases as index/value arrays built once when the state is made). Order, as llama.cpp's
+common sampler builds it: logit bias (and ignore_eos) -> grammar mask -> the `samplers` list
+(runtime/samplers.py: penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature)
 -> draw from the distribution. Temperature <= 0 keeps only the most likely token (greedy).
+
+`sample_batch` isolates its rows: an exception while sampling one row is that row's result (the
+scheduler ends that request alone); every other row gets the token it would get alone.
 """
 from __future__ import annotations
 
@@ -17,9 +21,12 @@ import numpy as np
 import torch
 
 import kernels
+from runtime.samplers import SAMPLERS, ensure_ids, mirostat
 from runtime.tasks import SamplingParams
 
 NEG_INF = float("-inf")
+MAX_TOPK_BANS = 256  # more banned tokens than this: the whole row is sampled (no top-k shortcut)
+MAX_TOPK = 4096  # a larger top_k reads the whole row
 
 
 @dataclass
@@ -32,6 +39,13 @@ class SamplerState:
     rng: torch.Generator = field(default_factory=torch.Generator)
     dry_breakers: frozenset[int] = frozenset()
     mu: float = 0.0  # Mirostat's running maximum surprise (2 tau at the start)
+    # the logit biases, summed per token in list order as llama.cpp adds them, ignore_eos's bans
+    # included: bias_ids [n] int64 (unique, ascending), bias_vals [n] float32
+    bias_ids: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    bias_vals: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    bans: tuple[int, ...] = ()  # tokens whose bias is -inf (and EOG under ignore_eos)
+    finite_bias: bool = False  # some bias is finite and nonzero (it can promote a token)
+    _on_device: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         seed = self.params.seed
@@ -40,6 +54,33 @@ class SamplerState:
         self.seed = seed
         self.rng.manual_seed(seed)
         self.mu = 2.0 * self.params.mirostat_tau
+        self._build_bias()
+
+    def _build_bias(self) -> None:
+        p = self.params
+        pairs = [(t, b) for t, b in p.logit_bias if isinstance(t, int) and t >= 0]
+        if p.ignore_eos:
+            pairs += [(t, NEG_INF) for t in sorted(self.eog_ids)]
+        if not pairs:
+            return
+        tok = np.fromiter((t for t, _ in pairs), dtype=np.int64, count=len(pairs))
+        val = np.fromiter((b for _, b in pairs), dtype=np.float32, count=len(pairs))
+        uniq, inv = np.unique(tok, return_inverse=True)
+        total = np.zeros(uniq.size, dtype=np.float32)
+        with np.errstate(invalid="ignore", over="ignore"):
+            np.add.at(total, inv, val)  # unbuffered: in list order per token
+        self.bias_ids, self.bias_vals = torch.from_numpy(uniq), torch.from_numpy(total)
+        self.bans = tuple(uniq[total == NEG_INF].tolist())
+        self.finite_bias = bool(((total != NEG_INF) & (total != 0.0)).any())
+
+    def bias_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(bias_ids, bias_vals) on `device` (copied once per device)."""
+        if device.type == "cpu":
+            return self.bias_ids, self.bias_vals
+        key = str(device)
+        if key not in self._on_device:
+            self._on_device[key] = (self.bias_ids.to(device), self.bias_vals.to(device))
+        return self._on_device[key]
 
     def accept(self, token: int, grammar: bool = True) -> None:
         self.history.append(token)
@@ -54,196 +95,20 @@ class Sampled:
     top: list[tuple[int, float]]  # (id, logprob) of the n_probs most likely, when asked
 
 
-# ---- the individual samplers, on a candidate set (vals [n] float32, ids [n] int64) -----------
-
-def _penalties(vals, ids, p: SamplingParams, st: SamplerState):
-    if p.repeat_last_n == 0 or (p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0):
-        return vals, ids
-    n = p.repeat_last_n if p.repeat_last_n > 0 else len(st.history)
-    last = list(st.history)[-n:] if n else []
-    if not last:
-        return vals, ids
-    counts: dict[int, int] = {}
-    for t in last:
-        counts[t] = counts.get(t, 0) + 1
-    tok = torch.tensor(list(counts.keys()), dtype=torch.int64)
-    cnt = torch.tensor(list(counts.values()), dtype=torch.float32)
-    if ids is None:
-        pos = tok[tok < vals.numel()]
-        cnt = cnt[tok < vals.numel()]
-    else:
-        lookup = {int(t): i for i, t in enumerate(ids.tolist())}
-        keep = [(lookup[int(t)], c) for t, c in zip(tok.tolist(), cnt.tolist()) if int(t) in lookup]
-        if not keep:
-            return vals, ids
-        pos = torch.tensor([k for k, _ in keep], dtype=torch.int64)
-        cnt = torch.tensor([c for _, c in keep], dtype=torch.float32)
-    v = vals[pos]
-    v = torch.where(v <= 0, v * p.repeat_penalty, v / p.repeat_penalty)
-    v = v - cnt * p.frequency_penalty - p.presence_penalty
-    vals = vals.clone()
-    vals[pos] = v
-    return vals, ids
-
-
-def _dry(vals, ids, p: SamplingParams, st: SamplerState):
-    """DRY ("don't repeat yourself"): penalise tokens that would extend a repeated sequence."""
-    if p.dry_multiplier <= 0 or p.dry_base < 1.0:
-        return vals, ids
-    hist = list(st.history)
-    n = p.dry_penalty_last_n
-    if n > 0:
-        hist = hist[-n:]
-    if len(hist) < 2:
-        return vals, ids
-    breakers = st.dry_breakers
-    # longest suffix (not crossing a breaker) of hist that also ends right before position j
-    best: dict[int, int] = {}
-    last = len(hist) - 1
-    for j in range(last):  # a match of the context's suffix ending at j; hist[j + 1] would repeat
-        length = 0
-        while j - length >= 0 and hist[j - length] == hist[last - length] and hist[j - length] not in breakers:
-            length += 1
-        nxt = hist[j + 1]
-        if length > 0 and nxt not in breakers and length > best.get(nxt, 0):
-            best[nxt] = length
-    if not best:
-        return vals, ids
-    vals = vals.clone()
-    lookup = None if ids is None else {int(t): i for i, t in enumerate(ids.tolist())}
-    for tok, length in best.items():
-        if length >= p.dry_allowed_length:
-            pen = p.dry_multiplier * p.dry_base ** (length - p.dry_allowed_length)
-            i = tok if lookup is None else lookup.get(tok)
-            if i is not None and i < vals.numel():
-                vals[i] -= pen
-    return vals, ids
-
-
-def _ensure_ids(vals, ids):
-    if ids is None:
-        ids = torch.arange(vals.numel(), dtype=torch.int64)
-    return vals, ids
-
-
-def _top_n_sigma(vals, ids, p: SamplingParams, st):
-    if p.top_n_sigma <= 0:
-        return vals, ids
-    finite = vals[torch.isfinite(vals)]
-    if finite.numel() == 0:
-        return vals, ids
-    thr = finite.max() - p.top_n_sigma * finite.std(unbiased=False)
-    return torch.where(vals >= thr, vals, torch.full_like(vals, NEG_INF)), ids
-
-
-def _top_k(vals, ids, p: SamplingParams, st):
-    k = p.top_k
-    if k <= 0 or k >= vals.numel():
-        return vals, ids
-    k = max(k, p.min_keep)
-    if vals.numel() > 4096:  # long rows: the kernels' selection (numpy on the CPU, ~10x torch's)
-        top_v, top_i = kernels.topk(vals, k)
-    else:
-        top_v, top_i = torch.topk(vals, k)
-    return top_v, (top_i if ids is None else ids[top_i])
-
-
-def _sorted_probs(vals, ids):
-    vals, ids = _ensure_ids(vals, ids)
-    order = torch.argsort(vals, descending=True)
-    vals, ids = vals[order], ids[order]
-    probs = torch.softmax(vals, 0)
-    return vals, ids, probs
-
-
-def _top_p(vals, ids, p: SamplingParams, st):
-    if p.top_p >= 1.0:
-        return vals, ids
-    vals, ids, probs = _sorted_probs(vals, ids)
-    cum = torch.cumsum(probs, 0)
-    n = int(torch.searchsorted(cum, torch.tensor(p.top_p, dtype=cum.dtype)).item()) + 1
-    n = max(n, p.min_keep, 1)
-    return vals[:n], ids[:n]
-
-
-def _min_p(vals, ids, p: SamplingParams, st):
-    if p.min_p <= 0.0:
-        return vals, ids
-    vals, ids, probs = _sorted_probs(vals, ids)
-    keep = probs >= p.min_p * probs[0]
-    n = max(int(keep.sum().item()), p.min_keep, 1)
-    return vals[:n], ids[:n]
-
-
-def _typical(vals, ids, p: SamplingParams, st):
-    if p.typical_p >= 1.0:
-        return vals, ids
-    vals, ids, probs = _sorted_probs(vals, ids)
-    logp = torch.log(probs.clamp_min(1e-30))
-    ent = -(probs * logp).sum()
-    shifted = (-logp - ent).abs()
-    order = torch.argsort(shifted)
-    cum = torch.cumsum(probs[order], 0)
-    n = int(torch.searchsorted(cum, torch.tensor(p.typical_p, dtype=cum.dtype)).item()) + 1
-    n = max(n, p.min_keep, 1)
-    sel = order[:n]
-    return vals[sel], ids[sel]
-
-
-def _xtc(vals, ids, p: SamplingParams, st: SamplerState):
-    if p.xtc_probability <= 0.0 or p.xtc_threshold > 0.5:
-        return vals, ids
-    if torch.rand((), generator=st.rng).item() >= p.xtc_probability:
-        return vals, ids
-    vals, ids, probs = _sorted_probs(vals, ids)
-    above = int((probs >= p.xtc_threshold).sum().item())
-    if above < 2:
-        return vals, ids
-    n_left = vals.numel() - (above - 1)
-    if n_left < max(p.min_keep, 1):
-        return vals, ids
-    return vals[above - 1:], ids[above - 1:]
-
-
-def _temperature(vals, ids, p: SamplingParams, st):
-    t = p.temperature
-    if t <= 0.0:
-        i = int(torch.argmax(vals).item())
-        vals, ids = _ensure_ids(vals, ids)
-        return vals[i:i + 1], ids[i:i + 1]
-    if p.dynatemp_range > 0:
-        lo, hi = max(0.0, t - p.dynatemp_range), t + p.dynatemp_range
-        probs = torch.softmax(vals, 0)
-        ent = -(probs * torch.log(probs.clamp_min(1e-30))).sum().item()
-        max_ent = math.log(max(vals.numel(), 2))
-        t = lo + (hi - lo) * (ent / max_ent) ** p.dynatemp_exponent
-    return vals / t, ids
-
-
-SAMPLERS = {
-    "penalties": _penalties,
-    "dry": _dry,
-    "top_n_sigma": _top_n_sigma,
-    "top_k": _top_k,
-    "typ_p": _typical,
-    "typical_p": _typical,
-    "top_p": _top_p,
-    "min_p": _min_p,
-    "xtc": _xtc,
-    "temperature": _temperature,
-}
+def apply_bias(row: torch.Tensor, st: SamplerState) -> torch.Tensor:
+    """The logit biases (and ignore_eos) on one full logit row [V], in place: one indexed add."""
+    if st.bias_ids.numel():
+        ids, vals = st.bias_on(row.device)
+        if int(ids[-1]) >= row.numel():
+            keep = st.bias_ids < row.numel()
+            ids, vals = ids[keep.to(ids.device)], vals[keep.to(vals.device)]
+        row.index_add_(0, ids, vals.to(row.dtype))
+    return row
 
 
 def apply_bias_and_mask(row: torch.Tensor, st: SamplerState) -> torch.Tensor:
     """Logit bias, ignore_eos and the grammar mask on one full logit row [V] (in place)."""
-    p = st.params
-    for tok, bias in p.logit_bias:
-        if 0 <= tok < row.numel():
-            row[tok] = NEG_INF if bias == NEG_INF else row[tok] + bias
-    if p.ignore_eos:
-        for t in st.eog_ids:
-            if t < row.numel():
-                row[t] = NEG_INF
+    apply_bias(row, st)
     if st.grammar is not None:
         mask = st.grammar.allowed_mask()  # [V] bool; EOG allowed exactly when the grammar may end
         n = min(mask.numel(), row.numel())
@@ -267,12 +132,12 @@ def sample_row(row: torch.Tensor, st: SamplerState) -> Sampled:
         tv, ti = torch.topk(lp, min(p.n_probs, lp.numel()))
         top = list(zip(ti.tolist(), tv.tolist()))
     if p.mirostat in (1, 2) and p.temperature > 0:  # llama.cpp's chain: bias, temperature, Mirostat
-        tok = _mirostat(row, st)
+        tok = mirostat(row, st)
         return Sampled(tok, float(lp[tok].item()) if lp is not None else 0.0, top)
     simple_greedy = p.temperature <= 0 and p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 \
         and p.presence_penalty == 0.0 and p.dry_multiplier <= 0
     if simple_greedy:
-        tok = int(torch.argmax(row).item())
+        tok = _argmax_or_last(row)
     else:
         tok = _chain_and_draw(row, None, st)
     logprob = float(lp[tok].item()) if lp is not None else 0.0
@@ -287,50 +152,34 @@ def _chain(vals: torch.Tensor, ids: torch.Tensor | None, st: SamplerState) -> tu
         fn = SAMPLERS.get(name)
         if fn is not None:
             vals, ids = fn(vals, ids, p, st)
-    return _ensure_ids(vals, ids)
+    return ensure_ids(vals, ids)
 
 
 def _draw(vals: torch.Tensor, ids: torch.Tensor, st: SamplerState) -> int:
-    """llama.cpp's dist sampler: one token from the softmax of the candidates."""
+    """llama.cpp's dist sampler: one token from the softmax of the candidates (no finite
+    probability: the most likely candidate)."""
+    if vals.numel() == 0:
+        raise ValueError("no candidate token left to sample")
     if vals.numel() == 1:
         return int(ids[0].item())
     probs = torch.softmax(vals, 0)
     if not torch.isfinite(probs).all() or probs.sum() <= 0:
-        return int(ids[torch.argmax(vals)].item())
+        return int(ids[_argmax_or_last(vals)].item())
     return int(ids[torch.multinomial(probs, 1, generator=st.rng)].item())
+
+
+def _argmax_or_last(vals: torch.Tensor) -> int:
+    """The most likely candidate; the last one when none is finite or more likely than -inf
+    (llama.cpp's dist sampler: its running sum of NaN probabilities never reaches the target,
+    so it falls back to the last candidate)."""
+    i = int(torch.argmax(vals).item())
+    v = float(vals[i])
+    return vals.numel() - 1 if v == NEG_INF or v != v else i
 
 
 def _chain_and_draw(vals: torch.Tensor, ids: torch.Tensor | None, st: SamplerState) -> int:
     """Run the sampler chain over vals and draw one token from what is left."""
     return _draw(*_chain(vals, ids, st), st)
-
-
-def _mirostat(row: torch.Tensor, st: SamplerState) -> int:
-    """Mirostat (1) and Mirostat 2.0 (2) as llama.cpp's samplers: the candidates of the tempered
-    row sorted by probability, cut to the top k estimated from the Zipf exponent of the 100 most
-    likely (1) or to those whose surprise -log2 p is at most mu (2), one drawn from them
-    renormalized; mu moves by eta times the drawn token's surprise error."""
-    p = st.params
-    probs, order = torch.sort(torch.softmax(row / p.temperature, 0), descending=True)
-    if p.mirostat == 1:
-        n = min(99, probs.numel() - 1)  # m = 100
-        i = torch.arange(n, dtype=torch.float32)
-        t_i = torch.log((i + 2) / (i + 1))
-        b_i = torch.log(probs[:n] / probs[1:n + 1])
-        s_hat = float((t_i * b_i).sum() / (t_i * t_i).sum())
-        eps = s_hat - 1.0
-        try:
-            k = (eps * 2.0 ** st.mu / (1.0 - float(row.numel()) ** -eps)) ** (1.0 / s_hat)
-            n_keep = max(int(k), 1) if math.isfinite(k) else 1
-        except (ZeroDivisionError, OverflowError, ValueError):
-            n_keep = 1
-    else:
-        over = torch.nonzero(-torch.log2(probs) > st.mu)
-        n_keep = max(int(over[0]) if over.numel() else probs.numel(), 1)
-    kept = probs[:n_keep] / probs[:n_keep].sum()
-    j = int(torch.multinomial(kept, 1, generator=st.rng)) if n_keep > 1 else 0
-    st.mu -= p.mirostat_eta * (-math.log2(max(float(kept[j]), 1e-45)) - p.mirostat_tau)
-    return int(order[j])
 
 
 def _draw_with_post_sampling_probs(row: torch.Tensor, st: SamplerState) -> Sampled:
@@ -362,16 +211,7 @@ def topk_rows(rows: torch.Tensor, picks: list[tuple[int, int, tuple[int, ...]]],
     are, so that only [n, k] values cross to the host; otherwise numpy selection row by row."""
     V = rows.shape[1]
     if not (rows.device.type != "cpu" if batched is None else batched):
-        out = []
-        for i, k, banned in picks:
-            r = rows[i].numpy()  # banned entries set and restored through numpy: rows may be inference tensors
-            if banned:
-                saved = r[list(banned)].copy()
-                r[list(banned)] = NEG_INF
-            out.append(kernels.topk(rows[i], min(k, V)))
-            if banned:
-                r[list(banned)] = saved
-        return out
+        return [_topk_row(rows, i, k, banned) for i, k, banned in picks]
     sel = rows.index_select(0, torch.tensor([i for i, _, _ in picks], device=rows.device))
     for j, (_, _, banned) in enumerate(picks):
         if banned:
@@ -382,68 +222,98 @@ def topk_rows(rows: torch.Tensor, picks: list[tuple[int, int, tuple[int, ...]]],
     return [(vals[j, :min(k, V)], ids[j, :min(k, V)]) for j, (_, k, _) in enumerate(picks)]
 
 
-def sample_batch(logits: torch.Tensor, states: list[SamplerState]) -> list[Sampled]:
-    """Sample one token per row of logits [N, V] (float32, CPU or device)."""
+def _topk_row(rows: torch.Tensor, i: int, k: int, banned: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One CPU row's top k without its banned tokens (set and restored through numpy: rows may
+    be inference tensors)."""
+    r = rows[i].numpy()
+    if not banned:
+        return kernels.topk(rows[i], min(k, r.size))
+    at = np.asarray(banned, dtype=np.int64)
+    saved = r[at].copy()
+    try:
+        r[at] = NEG_INF
+        return kernels.topk(rows[i], min(k, r.size))
+    finally:
+        r[at] = saved
+
+
+def _guarded(out: list, i: int, fn) -> None:
+    """out[i] = fn(), or the exception it raised (that row alone fails)."""
+    try:
+        out[i] = fn()
+    except Exception as e:  # noqa: BLE001 - handed to the scheduler, which ends this request
+        out[i] = e
+
+
+def sample_batch(logits: torch.Tensor, states: list[SamplerState]) -> list[Sampled | Exception]:
+    """Sample one token per row of logits [N, V] (float32, CPU or device). A row whose sampling
+    raises gets the exception as its result; a batched phase that raises (a device top-k or
+    argmax) leaves its rows to the per-row path, so no row's token depends on another row."""
     rows = logits.float()
-    greedy_rows = [i for i, st in enumerate(states) if _is_plain_greedy(st)]
-    out: list[Sampled | None] = [None] * len(states)
+    n = len(states)
+    out: list[Sampled | Exception | None] = [None] * n
+    greedy_rows = []
+    for i, st in enumerate(states):
+        _guarded(out, i, lambda: None if not _is_plain_greedy(st) else greedy_rows.append(i))
     if greedy_rows and rows.device.type == "cpu":
         for i in greedy_rows:  # numpy's argmax is ~10x torch's on one long row
-            out[i] = Sampled(_greedy_cpu(rows[i].numpy(), states[i]), 0.0, [])
+            _guarded(out, i, lambda: Sampled(_greedy_cpu(rows[i].numpy(), states[i]), 0.0, []))
     elif greedy_rows:
-        idx = torch.tensor(greedy_rows, device=rows.device)
-        sel = rows.index_select(0, idx)
-        for j, i in enumerate(greedy_rows):  # bias and ignore_eos touch a few entries in place
-            p = states[i].params
-            if p.logit_bias or p.ignore_eos:
-                apply_bias_and_mask(sel[j], states[i])
-        toks = torch.argmax(sel, dim=1).tolist()
-        for i, t in zip(greedy_rows, toks):
-            out[i] = Sampled(int(t), 0.0, [])
+        try:
+            idx = torch.tensor(greedy_rows, device=rows.device)
+            sel = rows.index_select(0, idx)
+            for j, i in enumerate(greedy_rows):  # bias and ignore_eos touch a few entries in place
+                apply_bias(sel[j], states[i])
+            toks = torch.argmax(sel, dim=1).tolist()
+            for i, t in zip(greedy_rows, toks):
+                out[i] = Sampled(int(t), 0.0, [])
+        except Exception:  # noqa: BLE001 - these rows go the per-row way below
+            pass
     picks = []
     for i, st in enumerate(states):
         if out[i] is None:
-            k, banned = topk_needed(st)
-            if k > 0:
-                picks.append((i, k, banned))
+            _guarded(out, i, lambda: (lambda k, b: picks.append((i, k, b)) if k > 0 else None)(*topk_needed(st)))
     if picks:  # top_k-first chains: only k candidates per row go through the chain
-        for (i, _, _), (vals, ids) in zip(picks, topk_rows(rows, picks)):
-            out[i] = sample_candidates(vals, ids, states[i])
+        try:
+            cands = topk_rows(rows, picks)
+        except Exception:  # noqa: BLE001 - row by row, each on its own
+            cands = [None] * len(picks)
+        for (i, k, banned), c in zip(picks, cands):
+            _guarded(out, i, lambda: sample_candidates(*(c if c is not None else _topk_row(rows.cpu(), i, k, banned)),
+                                                       states[i]))
     cpu_rows = None
     for i, st in enumerate(states):
         if out[i] is None:
             if cpu_rows is None:
                 cpu_rows = rows.cpu()
-            out[i] = sample_row(cpu_rows[i].clone(), st)
+            _guarded(out, i, lambda: sample_row(cpu_rows[i].clone(), st))
     return out  # type: ignore[return-value]
 
 
 def topk_needed(st: SamplerState | None) -> tuple[int, tuple[int, ...]]:
     """How many of a row's largest logits the sampler can look at, when that is all it looks at:
     (1, …) for plain greedy, (top_k, …) when top_k comes first among the active samplers; (0, ())
-    when it needs the whole row (grammar, finite logit biases, penalties, n_probs, other orders).
-    The second value lists the banned tokens (ignore_eos, -inf biases)."""
+    when it needs the whole row (grammar, finite logit biases, penalties, n_probs, other orders,
+    more than MAX_TOPK_BANS bans, a top_k over MAX_TOPK). The second value lists the banned tokens
+    (ignore_eos, -inf biases). Read from the state's precomputed biases: no per-step work that
+    grows with the request's lists."""
     if st is None:
         return 0, ()
     p = st.params
-    if st.grammar is not None or p.n_probs > 0 or p.dry_multiplier > 0 or \
+    if st.grammar is not None or p.n_probs > 0 or p.dry_multiplier != 0 or \
             p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
         return 0, ()
     # a -inf bias only bans its token (ignore_eos arrives as such biases, as llama-server echoes
     # them); any other nonzero bias can move a token into the top-k: the whole row is needed
-    if any(b != NEG_INF and b != 0.0 for _, b in p.logit_bias):
+    if st.finite_bias or len(st.bans) > MAX_TOPK_BANS:
         return 0, ()
-    bans = {t for t, b in p.logit_bias if b == NEG_INF}
-    if p.ignore_eos:
-        bans |= set(st.eog_ids)
-    banned = tuple(sorted(bans))
     if p.temperature <= 0:
-        return 1, banned
+        return 1, st.bans
     if p.mirostat in (1, 2):  # Mirostat reads the whole distribution
         return 0, ()
     for name in p.samplers:
-        if name == "top_k":
-            return (max(p.top_k, p.min_keep), banned) if p.top_k > 0 else (0, ())
+        if name == "top_k":  # llama.cpp's top_k keeps min(top_k, candidates): min_keep plays no part
+            return (p.top_k, st.bans) if 0 < p.top_k <= MAX_TOPK else (0, ())
         if name in ("penalties", "dry") or (name == "top_n_sigma" and p.top_n_sigma <= 0):
             continue  # inactive (checked above)
         return 0, ()
@@ -452,21 +322,22 @@ def topk_needed(st: SamplerState | None) -> tuple[int, tuple[int, ...]]:
 
 def _greedy_cpu(row: np.ndarray, st: SamplerState) -> int:
     """argmax of one logit row [V] after logit bias and ignore_eos, leaving the row as it was
-    (plain greedy states have no grammar: only those few entries change)."""
-    p = st.params
-    touched = [t for t, _ in p.logit_bias if 0 <= t < row.size]
-    if p.ignore_eos:
-        touched += [t for t in st.eog_ids if t < row.size]
-    if not touched:
-        return int(row.argmax())
-    saved = row[touched].copy()
-    apply_bias_and_mask(torch.from_numpy(row), st)  # a plain tensor on the same memory
-    tok = int(row.argmax())
-    row[touched] = saved
-    return tok
+    (plain greedy states have no grammar: only the biased entries change)."""
+    if not st.bias_ids.numel():
+        return int(row.argmax())  # (a model row has finite logits)
+    at = st.bias_ids.numpy()
+    if at[-1] >= row.size:
+        at = at[at < row.size]
+    saved = row[at].copy()
+    try:
+        t = torch.from_numpy(row)  # a plain tensor on the same memory
+        apply_bias(t, st)
+        return _argmax_or_last(t)
+    finally:
+        row[at] = saved
 
 
 def _is_plain_greedy(st: SamplerState) -> bool:
     p = st.params
-    return (p.temperature <= 0 and st.grammar is None and p.n_probs == 0 and p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0
-            and p.presence_penalty == 0.0 and p.dry_multiplier <= 0)
+    return (p.temperature <= 0 and st.grammar is None and p.n_probs <= 0 and p.repeat_penalty == 1.0
+            and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0 and p.dry_multiplier == 0)

@@ -59,6 +59,7 @@ class CompletionTask:
     n_predict: int = -1  # -1 = until EOS / context end
     n_indent: int = 0
     stop: list[str] = field(default_factory=list)
+    stop_matcher: Any = None  # runtime.serving.stop_match.StopMatcher of `stop`, built once (Engine.submit)
     id_slot: int = -1
     cache_prompt: bool = True
     n_cache_reuse: int | None = None  # None = server's --cache-reuse

@@ -12,6 +12,10 @@ cache and the RAM prompt cache (the tokenizer and chat template stay, for /props
 One step = `Scheduler.schedule()` (the batch: a decode token for each generating slot plus
 prompt chunks of slots still reading their prompts) -> `ModelRunner.run(plan)` (one batched
 forward) -> `Scheduler.postprocess(plan, out)` (books, sampling, stop rules, events).
+
+Failures are isolated per sequence (runtime/serving/failures.py): an exception while one task is
+admitted, sampled, masked or stopped ends that task alone with a 500; a failed forward ends the
+sequences of its batch; the loop's own catch-all (every running task) is the last resort.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from runtime.serving.metrics import WINDOW_GAUGES, Metrics
 from runtime.serving.scheduler import Scheduler
 from runtime.serving.slot_files import check_action, erase_slot, restore_slot, save_slot
 from runtime.serving.slots import Slot, new_slots, slot_view
+from runtime.serving.stop_match import StopMatcher
 from runtime.tasks import CompletionTask, EmbeddingTask
 
 
@@ -62,6 +67,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._metrics = Metrics()
         self._task_ids = itertools.count()
+        # request preparation off the engine thread (long stop lists)
+        self._prepare = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tritium-prepare")
 
     def _log(self, level: str, msg: str) -> None:
         if self.cfg.log is not None:
@@ -104,15 +111,36 @@ class Engine:
 
     # ---- API-facing ------------------------------------------------------------------------
     def submit(self, task: CompletionTask | EmbeddingTask) -> TaskHandle:
-        """Thread-safe (call it from asyncio or from a plain thread)."""
+        """Thread-safe (call it from asyncio or from a plain thread). What grows with the request
+        is prepared off the engine thread first: its grammar compiled, a long stop list's matcher
+        built; the task is queued when both are done."""
         h = TaskHandle(task, next(self._task_ids), self._outbox, self._wake)
         grammar = getattr(getattr(task, "params", None), "grammar", "")
-        pending = self.vocab.precompile(grammar) if grammar and self.vocab is not None else None
-        if pending is not None:  # queued once its grammar is compiled (off the engine thread)
-            pending.add_done_callback(lambda _: (self._inbox.put(("task", h)), self._wake.set()))
+        pending = []
+        if grammar and self.vocab is not None and (f := self.vocab.precompile(grammar)) is not None:
+            pending.append(f)
+        stops = getattr(task, "stop", None)
+        if stops and getattr(task, "stop_matcher", None) is None:
+            if len(stops) <= 64:
+                task.stop_matcher = StopMatcher(stops)
+            else:
+                pending.append(self._prepare.submit(lambda: setattr(task, "stop_matcher", StopMatcher(stops))))
+        if not pending:
+            self._inbox.put(("task", h))
+            self._wake.set()
             return h
-        self._inbox.put(("task", h))
-        self._wake.set()
+        left = [len(pending)]
+        lock = threading.Lock()
+
+        def done(_):
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            self._inbox.put(("task", h))
+            self._wake.set()
+        for f in pending:
+            f.add_done_callback(done)
         return h
 
     def run_on_loop(self, fn: Callable[[], Any], timeout: float = 600) -> Any:
@@ -237,7 +265,11 @@ class Engine:
         plan = self.scheduler.schedule()
         if not plan:
             return
-        out = self.runner.run(plan)
+        try:
+            out = self.runner.run(plan)
+        except Exception as e:  # noqa: BLE001 - the batch's sequences end; the engine serves on
+            self.scheduler.fail_batch(plan, e)
+            return
         self.scheduler.postprocess(plan, out)
 
     def _drain_inbox(self) -> None:

@@ -17,6 +17,7 @@ from grammar import SAMPLER_INIT_FAILED, GrammarTooLarge
 from runtime.sampler import Sampled, SamplerState, sample_batch
 from runtime.serving.plan import StepPlan
 from runtime.serving.slots import Request, Slot
+from runtime.serving.stop_match import StopMatcher, StopScan
 from runtime.tasks import TokenProb
 
 
@@ -83,6 +84,7 @@ class Vocabulary:
         if p.grammar_lazy and p.grammar_triggers:
             # unconstrained until a trigger word appears in the output (tool_choice auto)
             req.lazy_grammar, req.lazy_triggers = matcher, list(p.grammar_triggers)
+            req.lazy_scan = StopScan(StopMatcher(req.lazy_triggers))
         else:
             req.sampler.grammar = matcher
             if grammar_prefix:
@@ -122,12 +124,15 @@ class Vocabulary:
 
 
 def maybe_trigger_grammar(req: Request) -> None:
-    """Activate a lazy grammar at the first trigger word, feeding it the text from there."""
+    """Activate a lazy grammar at the first trigger word, feeding it the text from there (the
+    trigger words are matched by a `StopScan`: work bounded by the new text)."""
     text = req.text.text
-    hits = [(i, w) for w in req.lazy_triggers if (i := text.find(w)) >= 0]
-    if not hits:
+    if req.lazy_scan is None:
+        req.lazy_scan = StopScan(StopMatcher(req.lazy_triggers))
+    found = req.lazy_scan.feed(text)
+    if not found:
         return
-    start = min(hits)[0]
+    start = min(found)[0]
     matcher, req.lazy_grammar = req.lazy_grammar, None
     try:
         matcher.advance_bytes(text[start:].encode("utf-8"))
@@ -136,9 +141,10 @@ def maybe_trigger_grammar(req: Request) -> None:
     req.sampler.grammar = matcher
 
 
-def sample_rows(plan: StepPlan, logits: torch.Tensor, need: list[Slot]) -> list[tuple[Slot, Sampled]]:
+def sample_rows(plan: StepPlan, logits: torch.Tensor, need: list[Slot]) -> list[tuple[Slot, Sampled | Exception]]:
     """Sample the next token of each slot in `need` from its row of `logits` (one row per batch
-    row that asked for logits, in batch order), all rows in one `sample_batch` call."""
+    row that asked for logits, in batch order), all rows in one `sample_batch` call; a row whose
+    sampling raised has its exception in place of the result (the other rows are unaffected)."""
     logit_owners = [s for b, s in zip(plan.batch, plan.slots) if b.logits]  # one per logits row
     wanted = {id(s) for s in need}
     keep = [i for i, s in enumerate(logit_owners) if id(s) in wanted]

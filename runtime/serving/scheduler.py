@@ -23,6 +23,7 @@ from runtime.kv_cache import KVCache, OutOfBlocks
 from runtime.model import Model
 from runtime.sampler import Sampled
 from runtime.serving.config import EngineConfig
+from runtime.serving.failures import client_message, log_failure
 from runtime.serving.handle import TaskHandle
 from runtime.serving.metrics import Metrics
 from runtime.serving.plan import StepPlan, checkpoint_resume, plan_step, prompt_breaks
@@ -82,7 +83,10 @@ class Scheduler:
             if picked is None:
                 still.append(h)
                 continue
-            self._start(*picked, h)
+            try:
+                self._start(*picked, h)
+            except Exception as e:  # noqa: BLE001 - this task alone fails (its slot freed, its cache dropped)
+                self.fail_unexpected(picked[0], e, "starting the task", h)
         self.waiting = still
 
     def _lora(self, task) -> tuple[float, ...]:
@@ -155,7 +159,7 @@ class Scheduler:
             self.fail(s, 400, str(e), "invalid_request_error")
             return
         r.n_predict = effective_n_predict(task.n_predict, self.cfg.n_predict)
-        r.text = TextState(task.stop, self.vocab.tokenizer)
+        r.text = TextState(task.stop_matcher or task.stop, self.vocab.tokenizer)
         send_progress(r)  # the 0% update: nothing read yet but the cached prefix
         self._cache_idle_slots(s)
 
@@ -209,31 +213,48 @@ class Scheduler:
                 s.tokens = []
 
     def postprocess(self, plan: StepPlan, out: StepOutput) -> None:
+        """The books of each row, then sampling and the stop rules; a failure in any of these ends
+        its own sequence only (`fail_unexpected`), the other rows go on as they would alone."""
         self.metrics.on_forward(len(plan.slots))
         need_sample: list[Slot] = []
         for b, s, hid in zip(plan.batch, plan.slots, out.hidden):
-            r = s.req
-            s.tokens.extend(b.tokens)
-            if s.state is SlotState.GENERATING:
-                r.pending = None
-            else:
-                r.n_past += len(b.tokens)
-                if not r.embedding:
-                    r.t_prompt_last = time.perf_counter()
-                    send_progress(r)
-                if r.n_past == len(r.prompt):
-                    if r.embedding:
-                        self._finish_embedding(s, hid)
-                        continue
-                    r.t_prompt_done = time.perf_counter()
-                    self.metrics.on_prompt_done(len(r.prompt) - r.n_cached, r.n_cached, r.t_prompt_done - r.t_start)
-                    s.state = SlotState.GENERATING  # (n_predict 0 too: b1 samples one token, then stops)
-            if b.logits:
-                need_sample.append(s)
+            if s.req is None:  # (failed earlier in this step)
+                continue
+            try:
+                if self._books(s, b, hid) and b.logits:
+                    need_sample.append(s)
+            except Exception as e:  # noqa: BLE001
+                self.fail_unexpected(s, e, "processing the prompt")
         if out.logits is None or not need_sample:
             return
         for s, sampled in sample_rows(plan, out.logits, need_sample):
-            self._on_token(s, sampled)
+            if isinstance(sampled, BaseException):
+                self.fail_unexpected(s, sampled, "sampling")
+                continue
+            try:
+                self._on_token(s, sampled)
+            except Exception as e:  # noqa: BLE001
+                self.fail_unexpected(s, e, "sampling")
+
+    def _books(self, s: Slot, b, hid) -> bool:
+        """Record what row `b` fed; False when the row's task is done (an embedding)."""
+        r = s.req
+        s.tokens.extend(b.tokens)
+        if s.state is SlotState.GENERATING:
+            r.pending = None
+            return True
+        r.n_past += len(b.tokens)
+        if not r.embedding:
+            r.t_prompt_last = time.perf_counter()
+            send_progress(r)
+        if r.n_past == len(r.prompt):
+            if r.embedding:
+                self._finish_embedding(s, hid)
+                return False
+            r.t_prompt_done = time.perf_counter()
+            self.metrics.on_prompt_done(len(r.prompt) - r.n_cached, r.n_cached, r.t_prompt_done - r.t_start)
+            s.state = SlotState.GENERATING  # (n_predict 0 too: b1 samples one token, then stops)
+        return True
 
     def _on_token(self, s: Slot, sampled: Sampled) -> None:
         r, task, tok = s.req, s.req.task, sampled.token
@@ -314,6 +335,25 @@ class Scheduler:
         self._release(s)
         if r is not None:
             r.handle.emit(TaskError(code, message, type, extra or {}))
+
+    def fail_unexpected(self, s: Slot, e: BaseException, what: str, h: TaskHandle | None = None) -> None:
+        """An unexpected exception of one sequence: it alone ends with a 500 (the traceback goes to
+        the log), its slot is freed and its cache dropped (it may hold rows of a half-done step)."""
+        log_failure(self.log, f"slot {s.id}", e)
+        handle = s.req.handle if s.req is not None else h
+        if s.busy:
+            self._release(s)
+        self.kv.clear(s.seq)
+        s.tokens, s.checkpoints = [], []
+        if handle is not None:
+            handle.emit(TaskError(500, client_message(e, what), "server_error", {}))
+
+    def fail_batch(self, plan: StepPlan, e: BaseException) -> None:
+        """The forward of a batch failed (nothing says which row): its sequences end, every other
+        slot and the engine go on."""
+        for s in plan.slots:
+            if s.busy:
+                self.fail_unexpected(s, e, "running the model")
 
     def fail_all(self, message: str) -> None:
         """After an unexpected error in a step: every running task ends with a 500."""

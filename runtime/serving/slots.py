@@ -53,6 +53,7 @@ class Request:
     stop_type: StopType = StopType.NONE
     lazy_grammar: Any = None  # matcher waiting for a trigger word in the output
     lazy_triggers: list[str] = field(default_factory=list)
+    lazy_scan: Any = None  # stop_match.StopScan over lazy_triggers
     lora: tuple[float, ...] = ()  # scale per loaded LoRA adapter for this task
     prompt_breaks: tuple[int, ...] = ()  # prompt positions where a prompt batch ends (`plan.prompt_breaks`)
 

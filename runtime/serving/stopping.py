@@ -12,6 +12,8 @@ import codecs
 import enum
 import time
 
+from runtime.serving.stop_match import StopMatcher, StopScan
+
 
 class StopType(enum.Enum):
     """Why a generation ended; `.value` is llama-server's `stop_type` string."""
@@ -57,8 +59,9 @@ class TextState:
     """Accumulates token pieces into text, holding back incomplete UTF-8 sequences and text that
     may be the start of a stop string (as llama.cpp's process_token does)."""
 
-    def __init__(self, stop: list[str], tokenizer=None):
-        self.stop = [w for w in (stop or []) if w]
+    def __init__(self, stop: list[str] | StopMatcher, tokenizer=None):
+        self.matcher = stop if isinstance(stop, StopMatcher) else StopMatcher([w for w in (stop or []) if w])
+        self._scan = StopScan(self.matcher)
         self.text = ""
         self.n_sent = 0
         self.stopping_word = ""
@@ -67,8 +70,15 @@ class TextState:
         self._dec = codecs.getincrementaldecoder("utf-8")("replace")
         self.incomplete = False  # the last token left an incomplete UTF-8 character at the end
 
+    @property
+    def stop(self) -> list[str]:
+        return list(self.matcher.order)
+
     def push(self, piece: bytes, is_eog: bool = False) -> tuple[str | None, str]:
-        """Add one token's bytes; returns (stop word if one completed, text to send now)."""
+        """Add one token's bytes; returns (stop word if one completed, text to send now). The stop
+        strings are matched by `StopMatcher` (work bounded by the new text, not by the number of
+        stop strings): the earliest full match in the unsent text cuts it; a proper prefix of a
+        stop string at its end holds it back."""
         new = self._dec.decode(piece)
         self.text += new
         if "\n" in new:
@@ -76,27 +86,16 @@ class TextState:
         self.incomplete = bool(self._dec.getstate()[0])
         if self.incomplete:
             return None, ""  # incomplete UTF-8 character at the end
-        pos = self.n_sent
-        tail = self.text[pos:]
-        # a complete stop string: cut the text there
-        best = None
-        for w in self.stop:
-            start = max(0, len(tail) - len(new) - len(w))
-            i = tail.find(w, start)
-            if i >= 0 and (best is None or i < best[0]):
-                best = (i, w)
-        if best is not None:
-            self.text = self.text[: pos + best[0]]
-            self.stopping_word = best[1]
-            delta = self.text[self.n_sent:]
-            self.n_sent = len(self.text)
-            return best[1], delta
-        # a partial stop string at the end: hold the text back
-        if not is_eog:
-            for w in self.stop:
-                for k in range(min(len(w) - 1, len(tail)), 0, -1):
-                    if tail.endswith(w[:k]):
-                        return None, ""
+        if self.matcher:
+            best = self.matcher.earliest(self._scan.feed(self.text), self.n_sent)
+            if best is not None:  # a complete stop string: cut the text there
+                self.text = self.text[:best[0]]
+                self.stopping_word = best[1]
+                delta = self.text[self.n_sent:]
+                self.n_sent = len(self.text)
+                return best[1], delta
+            if not is_eog and self.matcher.holds_partial(self.text, self._scan.depth, self.n_sent):
+                return None, ""  # a partial stop string at the end: hold the text back
         delta = self.text[self.n_sent:]
         self.n_sent = len(self.text)
         return None, delta
