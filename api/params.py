@@ -120,17 +120,32 @@ def eog_bias_ids(tokenizer: Any) -> list[int]:
     return sorted(getattr(tokenizer, "eot_ids", ()) or ())
 
 
+MAX_SAMPLERS = 16  # tritium's bound on a request's sampler chain (llama-server has none)
+_IDEMPOTENT = {"top_k", "min_p"}  # applying one twice in a row changes nothing
+
+
 def _parse_samplers(raw: Any) -> list[str] | None:
-    """b1: an array of names (each a string) or a string of sampler chars; other values: ignored."""
+    """b1: an array of names (each a string) or a string of sampler chars; other values: ignored.
+    The chain runs once per token, so its length is bounded: a repeat of an idempotent sampler
+    right after itself is dropped (same result), and the chain stops after MAX_SAMPLERS."""
     if isinstance(raw, str):
-        return [SAMPLER_CHARS[c] for c in raw if c in SAMPLER_CHARS]
-    if isinstance(raw, list):
+        names = [SAMPLER_CHARS[c] for c in raw if c in SAMPLER_CHARS]
+    elif isinstance(raw, list):
         for s in raw:
             if not isinstance(s, str):
                 raise ApiError(f"Field 'samplers': [json.exception.type_error.302] type must be string, "
                                f"but is {json_type_name(s)}")
-        return [s for s in raw if s in KNOWN_SAMPLERS]
-    return None
+        names = [s for s in raw if s in KNOWN_SAMPLERS]
+    else:
+        return None
+    out: list[str] = []
+    for s in names:
+        if out and s == out[-1] and s in _IDEMPOTENT:
+            continue
+        out.append(s)
+        if len(out) >= MAX_SAMPLERS:
+            break
+    return out
 
 
 I32_MAX, I64_MAX, FLT_MAX = 2**31 - 1, 2**63 - 1, 3.4028234663852886e38
