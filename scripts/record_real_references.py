@@ -3,7 +3,11 @@
 tests/data/real_models_reference.json (read by tests/test_real_models.py).
 
     python scripts/fetch_models.py
-    python scripts/record_real_references.py --server /work/lsb/llama-server [--port 8218]
+    python scripts/record_real_references.py --server /work/lsb/llama-server [--port 8218] [--out FILE]
+
+The tokens depend on the float order of the CPU build llama.cpp runs (AVX-512 or AVX2): an
+llama-server built without AVX-512 records tests/data/avx2/real_models_reference.json, which the tests
+read on CPUs without AVX-512 (tests/llama_tokens.py `float_order`).
 
 For each model (runtime/model_files.py, in the model cache): starts
 `llama-server -m MODEL --port PORT -c 2048 -np 1 -t 2`, then one request at a time:
@@ -104,6 +108,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--server", default="/work/lsb/llama-server")
     ap.add_argument("--port", type=int, default=8218)
+    ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     data = {"recorded_with": "python scripts/record_real_references.py --server " + args.server,
             "cpu": cpu_features(), "models": {}}
@@ -114,8 +119,8 @@ def main() -> int:
             return 1
         print(f"recording {key} ...", flush=True)
         data["models"][key] = record(args.server, path, args.port)
-    OUT.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
-    print(f"wrote {OUT}")
+    Path(args.out).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {args.out}")
     return 0
 
 

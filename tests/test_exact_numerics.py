@@ -19,21 +19,22 @@ from kernels.cpu import native, qdot
 from runtime.model_files import GEMMA, QWEN
 from runtime.serving.plan import prompt_breaks
 from tests.kernel_oracles import random_qweight
-from tests.llama_tokens import real_model_path
-
-DATA = Path(__file__).parent / "data" / "exact_logits.json"
-
+from tests.llama_tokens import real_model_path, recorded_tokens
 
 def _recorded() -> dict:
-    return json.loads(DATA.read_text(encoding="utf-8"))
+    """This machine's float order's recording (tests/llama_tokens.py `reference_file`: tests/data/ for
+    llama.cpp's AVX-512 build, tests/data/avx2/ for its AVX2 + FMA build)."""
+    return recorded_tokens("exact_logits.json")
 
 
 def _same_isa_as_the_recording() -> None:
-    """The recorded bits are those of a llama.cpp built for AVX-512 (its kernels' float order differs
-    on AVX2-only CPUs, and tritium follows the build it runs: kernels/cpu/fattn.c)."""
+    """The recorded bits are those of a llama.cpp built for this CPU's float order (its kernels' order
+    differs between its AVX2 and AVX-512 builds, and tritium follows the build it runs:
+    kernels/cpu/fattn.c); the AVX-512 recording needs AVX-512 VNNI, the AVX2 one AVX2 + FMA + F16C."""
     flags = native.cpu_flags()
-    if not {"avx512f", "avx512vl", "avx512_vnni"} <= flags:
-        pytest.skip("the recording was made on an AVX-512 VNNI CPU; this CPU takes llama.cpp's other float order")
+    need = set(_recorded()["cpu_flags"]) & {"avx512f", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"}
+    if not need <= flags:
+        pytest.skip(f"the recording was made on a CPU with {sorted(need)}; this CPU takes another float order")
 
 
 @pytest.mark.parametrize("real", [QWEN, GEMMA], ids=lambda m: m.key)

@@ -34,7 +34,7 @@ from runtime import tiny_model
 from runtime.kv_cache import SeqKV
 from runtime.loader import load_model
 from runtime.model import Model, SeqBatch
-from tests.llama_tokens import compare, recorded_tokens, variant_files
+from tests.llama_tokens import compare, float_order, recorded_tokens, variant_files
 from tests.kernel_oracles import rms_norm_oracle, rope_neox_f64
 
 REPO = Path(__file__).resolve().parents[1]
@@ -211,6 +211,12 @@ def test_model_triton_backend_interpreter(model_files):
 # 2.00904): float32 matmuls are not in llama.cpp's order (only the quantized ones are), so 7.
 NEED = {("f32", "f32attn"): 8, ("q8_0", "f32attn"): 7, ("q4_k", "f32attn"): 7,
         ("f32", "default"): 7, ("q8_0", "default"): 3, ("q4_k", "default"): 3}
+# On CPUs without AVX-512 (tests/data/avx2/phi3_greedy.json, llama-server built for AVX2; measured
+# 2026-12-07 on an AVX2-only AMD EPYC): the same except Q8_0 "default", 2/8; the six prompts that part
+# do so where tritium's top two logits lie 3e-3 to 1.7e-2 apart (llama-server's token second), the
+# quantized-path difference described above.
+if float_order() != "avx512":
+    NEED[("q8_0", "default")] = 2
 
 
 @pytest.mark.parametrize("variant,config", sorted(NEED))

@@ -133,6 +133,8 @@ def _tiled(qf, k_cache, v_cache, block_tables, cu, lens, scale, window, out) -> 
     `fattn_tiled_seq`, one call per sequence) into `out`; False where the CPU or the shapes rule it
     out, which the first call finds before it writes anything. qf: [T, H, D] float32, contiguous."""
     lib = native.lib()
+    flags = native.cpu_flags()  # the float order of llama.cpp's build for this CPU
+    isa = 2 if {"avx512f", "avx512dq"} <= flags else 1 if {"avx2", "fma"} <= flags else 0
     T, H, D = qf.shape
     NB, BS, KVH, _ = k_cache.shape
     bt = block_tables.to(torch.int32).contiguous()
@@ -144,7 +146,7 @@ def _tiled(qf, k_cache, v_cache, block_tables, cu, lens, scale, window, out) -> 
             continue
         if lib.fattn_tiled_seq(qf[cu[s]].data_ptr(), k_cache.data_ptr(), v.data_ptr(), bt[s].data_ptr(), n,
                                lens[s] - n, out[cu[s]].data_ptr(), H, KVH, D, BS, float(scale), f16,
-                               torch.get_num_threads(), int(window), 1):
+                               torch.get_num_threads(), int(window), 1, isa):
             return False
     return True
 

@@ -96,7 +96,8 @@ class Decoder:
             self._act_c, self._act = True, lib.gelu_table_mul_f32
             self._act_args = (self._gelu_table.data_ptr(),)
         else:
-            self._act_c, self._act, self._act_args = pointwise.swiglu_in_c(), lib.swiglu_f32, ()
+            name = pointwise.swiglu_name() or "swiglu_f32"  # (unused when not _act_c)
+            self._act_c, self._act, self._act_args = pointwise.swiglu_in_c(), getattr(lib, name), ()
 
         def mm(w: QWeight) -> tuple:  # (qdot?, C function, weight pointer, rows, cols, threads or None)
             if w.layout == "x8":

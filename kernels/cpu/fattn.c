@@ -181,19 +181,65 @@ void fattn_rows(const float *q, const void *kc, const void *vc, const int *bt, i
        p_t = ggml_v_expf(s_t - Mnew) (AVX-512: 16 lanes), S = (float)((double)S + the four 16-lane
        sums added in double)     ggml_vec_soft_max_f32
        acc_d = fma(v_t,d, p_t, acc_d) over t in order      simd_gemm
-   out = acc x (1 / S). Only on CPUs with AVX-512F + DQ (ggml's exp there; its AVX2 one differs), no
-   soft-cap; else attention.c. One sequence per call: rows j = 0 .. n-1 at positions p0 + j. */
+   out = acc x (1 / S). On CPUs with AVX-512F + DQ as llama.cpp's AVX-512 build; on CPUs with AVX2 +
+   FMA as its AVX2 build (p_t by its 8-lane ggml_v_expf, each 8-lane sum by its SSE tree, added in
+   double); no soft-cap; else attention.c. The scores' fma chains are the same bits at any width.
+   One sequence per call: rows j = 0 .. n-1 at positions p0 + j. */
 #if defined(__x86_64__)
 #define TILE 64
 #define AVX512_T __attribute__((target("avx512f,avx512dq,fma")))
+#define AVX2_T __attribute__((target("avx2,fma")))
 #include "ggml_expf.h"
 struct ft_args {
     const float *q; const char *kc, *vc; const int *bt; float *out;
-    int n, p0, H, KVH, D, BS, bs_shift, f16; float scale; int window, rows_per_item;
+    int n, p0, H, KVH, D, BS, bs_shift, f16; float scale; int window, rows_per_item, avx512;
 };
 
+/* s[0..63] = (q . kt[:, t]) x scale: one fma chain over d per key, from 0 (simd_gemm). */
+AVX512_T static void ft_scores_512(const float *kt, const float *q, int D, float scale, float *s) {
+    __m512 s4[4];
+    for (int j = 0; j < 4; ++j) s4[j] = _mm512_setzero_ps();
+    for (int d = 0; d < D; ++d) {
+        const __m512 qd = _mm512_set1_ps(q[d]);
+        for (int j = 0; j < 4; ++j) s4[j] = _mm512_fmadd_ps(_mm512_load_ps(kt + (size_t)d * TILE + 16 * j), qd, s4[j]);
+    }
+    for (int j = 0; j < 4; ++j) _mm512_store_ps(s + 16 * j, _mm512_mul_ps(s4[j], _mm512_set1_ps(scale)));
+}
+AVX2_T static void ft_scores_256(const float *kt, const float *q, int D, float scale, float *s) {
+    __m256 s8[8];
+    for (int j = 0; j < 8; ++j) s8[j] = _mm256_setzero_ps();
+    for (int d = 0; d < D; ++d) {
+        const __m256 qd = _mm256_set1_ps(q[d]);
+        for (int j = 0; j < 8; ++j) s8[j] = _mm256_fmadd_ps(_mm256_load_ps(kt + (size_t)d * TILE + 8 * j), qd, s8[j]);
+    }
+    for (int j = 0; j < 8; ++j) _mm256_store_ps(s + 8 * j, _mm256_mul_ps(s8[j], _mm256_set1_ps(scale)));
+}
+
+/* s[t] = exp(s[t] - M) in place; returns their sum as ggml_vec_soft_max_f32 forms it. */
+AVX512_T static double ft_softmax_512(float *s, float M) {
+    double sum = 0.0;
+    for (int j = 0; j < 4; ++j) {
+        const __m512 p = ggml_v_expf_avx512(_mm512_sub_ps(_mm512_load_ps(s + 16 * j), _mm512_set1_ps(M)));
+        _mm512_store_ps(s + 16 * j, p);
+        sum += (double)_mm512_reduce_add_ps(p);
+    }
+    return sum;
+}
+AVX2_T static double ft_softmax_256(float *s, float M) {
+    double sum = 0.0;
+    for (int j = 0; j < 8; ++j) {
+        const __m256 p = ggml_v_expf_avx2(_mm256_sub_ps(_mm256_load_ps(s + 8 * j), _mm256_set1_ps(M)));
+        _mm256_store_ps(s + 8 * j, p);
+        __m128 h = _mm_add_ps(_mm256_extractf128_ps(p, 1), _mm256_castps256_ps128(p));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        sum += (double)_mm_cvtss_f32(h);
+    }
+    return sum;
+}
+
 /* One (KV head, chunk of rows) item. */
-AVX512_T static void ft_item(void *args, int item) {
+static void ft_item(void *args, int item) {
     const struct ft_args *A = args;
     const int H = A->H, KVH = A->KVH, G = H / KVH, D = A->D, esz = A->f16 ? 2 : 4;
     const int kh = item % KVH, r0 = item / KVH * A->rows_per_item;
@@ -232,14 +278,8 @@ AVX512_T static void ft_item(void *args, int item) {
             for (int g = 0; g < G; ++g) {
                 const int h = kh * G + g, st = (r - r0) * G + g;
                 const float *q = A->q + ((size_t)r * H + h) * D;
-                __m512 s4[4];
-                for (int j = 0; j < 4; ++j) s4[j] = _mm512_setzero_ps();
-                for (int d = 0; d < D; ++d) {
-                    const __m512 qd = _mm512_set1_ps(q[d]);
-                    for (int j = 0; j < 4; ++j) s4[j] = _mm512_fmadd_ps(_mm512_load_ps(kt + (size_t)d * TILE + 16 * j), qd, s4[j]);
-                }
                 float s[TILE] __attribute__((aligned(64)));
-                for (int j = 0; j < 4; ++j) _mm512_store_ps(s + 16 * j, _mm512_mul_ps(s4[j], _mm512_set1_ps(A->scale)));
+                (A->avx512 ? ft_scores_512 : ft_scores_256)(kt, q, D, A->scale, s);
                 float m = -INFINITY;
                 for (int t = 0; t < TILE; ++t) {
                     const int key = k0 + t;
@@ -255,12 +295,7 @@ AVX512_T static void ft_item(void *args, int item) {
                     Ss[st] *= ms;
                 }
                 Ms[st] = Mnew;
-                double sum = 0.0;
-                for (int j = 0; j < 4; ++j) {
-                    const __m512 p = ggml_v_expf_avx512(_mm512_sub_ps(_mm512_load_ps(s + 16 * j), _mm512_set1_ps(Mnew)));
-                    _mm512_store_ps(s + 16 * j, p);
-                    sum += (double)_mm512_reduce_add_ps(p);
-                }
+                const double sum = (A->avx512 ? ft_softmax_512 : ft_softmax_256)(s, Mnew);
                 Ss[st] = (float)((double)Ss[st] + sum);
                 const int tv0 = (lo > k0 ? lo : k0) - k0, tv1 = (pos < k0 + TILE - 1 ? pos : k0 + TILE - 1) - k0;
                 for (int t = tv0; t <= tv1; ++t)  /* the other keys' p are 0: fma(v, 0, acc) = acc */
@@ -279,21 +314,28 @@ AVX512_T static void ft_item(void *args, int item) {
 }
 
 /* q: [n, H, D] f32 (rows at positions p0 .. p0 + n - 1 of one sequence); bt: its block table;
-   out: [n, H, D]. Returns 0, or -1 where this CPU lacks AVX-512F + DQ (the caller falls back). */
+   out: [n, H, D]. isa: 2 llama.cpp's AVX-512 order (needs AVX-512F + DQ, D % 16 == 0), 1 its AVX2 order
+   (needs AVX2 + FMA, D % 8 == 0: llama.cpp's DV % GGML_F32_EPR). Returns 0, or -1 where this CPU
+   cannot (the caller falls back). */
 int fattn_tiled_seq(const float *q, const void *kc, const void *vc, const int *bt, int n, int p0, float *out,
-                    int H, int KVH, int D, int BS, float scale, int kv_f16, int nthreads, int window, int omp) {
-    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq") || H % KVH || D % 16) return -1;
+                    int H, int KVH, int D, int BS, float scale, int kv_f16, int nthreads, int window, int omp,
+                    int isa) {
+    const int avx512 = isa == 2;
+    if (avx512 ? !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512dq") || D % 16
+               : isa != 1 || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || D % 8) return -1;
+    if (H % KVH) return -1;
     const int bs_shift = pool_block_shift(BS);
     if (bs_shift < 0) return -1;
     const int rpi = 16;
-    struct ft_args a = {q, kc, vc, bt, out, n, p0, H, KVH, D, BS, bs_shift, kv_f16, scale, window, rpi};
+    struct ft_args a = {q, kc, vc, bt, out, n, p0, H, KVH, D, BS, bs_shift, kv_f16, scale, window, rpi, avx512};
     pool_run_on(ft_item, &a, KVH * ((n + rpi - 1) / rpi), nthreads, omp);
     return 0;
 }
 #else
 int fattn_tiled_seq(const float *q, const void *kc, const void *vc, const int *bt, int n, int p0, float *out,
-                    int H, int KVH, int D, int BS, float scale, int kv_f16, int nthreads, int window, int omp) {
-    (void)q; (void)kc; (void)vc; (void)bt; (void)n; (void)p0; (void)out; (void)H; (void)KVH; (void)D; (void)BS;
+                    int H, int KVH, int D, int BS, float scale, int kv_f16, int nthreads, int window, int omp,
+                    int isa) {
+    (void)isa; (void)q; (void)kc; (void)vc; (void)bt; (void)n; (void)p0; (void)out; (void)H; (void)KVH; (void)D; (void)BS;
     (void)scale; (void)kv_f16; (void)nthreads; (void)window; (void)omp;
     return -1;
 }

@@ -147,12 +147,13 @@ KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "fattn.c",
     "paged_decode_team": ([_p, _p, _p, _p, _i, _p, _p, _p, _i, _i, _i, _i, _i, _i, _f, _f, _i, _i, _i], None),
     # fattn.c (kernels/cpu/attention.py)
     "fattn_rows": ([_p, _p, _p, _p, _i, _p, _p, _i, _i, _i, _i, _i, _f, _f, _i, _i, _i, _i], None),
-    "fattn_tiled_seq": ([_p, _p, _p, _p, _i, _i, _p, _i, _i, _i, _i, _f, _i, _i, _i, _i], _i),
+    "fattn_tiled_seq": ([_p, _p, _p, _p, _i, _i, _p, _i, _i, _i, _i, _f, _i, _i, _i, _i, _i], _i),
     # pointwise.c (kernels/cpu/pointwise.py)
     "add_rms_norm_f32": ([_p, _p, _p, _p, _p, _i, _i, _f, _i], None),
     "rope_f32": ([_p, _p, _p, _p, _i, _i, _i, _i, _i, _f, _i], None),
     "write_kv_f32": ([_p, _p, _p, _p, _p, _i, _i, _i, _l], _l),
     "swiglu_f32": ([_p, _p, _p, _l, _l, _l, _l, _i, _i], None),
+    "swiglu_f32_avx2": ([_p, _p, _p, _l, _l, _l, _l, _i, _i], None),
     "gelu_table_mul_f32": ([_p, _p, _p, _p, _l, _l, _l, _l, _i, _i], None),
     "qkv_rope_store_f32": ([_p, _l, _p, _p, _p, _f, _p, _p, _i, _i, _f, _i, _i, _i, _i, _p, _p, _p, _p, _i, _l], _l),
 })

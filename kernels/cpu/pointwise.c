@@ -242,8 +242,36 @@ void swiglu_f32(const float *x, const float *g, float *y, long n, long ldx, long
     const struct glu_job j = {x, g, y, 0, n, ldx, ldg, ldy};
     run_rows(swiglu_rows, &j, rows, nthreads);
 }
+/* The same on a CPU with AVX2 + FMA and no AVX-512F/DQ: ggml_vec_swiglu_f32's 8-lane branch (AVX2
+   ggml_v_silu), the elements past the last full vector of 8 through libm expf. */
+__attribute__((target("avx2,fma")))
+static void swiglu_rows_avx2(const void *job, int t0, int t1) {
+    const struct glu_job *j = (const struct glu_job *)job;
+    const long n = j->n;
+    for (int t = t0; t < t1; ++t) {
+        const float *xt = j->x + t * j->ldx, *gt = j->g + t * j->ldg;
+        float *yt = j->y + t * j->ldy;
+        long i = 0;
+        for (; i + 7 < n; i += 8) {
+            const __m256 xv = _mm256_loadu_ps(xt + i);
+            const __m256 e = ggml_v_expf_avx2(_mm256_sub_ps(_mm256_setzero_ps(), xv));
+            const __m256 s = _mm256_div_ps(xv, _mm256_add_ps(_mm256_set1_ps(1), e));
+            _mm256_storeu_ps(yt + i, _mm256_mul_ps(s, _mm256_loadu_ps(gt + i)));
+        }
+        for (; i < n; ++i) yt[i] = (xt[i] / (1.0f + expf(-xt[i]))) * gt[i];
+    }
+}
+void swiglu_f32_avx2(const float *x, const float *g, float *y, long n, long ldx, long ldg, long ldy, int rows,
+                     int nthreads) {
+    const struct glu_job j = {x, g, y, 0, n, ldx, ldg, ldy};
+    run_rows(swiglu_rows_avx2, &j, rows, nthreads);
+}
 #else
 void swiglu_f32(const float *x, const float *g, float *y, long n, long ldx, long ldg, long ldy, int rows, int nthreads) {
     (void)x; (void)g; (void)y; (void)n; (void)ldx; (void)ldg; (void)ldy; (void)rows; (void)nthreads;  /* never called */
+}
+void swiglu_f32_avx2(const float *x, const float *g, float *y, long n, long ldx, long ldg, long ldy, int rows,
+                     int nthreads) {
+    swiglu_f32(x, g, y, n, ldx, ldg, ldy, rows, nthreads);  /* never called */
 }
 #endif

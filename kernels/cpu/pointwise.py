@@ -77,27 +77,32 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         raise IndexError(f"write_kv: slot {bad} is outside the cache ({NB * BS} slots)")
 
 
-def _ggml_swiglu_is_avx512() -> bool:
-    """Whether llama.cpp's CPU build on this machine takes the AVX-512 SwiGLU (AVX-512F and DQ)."""
-    return {"avx512f", "avx512dq"} <= native.cpu_flags()
+def swiglu_name() -> str | None:
+    """pointwise.c's SwiGLU that computes llama.cpp's bits on this CPU: its AVX-512 branch
+    ("swiglu_f32", on AVX-512F + DQ), its AVX2 + FMA branch ("swiglu_f32_avx2"), or None (the
+    reference's torch silu)."""
+    flags = native.cpu_flags()
+    if {"avx512f", "avx512dq"} <= flags:
+        return "swiglu_f32"
+    return "swiglu_f32_avx2" if {"avx2", "fma"} <= flags else None
 
 
 def swiglu_in_c() -> bool:
-    """Whether `silu_mul` of float32 rows is `pointwise.c`'s swiglu_f32 here (else the reference)."""
-    return native.lib() is not None and _ggml_swiglu_is_avx512()
+    """Whether `silu_mul` of float32 rows is one of `pointwise.c`'s SwiGLUs here (else the reference)."""
+    return native.lib() is not None and swiglu_name() is not None
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up [T, F]: on a CPU where llama.cpp computes SwiGLU with its AVX-512 exp
-    (pointwise.c swiglu_f32, the same bits; one C call), else the reference (torch's silu)."""
-    lib = _lib(gate, up)
-    if (lib is None or not _ggml_swiglu_is_avx512() or gate.dim() != 2 or gate.shape != up.shape
+    """silu(gate) * up [T, F]: on a CPU where llama.cpp computes SwiGLU with its vectorized exp
+    (AVX-512 or AVX2: pointwise.c, the same bits; one C call), else the reference (torch's silu)."""
+    lib, name = _lib(gate, up), swiglu_name()
+    if (lib is None or name is None or gate.dim() != 2 or gate.shape != up.shape
             or gate.stride(1) != 1 or up.stride(1) != 1):
         return ref.silu_mul(gate, up)
     T, n = gate.shape
     out = torch.empty((T, n), dtype=torch.float32)
-    lib.swiglu_f32(gate.data_ptr(), up.data_ptr(), out.data_ptr(), n, gate.stride(0), up.stride(0), n, T,
-                   torch.get_num_threads())
+    getattr(lib, name)(gate.data_ptr(), up.data_ptr(), out.data_ptr(), n, gate.stride(0), up.stride(0), n, T,
+                       torch.get_num_threads())
     return out
 
 
