@@ -12,17 +12,23 @@ rules so that each rule is a list of alternatives, each a sequence of elements:
     never m copies, so `x{1000000000}` costs what `x{2}` costs
 
 Errors raise `GrammarError` naming the rule and the line/column. A grammar is refused when its
-lowered form passes `MAX_GRAMMAR_ELEMENTS`, when it nests deeper than Python's stack allows, or
-when an item that may be empty is repeated more than `MAX_NULLABLE_REPEAT` times.
+lowered form passes `MAX_GRAMMAR_ELEMENTS`, when groups nest more than `MAX_GRAMMAR_NESTING` deep,
+or when an item that may be empty is repeated more than `MAX_NULLABLE_REPEAT` times. Nothing
+recurses on the client's input: groups are parsed on an explicit stack, and the whole-grammar
+checks (gbnf_analysis.py: left recursion, nullable rules, cycles) are worklists.
 """
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass, field
+
+from .gbnf_analysis import check_left_recursion, find_cycle
 
 MAX_CODEPOINT = 0x10FFFF
 MAX_GRAMMAR_ELEMENTS = 250_000  # elements of the lowered grammar (about 1 per literal char)
 MAX_NULLABLE_REPEAT = 64  # `x{m,n}` where x may match "" is a chain of n frames: keep n small
+MAX_GRAMMAR_NESTING = 1000  # parenthesised groups inside groups (parsed on an explicit stack)
 
 
 class GrammarError(ValueError):
@@ -90,30 +96,21 @@ class Grammar:
         graph = [{e[1] for alt in alts for k, e in enumerate(alt)
                   if e[0] != "char" and not (e[0] == "ref" and e[1] == r and k == len(alt) - 1)}
                  for r, alts in enumerate(self.rule_alts)]
-        return _find_cycle(graph) is not None
+        return find_cycle(graph) is not None
 
 
-def _find_cycle(graph: list[set[int]]) -> tuple[list[int], int] | None:
-    """A cycle of a directed graph (node -> successors), found by iterative depth-first search:
-    (the DFS path when the cycle closed, the node it closed on), or None when acyclic."""
-    state = [0] * len(graph)  # 0 new, 1 on the current path, 2 done
-    for start in range(len(graph)):
-        if state[start]:
-            continue
-        stack = [(start, iter(graph[start]))]
-        state[start] = 1
-        while stack:
-            node, it = stack[-1]
-            nxt = next(it, None)
-            if nxt is None:
-                state[node] = 2
-                stack.pop()
-            elif state[nxt] == 1:
-                return [r for r, _ in stack], nxt
-            elif state[nxt] == 0:
-                state[nxt] = 1
-                stack.append((nxt, iter(graph[nxt])))
-    return None
+@dataclass
+class _Group:
+    """One open parenthesised group (or the rule body itself) while parsing: the alternatives
+    finished so far, the sequence being read, and where its last symbol starts (for `*`, `{m,n}`:
+    a literal is several chars)."""
+    start: int
+    alts: list[list[Element]] = field(default_factory=list)
+    seq: list[Element] = field(default_factory=list)
+    last_start: int = 0
+
+
+_NAME = re.compile(r"[A-Za-z0-9-]+")  # _is_word_char's characters
 
 
 def _is_word_char(c: str) -> bool:
@@ -185,12 +182,11 @@ class _Parser:
                 break
 
     def parse_name(self) -> str:
-        start = self.i
-        while self.i < len(self.src) and _is_word_char(self.src[self.i]):
-            self.i += 1
-        if self.i == start:
+        m = _NAME.match(self.src, self.i)
+        if m is None:
             raise self.error("expecting name")
-        return self.src[start:self.i]
+        self.i = m.end()
+        return m.group()
 
     def parse_int(self) -> int:
         start = self.i
@@ -241,7 +237,7 @@ class _Parser:
         if "root" not in self.name_ids:
             raise GrammarError("grammar does not contain a 'root' rule")
         self.g.root = self.name_ids["root"]
-        _check_left_recursion(self.g)
+        check_left_recursion(self.g)
         return self.g
 
     def parse_rule(self) -> None:
@@ -257,7 +253,7 @@ class _Parser:
         if rid in self.defined:
             raise self.error(f"rule '{name}' defined twice", start)
         self.defined.add(rid)
-        self.g.rule_alts[rid] = self.parse_alternates(name, nested=False)
+        self.g.rule_alts[rid] = self.parse_alternates(name)
         self.skip_space(False)
         c = self.peek()
         if c == "\r":
@@ -267,15 +263,46 @@ class _Parser:
         elif c != "":
             raise self.error("expecting newline or end of input")
 
-    def parse_alternates(self, name: str, nested: bool) -> list[list[Element]]:
-        alts = [self.parse_sequence(name, nested)]
-        while self.peek() == "|":
+    def parse_alternates(self, name: str) -> list[list[Element]]:
+        """The alternatives of a rule body, with every parenthesised group inside it lowered to a
+        generated rule. Groups are parsed on an explicit stack of `_Group` frames (no recursion),
+        at most `MAX_GRAMMAR_NESTING` deep."""
+        groups = [_Group(self.i)]
+        while True:
+            grp = groups[-1]
+            nested = len(groups) > 1
+            self.parse_symbols(grp, name, nested)
+            if self.peek() == "(":
+                if len(groups) > MAX_GRAMMAR_NESTING:
+                    raise GrammarTooLarge(
+                        f"grammar nests too deeply in rule '{self.cur_rule}' at {self.where()}: more than "
+                        f"{MAX_GRAMMAR_NESTING} groups inside groups, the limit is {MAX_GRAMMAR_NESTING} "
+                        f"(MAX_GRAMMAR_NESTING)")
+                self.i += 1
+                self.skip_space(True)
+                groups.append(_Group(self.i))
+                continue
+            grp.alts.append(grp.seq)
+            if self.peek() == "|":
+                self.i += 1
+                self.skip_space(True)
+                grp.seq, grp.last_start = [], 0
+                continue
+            self.n_elements += sum(len(a) + 1 for a in grp.alts)
+            self.check_size(0)
+            if not nested:
+                return grp.alts
+            if self.peek() != ")":
+                raise self.error("expecting ')'")
             self.i += 1
-            self.skip_space(True)
-            alts.append(self.parse_sequence(name, nested))
-        self.n_elements += sum(len(a) + 1 for a in alts)
-        self.check_size(0)
-        return alts
+            groups.pop()
+            rid = self.new_rule(name)
+            self.defined.add(rid)
+            self.g.rule_alts[rid] = grp.alts
+            outer = groups[-1]
+            outer.last_start = len(outer.seq)
+            outer.seq.append(("ref", rid))
+            self.skip_space(len(groups) > 1)
 
     def check_size(self, pending: int) -> None:
         size = self.n_elements + pending
@@ -283,15 +310,16 @@ class _Parser:
             raise GrammarTooLarge(f"grammar too large: more than {MAX_GRAMMAR_ELEMENTS} elements after lowering "
                                  f"(at {self.where()}), the limit is {MAX_GRAMMAR_ELEMENTS} (MAX_GRAMMAR_ELEMENTS)")
 
-    def parse_sequence(self, name: str, nested: bool) -> list[Element]:
-        seq: list[Element] = []
-        last_start = 0  # index in seq where the last symbol begins (a literal is several chars)
+    def parse_symbols(self, grp: "_Group", name: str, nested: bool) -> None:
+        """Extend `grp.seq` with the symbols that follow; stops at '(' (the caller opens the group),
+        or at anything that ends a sequence ('|', ')', newline, end of input, junk)."""
+        seq = grp.seq
         while True:
             self.check_size(len(seq))
             c = self.peek()
             if c == '"':
                 self.i += 1
-                last_start = len(seq)
+                grp.last_start = len(seq)
                 while self.peek() != '"':
                     if self.peek() == "":
                         raise self.error("unterminated string literal")
@@ -300,7 +328,7 @@ class _Parser:
                     if not len(seq) & 4095:
                         self.check_size(len(seq))
                 self.i += 1
-                if len(seq) == last_start:  # empty literal: an empty group
+                if len(seq) == grp.last_start:  # empty literal: an empty group
                     rid = self.new_rule(name)
                     self.defined.add(rid)
                     self.g.rule_alts[rid] = [[]]
@@ -325,12 +353,12 @@ class _Parser:
                             raise self.error("character range out of order")
                     ranges.append((lo, hi))
                 self.i += 1
-                last_start = len(seq)
+                grp.last_start = len(seq)
                 seq.append(("char", self.class_id(CharClass(_merge(ranges), negated))))
                 self.skip_space(nested)
             elif c == ".":
                 self.i += 1
-                last_start = len(seq)
+                grp.last_start = len(seq)
                 seq.append(("char", self.class_id(CharClass((), True))))
                 self.skip_space(nested)
             elif c and _is_word_char(c):
@@ -338,20 +366,7 @@ class _Parser:
                 ref = self.parse_name()
                 rid = self.rule_id(ref)
                 self.first_use.setdefault(rid, (pos, self.cur_rule))
-                last_start = len(seq)
-                seq.append(("ref", rid))
-                self.skip_space(nested)
-            elif c == "(":
-                self.i += 1
-                self.skip_space(True)
-                alts = self.parse_alternates(name, nested=True)
-                if self.peek() != ")":
-                    raise self.error("expecting ')'")
-                self.i += 1
-                rid = self.new_rule(name)
-                self.defined.add(rid)
-                self.g.rule_alts[rid] = alts
-                last_start = len(seq)
+                grp.last_start = len(seq)
                 seq.append(("ref", rid))
                 self.skip_space(nested)
             elif c in ("*", "+", "?"):
@@ -359,7 +374,7 @@ class _Parser:
                     raise self.error(f"expecting preceding item to '{c}'")
                 self.i += 1
                 lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
-                self.repeat(seq, last_start, name, lo, hi)
+                self.repeat(seq, grp.last_start, name, lo, hi)
                 self.skip_space(nested)
             elif c == "{":
                 if not seq:
@@ -379,10 +394,10 @@ class _Parser:
                 self.i += 1
                 if hi is not None and hi < lo:
                     raise self.error(f"repetition {{{lo},{hi}}} has max < min")
-                self.repeat(seq, last_start, name, lo, hi)
+                self.repeat(seq, grp.last_start, name, lo, hi)
                 self.skip_space(nested)
             else:
-                return seq
+                return  # '(' included: parse_alternates pushes the group
 
     def repeat(self, seq: list[Element], last_start: int, name: str, lo: int, hi: int | None) -> None:
         """Replace seq[last_start:] (the last symbol) by its repetition {lo, hi} (hi None = inf)."""
@@ -411,72 +426,15 @@ class _Parser:
             seq.append(("ref", rid))
 
 
-def _check_left_recursion(g: Grammar) -> None:
-    n = len(g.rule_names)
-    nullable = [False] * n
-    changed = True
-    while changed:
-        changed = False
-        for r in range(n):
-            if not nullable[r] and any(all(_nullable(e, nullable) for e in alt) for alt in g.rule_alts[r]):
-                nullable[r] = True
-                changed = True
-    left = [set() for _ in range(n)]
-    for r in range(n):
-        for alt in g.rule_alts[r]:
-            for e in alt:
-                if e[0] == "char":
-                    break
-                left[r].add(e[1])
-                if not _nullable(e, nullable):
-                    break
-            for e in alt:
-                if e[0] == "rep" and nullable[e[1]] and (e[3] < 0 or e[3] > MAX_NULLABLE_REPEAT):
-                    rng = f"{{{e[2]},{'' if e[3] < 0 else e[3]}}}"
-                    raise GrammarTooLarge(f"rule '{_user_name(g, r)}' repeats an item that may be empty {rng} times; "
-                                       f"the limit for such an item is {MAX_NULLABLE_REPEAT} (left recursion)")
-    found = _find_cycle(left)
-    if found is not None:
-        path, nxt = found
-        cycle = path[path.index(nxt):]
-        user = next((g.rule_names[r] for r in cycle if not _generated(g.rule_names[r])),
-                    next((g.rule_names[r] for r in reversed(path) if not _generated(g.rule_names[r])),
-                         g.rule_names[nxt]))
-        raise GrammarError(f"left recursion in rule '{user}' (a rule can reach itself without consuming "
-                           f"input; this includes repeating an item that may be empty)")
-
-
-def _nullable(e: Element, nullable: list[bool]) -> bool:
-    if e[0] == "char":
-        return False
-    return nullable[e[1]] or (e[0] == "rep" and e[2] == 0)
-
-
-def _user_name(g: Grammar, r: int) -> str:
-    """The user's rule a generated rule belongs to (`item_3` -> `item`)."""
-    name = g.rule_names[r]
-    while _generated(name):
-        name = name.rpartition("_")[0]
-    return name
-
-
 def _grammar_size(g: Grammar) -> int:
     return sum(len(alt) + 1 for alts in g.rule_alts for alt in alts)
-
-
-def _generated(name: str) -> bool:
-    base, _, k = name.rpartition("_")
-    return bool(base) and k.isdigit()
 
 
 def parse_gbnf(text: str) -> Grammar:
     """Parse GBNF text; raises GrammarError with rule name and line/column on bad input."""
     if not isinstance(text, str):
         raise GrammarError("grammar must be a string")
-    try:
-        g = _Parser(text).parse()
-    except RecursionError:
-        raise GrammarTooLarge("grammar nests too deeply (groups inside groups)") from None
+    g = _Parser(text).parse()
     size = _grammar_size(g)
     if size > MAX_GRAMMAR_ELEMENTS:
         raise GrammarTooLarge(f"grammar too large: {size} elements after lowering, the limit is "

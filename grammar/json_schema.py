@@ -19,7 +19,7 @@ from typing import Any
 
 from .gbnf import GrammarError
 from .int_range import IntRange, int_bound
-from .json_schema_check import as_int32, check_json_schema, resolve_ref
+from .json_schema_check import MAX_SCHEMA_DEPTH, SchemaTooDeep, as_int32, check_json_schema, resolve_ref
 from .schema_pattern import pattern_rule, repeat_text
 
 _I64 = 1 << 63
@@ -76,6 +76,7 @@ class _Converter:
         self.root = root
         self.refs: dict[str, Any] = {}
         self.resolving: set[str] = set()
+        self.depth = 0  # schemas being visited, one inside the other (at most MAX_SCHEMA_DEPTH)
 
     # --- rule table ---------------------------------------------------------------------------
     def add_rule(self, name: str, body: str) -> str:
@@ -121,6 +122,18 @@ class _Converter:
         return " | ".join(self.visit(s, f"{name}{'-' if name else 'alternative-'}{i}") for i, s in enumerate(alts))
 
     def visit(self, schema: Any, name: str) -> str:
+        """The rule for `schema`. Recursive, but at most MAX_SCHEMA_DEPTH schemas deep (a few Python
+        frames each): check_json_schema refused deeper schemas already; this guard covers the ways
+        the converter walks that the check does not (a $ref first met deeper, allOf components)."""
+        if self.depth >= MAX_SCHEMA_DEPTH:
+            raise SchemaTooDeep(name or "#")
+        self.depth += 1
+        try:
+            return self.visit_node(schema, name)
+        finally:
+            self.depth -= 1
+
+    def visit_node(self, schema: Any, name: str) -> str:
         if schema is True:
             schema = {}
         if not isinstance(schema, dict):
@@ -239,18 +252,20 @@ class _Converter:
             if req:
                 rule += ' "," space ( '
 
-            def chain(keys: list[str], first_optional: bool) -> str:
-                k, rest = keys[0], keys[1:]
+            def piece(k: str, first_optional: bool) -> str:
                 comma = f'( "," space {kv[k]} )'
                 if first_optional:
-                    res = comma + ("*" if k == "*" else "?")
-                else:
-                    res = kv[k] + (" " + comma + "*" if k == "*" else "")
-                if rest:
-                    res += " " + self.add_rule(f"{name}{sep}{k}-rest", chain(rest, True))
-                return res
+                    return comma + ("*" if k == "*" else "?")
+                return kv[k] + (" " + comma + "*" if k == "*" else "")
 
-            rule += " | ".join(chain(opt[i:], False) for i in range(len(opt)))
+            # llama's recursive chain over the optional keys, built from the last key back (no
+            # recursion, each `<key>-rest` rule once, added in the order the recursion adds them):
+            # rest[j] is the rule for the optional keys after opt[j]
+            rest: dict[int, str] = {}
+            for j in range(len(opt) - 1, 0, -1):
+                body = piece(opt[j], True) + (" " + rest[j] if j in rest else "")
+                rest[j - 1] = self.add_rule(f"{name}{sep}{opt[j - 1]}-rest", body)
+            rule += " | ".join(piece(opt[i], False) + (" " + rest[i] if i in rest else "") for i in range(len(opt)))
             if req:
                 rule += " )"
             rule += " )?"
@@ -266,29 +281,31 @@ class _Converter:
             node[""] = True  # end marker
         char = self.add_primitive("char", _PRIMITIVES["char"])
         out = ['["] ( ']
-
-        def visit(node: dict) -> None:
-            rejects = []
-            first = True
-            for c in sorted(k for k in node if k != ""):
-                child = node[c]
-                rejects.append(c)
-                if not first:
+        # depth-first over the trie on an explicit stack (a key's length must not be a stack depth):
+        # frames [node, its sorted child characters, how many of them are done]
+        stack: list[list] = [[trie, sorted(k for k in trie if k != ""), 0]]
+        while stack:
+            frame = stack[-1]
+            node, keys, done = frame
+            if done < len(keys):
+                c = keys[done]
+                frame[2] += 1
+                if done:
                     out.append(" | ")
-                first = False
                 out.append(f"[{c}]")
-                if any(k != "" for k in child):
+                child = node[c]
+                child_keys = sorted(k for k in child if k != "")
+                if child_keys:
                     out.append(" (")
-                    visit(child)
-                    out.append(")")
+                    stack.append([child, child_keys, 0])
                 elif child.get(""):
                     out.append(f" {char}+")
-            if any(k != "" for k in node):
-                if not first:
-                    out.append(" | ")
-                out.append(f'[^"{"".join(rejects)}] {char}*')
-
-        visit(trie)
+                continue
+            if keys:
+                out.append(f' | [^"{"".join(keys)}] {char}*')
+            stack.pop()
+            if stack:
+                out.append(")")
         out.append(f' ){"" if trie.get("") else "?"} ["]')
         return "".join(out)
 
@@ -333,8 +350,6 @@ def json_schema_to_gbnf(schema: Any) -> str:
     conv = _Converter(schema)
     try:
         conv.visit(schema, "")
-    except RecursionError:
-        raise GrammarError("JSON schema nests too deeply") from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         if isinstance(e, GrammarError):
             raise

@@ -10,15 +10,20 @@ is still built by `grammar.json_schema`.
 Values are as decoded from JSON (dict, list, str, int, float, bool, None); as in nlohmann::json a
 bool is not a number, and an int outside [-2**63, 2**64) is not an integer (it parses as a double).
 
-Public: `check_json_schema(schema)`, `JsonSchemaError`; for the converter `resolve_ref(root, ref,
+The walk is iterative (an explicit stack of pending nodes and after-children checks, run in the
+order llama's recursion runs them), and a schema nested more than `MAX_SCHEMA_DEPTH` levels deep
+(counting each followed `$ref`) is refused with `SchemaTooDeep` before anything else recurses on it.
+
+Public: `check_json_schema(schema)`, `JsonSchemaError`, `SchemaTooDeep`, `MAX_SCHEMA_DEPTH`; for the converter `resolve_ref(root, ref,
 path)` (llama's lookup of a "#/..." reference) and `as_int32(v)` (a count as llama reads it).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .gbnf import GrammarError
+from .gbnf import GrammarError, GrammarTooLarge
 
+MAX_SCHEMA_DEPTH = 128  # schemas inside schemas (a followed $ref counts as one level); tritium's own bound
 _U64 = 1 << 64
 _SPACES = " \t\n\v\f\r"
 _UUID_FORMATS = {"uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"}
@@ -33,13 +38,19 @@ class JsonSchemaError(GrammarError):
         self.path, self.msg = path, msg
 
 
+class SchemaTooDeep(GrammarTooLarge):
+    """A schema nested past MAX_SCHEMA_DEPTH (llama.cpp has no such bound, hence no message)."""
+
+    def __init__(self, path: str):
+        shown = path if len(path) <= 200 else path[:200] + "..."
+        super().__init__(f"JSON schema nests too deeply: more than {MAX_SCHEMA_DEPTH} levels of schemas inside "
+                         f"schemas (at {shown}), the limit is {MAX_SCHEMA_DEPTH} (MAX_SCHEMA_DEPTH)")
+
+
 def check_json_schema(schema: Any) -> None:
     """Raise JsonSchemaError where llama.cpp's schema builder throws (the first failure it meets);
-    a schema nested deeper than Python's stack allows is a GrammarError ("nests too deeply")."""
-    try:
-        _Checker(schema).node(schema, "#")
-    except RecursionError:
-        raise GrammarError("JSON schema nests too deeply") from None
+    a schema nested more than MAX_SCHEMA_DEPTH levels deep raises SchemaTooDeep."""
+    _Checker(schema).run(schema)
 
 
 # --- nlohmann::json predicates --------------------------------------------------------------------
@@ -110,12 +121,30 @@ def resolve_ref(root: Any, ref: str, path: str) -> Any:  # resolve_ref
     return target
 
 
+# A task of the walk: (schema, path) to check as a node one level deeper, or a callable (a check
+# llama runs after the children, such as an array's minItems).
+_Task = Any
+
+
 class _Checker:
     def __init__(self, root: Any):
         self.root = root
         self.refs: set[str] = set()  # each $ref is followed once (which also stops a cycle)
 
-    def node(self, schema: Any, path: str) -> None:  # build_node
+    def run(self, schema: Any) -> None:
+        stack: list[tuple[_Task, int]] = [((schema, "#"), 1)]
+        while stack:
+            task, depth = stack.pop()
+            if callable(task):
+                task()
+                continue
+            sub, path = task
+            if depth > MAX_SCHEMA_DEPTH:
+                raise SchemaTooDeep(path)
+            children = self.node(sub, path) or []
+            stack.extend((c, depth + 1) for c in reversed(children))
+
+    def node(self, schema: Any, path: str) -> list[_Task] | None:  # build_node: checks, then the children
         if not isinstance(schema, dict):
             _fail(path, "schema must be an object")
         if "$ref" in schema:
@@ -128,9 +157,7 @@ class _Checker:
             # {"type": ["a", "b"], ...} is {"anyOf": [{"type": "a", ...}, {"type": "b", ...}]}
             if not typ:
                 _fail(path, "type must not be empty")
-            for i, t in enumerate(typ):
-                self.node({**schema, "type": t}, f"{path}/type/{i}")
-            return None
+            return [({**schema, "type": t}, f"{path}/type/{i}") for i, t in enumerate(typ)]
         if "const" in schema:
             return None
         if "enum" in schema:
@@ -171,46 +198,50 @@ class _Checker:
             return None
         _fail(path, f"unrecognized type {type_name}")
 
-    def ref(self, ref: Any, path: str) -> None:  # build_ref
+    def ref(self, ref: Any, path: str) -> list[_Task] | None:  # build_ref
         if not isinstance(ref, str):
             _fail(path, "$ref must be a string")
         if not ref.startswith("#/"):
             _fail(path, f"unsupported $ref {ref}, only references into the same document are supported")
         if ref not in self.refs:
             self.refs.add(ref)
-            self.node(resolve_ref(self.root, ref, path), ref)
+            return [(resolve_ref(self.root, ref, path), ref)]
+        return None
 
-    def alternatives(self, alts: Any, path: str) -> None:  # build_alternatives
+    def alternatives(self, alts: Any, path: str) -> list[_Task]:  # build_alternatives
         if not isinstance(alts, list):
             _fail(path, "must be an array of schemas")
         if not alts:
             _fail(path, "must not be empty")
-        for i, alt in enumerate(alts):
-            self.node(alt, f"{path}/{i}")
+        return [(alt, f"{path}/{i}") for i, alt in enumerate(alts)]
 
-    def object(self, schema: dict, path: str) -> None:  # build_object ("required" is only read)
+    def object(self, schema: dict, path: str) -> list[_Task]:  # build_object ("required" is only read)
+        tasks: list[_Task] = []
         if "properties" in schema:
             properties = schema["properties"]
             if not isinstance(properties, dict):
                 _fail(path, "properties must be an object")
-            for name, prop in properties.items():
-                self.node(prop, f"{path}/properties/{name}")
+            tasks.extend((prop, f"{path}/properties/{name}") for name, prop in properties.items())
         if "additionalProperties" in schema:
             additional = schema["additionalProperties"]
             if isinstance(additional, dict):
-                self.node(additional, f"{path}/additionalProperties")
-            elif not isinstance(additional, bool):
-                _fail(path, "additionalProperties must be a boolean or a schema")
+                tasks.append((additional, f"{path}/additionalProperties"))
+            elif not isinstance(additional, bool):  # checked after the properties' subtrees, as in llama
+                tasks.append(lambda: _fail(path, "additionalProperties must be a boolean or a schema"))
+        return tasks
 
-    def array(self, schema: dict, path: str) -> None:  # build_array
+    def array(self, schema: dict, path: str) -> list[_Task]:  # build_array
         if "items" in schema or "prefixItems" in schema:
             key = "items" if "items" in schema else "prefixItems"  # "items" wins
             items = schema[key]
             if isinstance(items, list):  # a tuple: minItems / maxItems are not read
-                for i, item in enumerate(items):
-                    self.node(item, f"{path}/{key}/{i}")
-                return
-            self.node(items, f"{path}/{key}")
+                return [(item, f"{path}/{key}/{i}") for i, item in enumerate(items)]
+            return [(items, f"{path}/{key}"), lambda: self.counts(schema, path)]
+        self.counts(schema, path)
+        return []
+
+    @staticmethod
+    def counts(schema: dict, path: str) -> None:
         _count(schema, "minItems", path)
         _count(schema, "maxItems", path)
 

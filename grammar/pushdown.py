@@ -115,46 +115,60 @@ class Pushdown:
         return sid
 
     def _expand_rule(self, rule: int, ret: int) -> frozenset[int]:
-        out: set[int] = set()
-        for a in self.alt_starts[rule]:
-            out |= self._expand(self._stack(ret, a))
-        return frozenset(out)
+        """Stacks with a char on top (or the empty stack) reached by calling `rule`, returning to `ret`."""
+        return self._closure([self._stack(ret, a) for a in self.alt_starts[rule]])
 
     def _expand(self, sid: int) -> frozenset[int]:
         """All stacks reachable from `sid` without consuming input whose top is a char (or empty)."""
         memo = self._expand_memo.get(sid)
-        if memo is not None:
-            return memo
-        if sid == _EMPTY:
-            res = frozenset((_EMPTY,))
-        else:
-            p = self.st_pos[sid]
-            k = self.kind[p]
-            if k == _CHAR:
-                res = frozenset((sid,))
-            elif k == _END:
-                res = self._expand(self.st_parent[sid])
-            elif k == _REP:
-                res = self._expand_counter(sid)
-            else:
-                parent = self.st_parent[sid]
-                ret = parent if self.kind[p + 1] == _END else self._stack(parent, p + 1)  # tail call
-                res = self._expand_rule(self.arg[p], ret)
-        self._expand_memo[sid] = res
-        return res
+        if memo is None:
+            memo = self._expand_memo[sid] = self._closure([sid])
+        return memo
 
-    def _expand_counter(self, sid: int) -> frozenset[int]:
-        """A counter frame that has matched `count` items: one more item (returning to the frame
-        with count + 1, saturating at lo when unbounded), or, once count >= lo, what follows."""
-        p, parent = self.st_pos[sid], self.st_parent[sid]
-        count = self.st_cnt[sid]
-        lo, hi = self.rep_bounds[p]
+    def _closure(self, todo: list[int]) -> frozenset[int]:
+        """The char-topped (or empty) stacks reached from the stacks `todo` by moves that consume
+        nothing: a rule reference pushes its alternatives (a tail call returns straight to the
+        caller's parent), the end of an alternative pops, a counter frame offers one more item or
+        what follows. A worklist with a seen set, so a chain of 20000 rules costs 20000 steps and
+        no stack depth; the left-recursion check guarantees termination anyway, and the seen set
+        keeps shared sub-closures from being walked twice. Expansions already memoised are reused."""
         out: set[int] = set()
-        if hi < 0 or count < hi:
-            nxt_count = min(count + 1, lo) if hi < 0 else count + 1
-            out |= self._expand_rule(self.arg[p], self._stack(parent, p, nxt_count))
-        if count >= lo:
-            out |= self._expand(parent if self.kind[p + 1] == _END else self._stack(parent, p + 1))
+        seen: set[int] = set(todo)
+        memo = self._expand_memo
+        kind, arg, st_pos, st_parent = self.kind, self.arg, self.st_pos, self.st_parent
+        while todo:
+            sid = todo.pop()
+            known = memo.get(sid)
+            if known is not None:
+                out |= known
+                continue
+            if sid == _EMPTY:
+                out.add(_EMPTY)
+                continue
+            p = st_pos[sid]
+            k = kind[p]
+            if k == _CHAR:
+                out.add(sid)
+                continue
+            parent = st_parent[sid]
+            if k == _END:
+                nxt = [parent]
+            elif k == _REF:
+                ret = parent if kind[p + 1] == _END else self._stack(parent, p + 1)  # tail call
+                nxt = [self._stack(ret, a) for a in self.alt_starts[arg[p]]]
+            else:  # _REP: a counter frame that has matched `count` items
+                count = self.st_cnt[sid]
+                lo, hi = self.rep_bounds[p]
+                nxt = []
+                if hi < 0 or count < hi:  # one more item, returning to the frame with count + 1
+                    ret = self._stack(parent, p, min(count + 1, lo) if hi < 0 else count + 1)
+                    nxt.extend(self._stack(ret, a) for a in self.alt_starts[arg[p]])
+                if count >= lo:  # or what follows the repetition
+                    nxt.append(parent if kind[p + 1] == _END else self._stack(parent, p + 1))
+            for s in nxt:
+                if s not in seen:
+                    seen.add(s)
+                    todo.append(s)
         return frozenset(out)
 
     def _advance(self, sid: int) -> frozenset[int]:

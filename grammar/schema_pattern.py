@@ -6,7 +6,10 @@ gbnf.py, never m copies). `conv` is the converter whose rule table receives the 
 """
 from __future__ import annotations
 
-from .gbnf import GrammarError
+from .gbnf import MAX_GRAMMAR_NESTING, GrammarError, GrammarTooLarge
+
+# a group of the regex becomes a group of the GBNF rule: the same bound as gbnf.py's
+MAX_PATTERN_NESTING = MAX_GRAMMAR_NESTING - 2
 
 DOT = "[^\\x0A\\x0D]"
 _NON_LITERAL = set("|.()[]{}*+?")
@@ -43,22 +46,24 @@ def pattern_rule(conv, pattern: str, name: str) -> str:
     def dot() -> str:
         return conv.add_rule("dot", DOT)
 
-    def seq_until_close(start: int) -> tuple[str, bool]:
+    def joined(seq: list[tuple[str, bool]]) -> tuple[str, bool]:
+        merged: list[tuple[str, bool]] = []
+        for item in seq:
+            if item[1] and merged and merged[-1][1]:
+                merged[-1] = (merged[-1][0] + item[0], True)
+            else:
+                merged.append(item)
+        if len(merged) == 1:
+            return merged[0]
+        return " ".join(to_rule(x) for x in seq), False
+
+    def sequence() -> tuple[str, bool]:
+        """The whole pattern; open groups are an explicit stack of sequences (no recursion), at
+        most MAX_PATTERN_NESTING deep; a group still open at the end closes there, as in llama."""
         nonlocal pos
-        seq: list[tuple[str, bool]] = []
-
-        def joined() -> tuple[str, bool]:
-            merged: list[tuple[str, bool]] = []
-            for item in seq:
-                if item[1] and merged and merged[-1][1]:
-                    merged[-1] = (merged[-1][0] + item[0], True)
-                else:
-                    merged.append(item)
-            if len(merged) == 1:
-                return merged[0]
-            return " ".join(to_rule(x) for x in seq), False
-
+        groups: list[list[tuple[str, bool]]] = [[]]
         while pos < n:
+            seq = groups[-1]
             c = pattern[pos]
             if c == ".":
                 seq.append((dot(), False))
@@ -67,12 +72,17 @@ def pattern_rule(conv, pattern: str, name: str) -> str:
                 pos += 1
                 if pos < n and pattern[pos] == "?":
                     raise GrammarError(f"unsupported pattern syntax '(?' at index {pos} of /{pattern}/")
-                seq.append((f"({to_rule(seq_until_close(pos))})", False))
+                if len(groups) > MAX_PATTERN_NESTING:
+                    raise GrammarTooLarge(f"pattern nests too deeply: more than {MAX_PATTERN_NESTING} groups inside "
+                                          f"groups at index {pos - 1}, the limit is {MAX_PATTERN_NESTING} "
+                                          f"(MAX_PATTERN_NESTING)")
+                groups.append([])
             elif c == ")":
                 pos += 1
-                if not (start > 0 and pattern[start - 1] == "("):
+                if len(groups) == 1:
                     raise GrammarError(f"unbalanced parentheses in pattern /{pattern}/")
-                return joined()
+                inner = joined(groups.pop())
+                groups[-1].append((f"({to_rule(inner)})", False))
             elif c == "[":
                 cls = c
                 pos += 1
@@ -145,7 +155,10 @@ def pattern_rule(conv, pattern: str, name: str) -> str:
                         break
                 if lit:
                     seq.append((lit, True))
-        return joined()
+        while len(groups) > 1:  # unclosed groups end with the pattern
+            inner = joined(groups.pop())
+            groups[-1].append((f"({to_rule(inner)})", False))
+        return joined(groups[0])
 
-    body = seq_until_close(0)
+    body = sequence()
     return conv.add_rule(name, '"\\"" (' + to_rule(body) + ') "\\""')
