@@ -12,6 +12,7 @@ from typing import Any
 from api.chat_checks import check_message_shapes, parse_messages, parse_tools
 from api.errors import ApiError
 from api.params import CHAT_PARSER_FAILED, Fields, schema_to_grammar_or_400
+from runtime.serving.failures import describe
 from runtime.chat import (
     REASONING_FORMATS,
     ChatFormat,
@@ -163,6 +164,8 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         if not isinstance(ctk, dict):
             raise ApiError("chat_template_kwargs must be an object")
         kwargs.update(ctk)
+    if "add_generation_prompt" in kwargs:  # llama.cpp's extra_context overrides the template's variable
+        add_generation_prompt = bool(kwargs.pop("add_generation_prompt"))  # jinja truthiness
     if cfg.enable_thinking is not None:
         kwargs.setdefault("enable_thinking", cfg.enable_thinking)
     if f.has("reasoning_effort"):
@@ -174,17 +177,20 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
                                                "parameters": fn.get("parameters", {})}}
              if isinstance(fn, dict) else t for t, fn in zip(tools, fns)] or None
     try:
-        prompt = tmpl.render(msgs, add_generation_prompt=add_generation_prompt, tools=shown, **kwargs)
-        gen_prompt = tmpl.generation_prompt(msgs, tools=shown, **kwargs) if msgs else ""
+        # the request's names as template variables only (a key such as "self" or "tools" is no argument)
+        prompt = tmpl.render(msgs, add_generation_prompt=add_generation_prompt, tools=shown,
+                             chat_template_kwargs=kwargs)
+        gen_prompt = tmpl.generation_prompt(msgs, tools=shown, chat_template_kwargs=kwargs) if msgs else ""
     except ApiError:
         raise
     except Exception as e:  # jinja errors, raise_exception() in the template
-        raise ApiError(f"Failed to apply chat template: {e}") from e
+        raise ApiError(f"Failed to apply chat template: {describe(e)}") from e
     prompt += prefill
     user_prefixes = []
     for i in [i for i, m in enumerate(msgs) if isinstance(m, dict) and m.get("role") == "user"][-USER_STARTS_MAX:]:
         try:
-            user_prefixes.append(tmpl.render(msgs[:i], add_generation_prompt=False, tools=shown, **kwargs))
+            user_prefixes.append(tmpl.render(msgs[:i], add_generation_prompt=False, tools=shown,
+                                             chat_template_kwargs=kwargs))
         except Exception:  # a template that cannot render that prefix: no position for it
             continue
 

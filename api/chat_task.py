@@ -15,7 +15,7 @@ from runtime.tasks import CompletionTask, SamplingParams
 
 
 async def prompt_tokens(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.ChatPrep, list[int]]:
-    prep = chat_api.prepare(ctx, body)
+    prep = await off_loop(chat_api.prepare, ctx, body)  # renders the template: 100k messages take seconds
     return prep, list(await off_loop(ctx.tokenizer.encode, prep.prompt, add_special=True, parse_special=True))
 
 
@@ -24,7 +24,7 @@ async def chat_task(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.Cha
     cfg = ctx.cfg
     prep, toks = await prompt_tokens(ctx, body)
     check_context(len(toks), ctx.engine.n_ctx_slot)
-    params = parse_sampling(prep.body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
+    params = await off_loop(parse_sampling, prep.body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
     await off_loop(chat_api.apply_grammar, ctx, prep, params)  # parses the grammar
     task = parse_task(prep.body, toks, params, cfg.n_predict, openai=True)
     task.chat_format, task.grammar_prefix = prep.echo_format, prep.grammar_prefix

@@ -26,7 +26,7 @@ async def read_json(request: Request) -> dict[str, Any]:
         return {}
     data = await asyncio.to_thread(strict_json.loads, raw) if len(raw) > OFF_LOOP_BYTES else strict_json.loads(raw)
     if not isinstance(data, dict):
-        raise ApiError(f"[json.exception.type_error.302] type must be object, but is {type(data).__name__}",
+        raise ApiError(f"[json.exception.type_error.302] type must be object, but is {json_type_name(data)}",
                        "invalid_request_error", 400)
     return data
 

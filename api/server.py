@@ -27,11 +27,13 @@ from api.cors import cors_headers
 from api.engine_api import EngineAPI
 from api.header_case import CanonicalHeaderCase
 from api.errors import ApiError, invalid_api_key, loading_model, not_found
+from api.head import HeadAsGet
 from api.guard import Drain, RequestGuard
 from api.log import Logger
 from api.routes import ROUTERS
 from api.routes.gcp import register_gcp
 from api.routes.ui import FRONTEND_PATHS, static_file
+from runtime.serving.failures import describe
 
 __all__ = ["ApiContext", "ServerConfig", "create_app"]
 
@@ -46,6 +48,7 @@ def create_app(cfg: ServerConfig, engine: EngineAPI | None, log: Logger | None =
     app.state.server = ApiContext(cfg, engine, log or Logger())
     app.middleware("http")(pre_routing)
     app.state.drain = Drain()
+    app.add_middleware(HeadAsGet)  # HEAD answered by the GET routes, no body (api/head.py)
     app.add_middleware(RequestGuard)  # body limits, disconnects, drain (api/guard.py)
     app.add_middleware(CanonicalHeaderCase)  # outermost: names as llama-server spells them
     app.add_exception_handler(ApiError, on_api_error)
@@ -105,7 +108,7 @@ async def on_http_error(request: Request, e: StarletteHTTPException) -> Response
 
 async def on_error(request: Request, e: Exception) -> Response:
     request.app.state.server.log.srv("E", "operator()", f"got exception: {e!r}")
-    return ApiError(str(e) or type(e).__name__, "server_error", 500).response()
+    return ApiError(describe(e), "server_error", 500).response()  # in words: no Python names
 
 
 class PrefixedApp:

@@ -116,7 +116,7 @@ async def completion(ctx: Ctx, request: Request) -> Response:
     for i, p in enumerate(prompts):  # each prompt, then its n - 1 children; indexes run over all of them
         toks = await off_loop(tokenize_prompt, ctx.tokenizer, p)
         check_context(len(toks), ctx.engine.n_ctx_slot)
-        first = native_request(ctx, body, toks)
+        first = await off_loop(native_request, ctx, body, toks)  # compiles the grammar
         for j, task in enumerate(with_children(first.task, n)):
             reqs.append(dataclasses.replace(first, task=task, index=len(reqs)))
             # b1 streams each further prompt's "processing started" signal as `data: null`
@@ -145,7 +145,7 @@ async def infill(ctx: Ctx, request: Request) -> Response:
                                         ctx.engine.cfg.n_batch, ctx.cfg.n_predict, ctx.engine.n_ctx_slot)
     toks = await off_loop(tokens)
     check_context(len(toks), ctx.engine.n_ctx_slot)
-    req = native_request(ctx, body, toks, 0)
+    req = await off_loop(native_request, ctx, body, toks, 0)
     req.task.infill = True
     if req.task.stream:
         return await stream_many(ctx.cfg.sse_ping_interval, [native_stream(ctx, req)], False)

@@ -185,14 +185,14 @@ class ChatTemplate:
             if k not in ("messages", "tools", "add_generation_prompt"):
                 ctx[k] = v
         try:
-            return self._template.render(**ctx)
+            return self._template.render(ctx)  # a dict: a variable named "self" is no argument
         except (jinja2.TemplateError, TypeError):
             if not any(m.get("content") is None for m in msgs):
                 raise
         # the template cannot take null content (QwQ splits it): render "" instead, as minja's
         # requires_non_null_content polyfill does
         ctx["messages"] = [dict(m, content="") if m.get("content") is None else m for m in msgs]
-        return self._template.render(**ctx)
+        return self._template.render(ctx)
 
     def generation_prompt(self, messages: list[dict], tools: list[dict] | None = None,
                           **kwargs: Any) -> str:
