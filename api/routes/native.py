@@ -20,7 +20,7 @@ from api.inputs import check_context, check_task_count, off_loop, read_json, spl
 from api.params import Fields, parse_sampling, parse_task, reasoning_format_name, sampling_settings
 from api.results import collect_all, probs_json, with_progress
 from api.sse import Stream, stream_many
-from runtime.tasks import CompletionResult, CompletionTask, PromptProgress, TokenOut
+from runtime.tasks import CompletionResult, CompletionTask, PromptProgress, SamplingParams, TokenOut
 
 router = APIRouter()
 
@@ -36,8 +36,11 @@ class NativeRequest:
     index: int = 0
 
 
-def native_request(ctx: ApiContext, body: dict[str, Any], prompt_tokens: list[int], index: int = 0) -> NativeRequest:
-    params = parse_sampling(body, ctx.cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
+def native_request(ctx: ApiContext, body: dict[str, Any], prompt_tokens: list[int], index: int = 0,
+                   params: SamplingParams | None = None) -> NativeRequest:
+    """`params`: the body's, when already parsed (one request's prompts share them)."""
+    if params is None:
+        params = parse_sampling(body, ctx.cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
     task = parse_task(body, prompt_tokens, params, ctx.cfg.n_predict)
     f = Fields(body)
     settings = sampling_settings(params, task.n_predict, task.stream, "Content-only",
@@ -116,7 +119,8 @@ async def completion(ctx: Ctx, request: Request) -> Response:
     for i, p in enumerate(prompts):  # each prompt, then its n - 1 children; indexes run over all of them
         toks = await off_loop(tokenize_prompt, ctx.tokenizer, p)
         check_context(len(toks), ctx.engine.n_ctx_slot)
-        first = await off_loop(native_request, ctx, body, toks)  # compiles the grammar
+        # off the loop: decodes the prompt, and the first prompt's parses the sampling fields (compiles the grammar)
+        first = await off_loop(native_request, ctx, body, toks, 0, reqs[0].task.params if reqs else None)
         for j, task in enumerate(with_children(first.task, n)):
             reqs.append(dataclasses.replace(first, task=task, index=len(reqs)))
             # b1 streams each further prompt's "processing started" signal as `data: null`

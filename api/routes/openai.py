@@ -43,7 +43,8 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
     for i, p in enumerate(prompts):  # each prompt, then its n - 1 children
         toks = await off_loop(tokenize_prompt, ctx.tokenizer, p)
         check_context(len(toks), ctx.engine.n_ctx_slot)
-        params = await off_loop(parse_sampling, body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
+        if params is None:  # the same for every prompt: parsed (and its grammar compiled) once
+            params = await off_loop(parse_sampling, body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
         tasks.extend(with_children(parse_task(body, toks, params, cfg.n_predict, openai=True), n))
         leads.extend([b"data: null\n\n" if i > 0 else b""] + [b""] * (n - 1))
     cmpl_id = "chatcmpl-" + random_id()

@@ -133,8 +133,7 @@ def _tiled(qf, k_cache, v_cache, block_tables, cu, lens, scale, window, out) -> 
     `fattn_tiled_seq`, one call per sequence) into `out`; False where the CPU or the shapes rule it
     out, which the first call finds before it writes anything. qf: [T, H, D] float32, contiguous."""
     lib = native.lib()
-    flags = native.cpu_flags()  # the float order of llama.cpp's build for this CPU
-    isa = 2 if {"avx512f", "avx512dq"} <= flags else 1 if {"avx2", "fma"} <= flags else 0
+    isa = {"avx512": 2, "avx2": 1}.get(native.ggml_vector_order(), 0)  # llama.cpp's build's branch here
     T, H, D = qf.shape
     NB, BS, KVH, _ = k_cache.shape
     bt = block_tables.to(torch.int32).contiguous()

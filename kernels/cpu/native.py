@@ -189,6 +189,16 @@ def supported_isas() -> tuple[str, ...]:
     return tuple(isa for isa in ISA_OPT_FLAGS if _ISA_CPU_FLAGS[isa] <= cpu_flags())
 
 
+def ggml_vector_order() -> str | None:
+    """The vector branch of vec.h (ggml_v_expf and the sums beside it: SwiGLU, the soft-max of tiled
+    attention) that llama.cpp's CPU build for this machine compiles: "avx512" (AVX-512F + DQ, 16
+    lanes), "avx2" (AVX2 + FMA, 8 lanes), or None (another CPU: tritium's reference paths)."""
+    flags = cpu_flags()
+    if {"avx512f", "avx512dq"} <= flags:
+        return "avx512"
+    return "avx2" if {"avx2", "fma"} <= flags else None
+
+
 def float_isa() -> str:
     """The build of KERNELS to use: forced by TRITIUM_CPU_ISA, else the best this CPU runs. A
     forced build the CPU cannot run is an error (it would die on an illegal instruction)."""

@@ -213,53 +213,51 @@ void gelu_table_mul_f32(const float *x, const float *g, float *y, const float *t
     run_rows(gelu_rows, &j, rows, nthreads);
 }
 
-/* SwiGLU as llama.cpp's CPU backend computes it on an AVX-512F + DQ machine: ggml-cpu/vec.cpp
-   ggml_vec_swiglu_f32 with vec.h's AVX-512 ggml_v_silu / ggml_v_expf ("adapted from arm limited
-   optimized routine"), the same intrinsics in the same order, compiled for AVX-512 whatever this
-   build's target (pointwise.py calls it only on a CPU that has AVX-512F and DQ); the elements past
-   the last full vector of 16 through ggml's scalar ggml_silu_f32 (libm expf). y = silu(x) * g. */
+/* SwiGLU as llama.cpp's CPU backend computes it: ggml-cpu/vec.cpp ggml_vec_swiglu_f32 with vec.h's
+   ggml_v_silu / ggml_v_expf ("adapted from arm limited optimized routine"), the same intrinsics in the
+   same order, in the branch of the build for this CPU: AVX-512F + DQ (swiglu_f32: vectors of 16) or
+   AVX2 + FMA (swiglu_f32_avx2: vectors of 8), each compiled for its instruction set whatever this
+   build's target (pointwise.py calls each only on a CPU that has it); the elements past the last full
+   vector through ggml's scalar ggml_silu_f32 (libm expf). y = silu(x) * g. */
 #if defined(__x86_64__)
 #include "ggml_expf.h"
-/* x, g: [rows, n] with row strides ldx, ldg; y: [rows, n] with row stride ldy. */
+/* y[i] = silu(x[i]) * g[i] over a row's full vectors; returns the number of elements done. */
+typedef long (*swiglu_vec_fn)(const float *x, const float *g, float *y, long n);
 __attribute__((target("avx512f,avx512dq,fma")))
-static void swiglu_rows(const void *job, int t0, int t1) {
-    const struct glu_job *j = (const struct glu_job *)job;
-    const long n = j->n;
+static long swiglu_vec_avx512(const float *x, const float *g, float *y, long n) {
+    long i = 0;
+    for (; i + 15 < n; i += 16) {
+        const __m512 xv = _mm512_loadu_ps(x + i);
+        const __m512 e = ggml_v_expf_avx512(_mm512_sub_ps(_mm512_setzero_ps(), xv));
+        const __m512 s = _mm512_div_ps(xv, _mm512_add_ps(_mm512_set1_ps(1), e));
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(s, _mm512_loadu_ps(g + i)));
+    }
+    return i;
+}
+__attribute__((target("avx2,fma")))
+static long swiglu_vec_avx2(const float *x, const float *g, float *y, long n) {
+    long i = 0;
+    for (; i + 7 < n; i += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + i);
+        const __m256 e = ggml_v_expf_avx2(_mm256_sub_ps(_mm256_setzero_ps(), xv));
+        const __m256 s = _mm256_div_ps(xv, _mm256_add_ps(_mm256_set1_ps(1), e));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(s, _mm256_loadu_ps(g + i)));
+    }
+    return i;
+}
+/* x, g: [rows, n] with row strides ldx, ldg; y: [rows, n] with row stride ldy. */
+static void swiglu_rows_with(const struct glu_job *j, int t0, int t1, swiglu_vec_fn vec) {
     for (int t = t0; t < t1; ++t) {
         const float *xt = j->x + t * j->ldx, *gt = j->g + t * j->ldg;
         float *yt = j->y + t * j->ldy;
-        long i = 0;
-        for (; i + 15 < n; i += 16) {
-            const __m512 xv = _mm512_loadu_ps(xt + i);
-            const __m512 e = ggml_v_expf_avx512(_mm512_sub_ps(_mm512_setzero_ps(), xv));
-            const __m512 s = _mm512_div_ps(xv, _mm512_add_ps(_mm512_set1_ps(1), e));
-            _mm512_storeu_ps(yt + i, _mm512_mul_ps(s, _mm512_loadu_ps(gt + i)));
-        }
-        for (; i < n; ++i) yt[i] = (xt[i] / (1.0f + expf(-xt[i]))) * gt[i];
+        for (long i = vec(xt, gt, yt, j->n); i < j->n; ++i) yt[i] = (xt[i] / (1.0f + expf(-xt[i]))) * gt[i];
     }
 }
+static void swiglu_rows_avx512(const void *job, int t0, int t1) { swiglu_rows_with(job, t0, t1, swiglu_vec_avx512); }
+static void swiglu_rows_avx2(const void *job, int t0, int t1) { swiglu_rows_with(job, t0, t1, swiglu_vec_avx2); }
 void swiglu_f32(const float *x, const float *g, float *y, long n, long ldx, long ldg, long ldy, int rows, int nthreads) {
     const struct glu_job j = {x, g, y, 0, n, ldx, ldg, ldy};
-    run_rows(swiglu_rows, &j, rows, nthreads);
-}
-/* The same on a CPU with AVX2 + FMA and no AVX-512F/DQ: ggml_vec_swiglu_f32's 8-lane branch (AVX2
-   ggml_v_silu), the elements past the last full vector of 8 through libm expf. */
-__attribute__((target("avx2,fma")))
-static void swiglu_rows_avx2(const void *job, int t0, int t1) {
-    const struct glu_job *j = (const struct glu_job *)job;
-    const long n = j->n;
-    for (int t = t0; t < t1; ++t) {
-        const float *xt = j->x + t * j->ldx, *gt = j->g + t * j->ldg;
-        float *yt = j->y + t * j->ldy;
-        long i = 0;
-        for (; i + 7 < n; i += 8) {
-            const __m256 xv = _mm256_loadu_ps(xt + i);
-            const __m256 e = ggml_v_expf_avx2(_mm256_sub_ps(_mm256_setzero_ps(), xv));
-            const __m256 s = _mm256_div_ps(xv, _mm256_add_ps(_mm256_set1_ps(1), e));
-            _mm256_storeu_ps(yt + i, _mm256_mul_ps(s, _mm256_loadu_ps(gt + i)));
-        }
-        for (; i < n; ++i) yt[i] = (xt[i] / (1.0f + expf(-xt[i]))) * gt[i];
-    }
+    run_rows(swiglu_rows_avx512, &j, rows, nthreads);
 }
 void swiglu_f32_avx2(const float *x, const float *g, float *y, long n, long ldx, long ldg, long ldy, int rows,
                      int nthreads) {

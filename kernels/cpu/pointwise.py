@@ -81,10 +81,7 @@ def swiglu_name() -> str | None:
     """pointwise.c's SwiGLU that computes llama.cpp's bits on this CPU: its AVX-512 branch
     ("swiglu_f32", on AVX-512F + DQ), its AVX2 + FMA branch ("swiglu_f32_avx2"), or None (the
     reference's torch silu)."""
-    flags = native.cpu_flags()
-    if {"avx512f", "avx512dq"} <= flags:
-        return "swiglu_f32"
-    return "swiglu_f32_avx2" if {"avx2", "fma"} <= flags else None
+    return {"avx512": "swiglu_f32", "avx2": "swiglu_f32_avx2"}.get(native.ggml_vector_order())
 
 
 def swiglu_in_c() -> bool:
