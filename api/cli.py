@@ -326,6 +326,9 @@ def _fetch_hf_model(args: argparse.Namespace, scfg: ServerConfig, log: Logger) -
     return True
 
 
+SWITCH_INTERVAL_S = 0.0005
+
+
 def main(argv: list[str] | None = None) -> int:
     # as llama-server: "--backend_sampling" is "--backend-sampling"
     argv = [a.replace("_", "-") if a.startswith("--") else a for a in (sys.argv[1:] if argv is None else argv)]
@@ -334,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     # and the collections they trigger cost ~0.3 s of the load (qwen2.5 0.5B); `load` freezes
     # what the start made (never traversed again: shorter pauses while serving) and re-enables it
     gc.disable()
+    # the event loop's thread waits at most this long for the GIL while worker threads render a
+    # 100k-message chat or tokenize megabytes (Python's 5 ms default: /health took ~20 ms each)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     preload = start_preload(args)  # before the imports below (torch, the web stack): ~1.3 s
     try:
         scfg = server_config(args)

@@ -7,6 +7,7 @@ reproduces that order.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -35,14 +36,96 @@ def json_type_name(v: Any) -> str:
     return {str: "string", list: "array", dict: "object"}.get(type(v), "discarded")
 
 
-def dumps(obj: Any) -> str:
-    """Compact JSON with raw UTF-8, as llama-server's `safe_json_to_str` writes it."""
+CHUNK_ITEMS = 1024  # a list longer than this is encoded a slice at a time
+CHUNK_CHARS = 1 << 20  # a string longer than this, a slice at a time
+OFF_LOOP_CHARS = 64 << 10  # an error message longer than this is serialised in a worker thread
+
+
+def _one(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
+def _large(obj: Any, budget: int = 4 * CHUNK_ITEMS) -> bool:
+    """Whether `obj` holds more than `budget` values (a string counts a value per KiB): a walk that
+    stops at the budget, so a small answer costs a few steps."""
+    stack = [obj]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            budget -= len(v)
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            budget -= len(v)
+            stack.extend(v)
+        elif isinstance(v, str):
+            budget -= 1 + len(v) // 1024
+        else:
+            budget -= 1
+        if budget < 0:
+            return True
+    return False
+
+
+def _parts(obj: Any):
+    """JSON text of `obj` in pieces, each a bounded call of the C encoder: the encoder holds the GIL
+    for a whole call (a 38 MB /tokenize answer froze every other thread for 2 s); between calls the
+    event loop's thread gets it back."""
+    if isinstance(obj, dict) and obj:
+        sep = "{"
+        for k, v in obj.items():
+            key = _one(k if isinstance(k, str) else _one(k)) + ":"
+            if _large(v):
+                yield sep + key
+                yield from _parts(v)
+            else:
+                yield sep + key + _one(v)
+            sep = ","
+        yield "}"
+    elif isinstance(obj, (list, tuple)) and len(obj) > CHUNK_ITEMS:
+        yield "["
+        for i in range(0, len(obj), CHUNK_ITEMS):
+            if i:
+                yield ","
+            part = obj[i:i + CHUNK_ITEMS]
+            if any(isinstance(v, (dict, list, tuple, str)) and len(v) > CHUNK_ITEMS for v in part):
+                yield from _inner(part)
+            else:
+                yield _one(list(part))[1:-1]
+        yield "]"
+    elif isinstance(obj, str) and len(obj) > CHUNK_CHARS:
+        yield '"'
+        for i in range(0, len(obj), CHUNK_CHARS):
+            yield _one(obj[i:i + CHUNK_CHARS])[1:-1]
+        yield '"'
+    else:
+        yield _one(obj)
+
+
+def _inner(items: Any):
+    for j, v in enumerate(items):
+        if j:
+            yield ","
+        yield from _parts(v)
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON with raw UTF-8, as llama-server's `safe_json_to_str` writes it."""
+    return "".join(_parts(obj)) if _large(obj) else _one(obj)
+
+
 def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    body = dumps(obj).encode("utf-8", "replace")
+    if _large(obj):  # encoded a piece at a time too: no single long hold of the GIL
+        body = b"".join(part.encode("utf-8", "replace") for part in _parts(obj))
+    else:
+        body = _one(obj).encode("utf-8", "replace")
     return Response(body, status_code=status, media_type="application/json; charset=utf-8", headers=headers)
+
+
+async def answer(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """`json_response` from an async handler: a large answer is serialised in a worker thread."""
+    if _large(obj):
+        return await asyncio.to_thread(json_response, obj, status, headers)
+    return json_response(obj, status, headers)
 
 
 class ApiError(Exception):
@@ -62,6 +145,12 @@ class ApiError(Exception):
 
     def response(self) -> Response:
         return json_response(self.body(), self.code)
+
+    async def response_async(self) -> Response:
+        """`response()` from the event loop: a long message (and its extra fields) off it."""
+        if len(self.message) > OFF_LOOP_CHARS or _large(self.extra):
+            return await asyncio.to_thread(self.response)
+        return self.response()
 
 
 def error_object(message: str, type: str, code: int | None = None, extra: dict[str, Any] | None = None,

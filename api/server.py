@@ -89,7 +89,7 @@ async def pre_routing(request: Request, call_next: Callable[[Request], Awaitable
                 static = static_file(cfg.public_path, request.url.path)
             resp = static if static is not None else await call_next(request)
         except ApiError as e:
-            resp = e.response()
+            resp = await e.response_async()
     resp.headers["Server"] = "llama.cpp"
     for k, v in cors.items():
         resp.headers[k] = v
@@ -97,7 +97,7 @@ async def pre_routing(request: Request, call_next: Callable[[Request], Awaitable
 
 
 async def on_api_error(request: Request, e: ApiError) -> Response:
-    return e.response()
+    return await e.response_async()  # a long message is serialised off the event loop
 
 
 async def on_http_error(request: Request, e: StarletteHTTPException) -> Response:
@@ -108,7 +108,7 @@ async def on_http_error(request: Request, e: StarletteHTTPException) -> Response
 
 async def on_error(request: Request, e: Exception) -> Response:
     request.app.state.server.log.srv("E", "operator()", f"got exception: {e!r}")
-    return ApiError(describe(e), "server_error", 500).response()  # in words: no Python names
+    return await ApiError(describe(e), "server_error", 500).response_async()  # in words: no Python names
 
 
 class PrefixedApp:

@@ -7,6 +7,7 @@ HEAD answers every GET route as cpp-httplib does (the GET's status and headers, 
 in words, not Python type names."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -15,7 +16,7 @@ import pytest
 
 from runtime.tiny_model import spec_with, write_tiny_model
 
-HEALTH_P99_S = 0.5  # /health while the hostile requests run (each of them takes seconds here)
+HEALTH_P99_S = 0.1  # /health while a hostile request runs (the issue's bound; llama-server stays under it)
 
 
 @pytest.fixture(scope="module")
@@ -88,39 +89,62 @@ def test_client_errors_name_no_python_types(srv):
     assert "but is array" in msg and "list" not in msg, msg
 
 
-def _hostile() -> list[tuple[str, str, dict]]:
+def _hostile() -> list[tuple[str, str, dict, int]]:
     many = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i}"} for i in range(100_000)]
     schema = {"type": "object", "properties": {f"field_{i}": {"type": "string", "maxLength": 20}
                                                for i in range(3000)}}
-    return [("/apply-template", "chat of 100k messages", {"messages": many}),
-            ("/tokenize", "4 MB with pieces", {"content": "hello world " * 380_000, "with_pieces": True}),
-            ("/detokenize", "2M ids", {"tokens": [65 + i % 40 for i in range(2_000_000)]}),
-            ("/completion", "3000-field schema", {"prompt": "x", "n_predict": 1, "json_schema": schema})]
+    bad_schema = {"type": "object", "properties": {"a" * 3_000_000: {"type": "bogus"}}}  # its error quotes the name
+    return [("/apply-template", "chat of 100k messages", {"messages": many}, 200),
+            ("/tokenize", "4 MB with pieces", {"content": "hello world " * 380_000, "with_pieces": True}, 200),
+            ("/detokenize", "2M ids", {"tokens": [65 + i % 40 for i in range(2_000_000)]}, 200),
+            ("/completion", "3000-field schema", {"prompt": "x", "n_predict": 1, "json_schema": schema}, 200),
+            ("/completion", "3 MB error text", {"prompt": "x", "json_schema": bad_schema}, 400)]
 
 
-def test_health_answers_while_heavy_requests_run(srv):
-    results: dict[str, tuple[int, float]] = {}
+@pytest.mark.parametrize("case", range(len(_hostile())), ids=[h[1] for h in _hostile()])
+def test_health_answers_while_heavy_requests_run(srv, case):
+    """Each request class at its accepted maximum size while /health is polled (the issue's bound:
+    p99 under 100 ms; llama-server's is under 0.1 s)."""
+    path, name, body, status = _hostile()[case]
+    raw = json.dumps(body).encode()  # encoded before the clock: the client's own encoding would hold
+    result: list[tuple[int, float]] = []  # this process's GIL and delay its probes
 
-    def run(path, name, body):
-        t0 = time.monotonic()
-        r = httpx.post(srv.url + path, json=body, timeout=600)
-        results[name] = (r.status_code, time.monotonic() - t0)
+    def run():  # sent again until the server has been busy with it for 2 s
+        t_start = time.monotonic()
+        while not result or time.monotonic() - t_start < 2.0:
+            t0 = time.monotonic()
+            r = httpx.post(srv.url + path, content=raw, headers={"Content-Type": "application/json"}, timeout=600)
+            result.append((r.status_code, time.monotonic() - t0))
 
-    threads = [threading.Thread(target=run, args=h) for h in _hostile()]
-    for t in threads:
-        t.start()
+    thread = threading.Thread(target=run)
+    thread.start()
     lat = []
     with httpx.Client(timeout=30) as c:
-        while any(t.is_alive() for t in threads):
+        while thread.is_alive():
             t0 = time.monotonic()
             assert c.get(srv.url + "/health").status_code == 200
             lat.append(time.monotonic() - t0)
-            time.sleep(0.02)
-    for t in threads:
-        t.join()
-    assert all(code == 200 for code, _ in results.values()), results
-    # the load is real: together the hostile requests kept the server busy for seconds
-    assert max(s for _, s in results.values()) > 2 * HEALTH_P99_S, results
+            time.sleep(0.01)
+    thread.join()
+    assert {code for code, _ in result} == {status}, (name, result)
+    took = max(t for _, t in result)
     lat.sort()
     p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
-    assert len(lat) >= 10 and p99 < HEALTH_P99_S, (p99, lat[-5:], results)
+    print(f"{name}: {len(result)} x, longest {took:.1f} s, "
+          f"/health n={len(lat)} p99={p99 * 1e3:.0f} ms max={lat[-1] * 1e3:.0f} ms")
+    assert len(lat) >= 50, (name, len(lat))  # the load was real: /health probed all through it
+    assert p99 < HEALTH_P99_S, (name, p99, lat[-5:])
+
+
+def test_large_answers_encode_as_json_dumps():
+    """The answers encoded a slice at a time (api/errors.py: the C encoder holds the GIL for a whole
+    call) are byte for byte what one json.dumps call gives, lone surrogates replaced alike."""
+    from api.errors import dumps, json_response
+    cases = [{}, [], "", {"a": [1, 2]}, list(range(10_000)), "x" * (3 << 20) + "\u00e9\"\n\ud800",
+             {"tokens": [{"id": i, "piece": "\ud800x" if i % 7 == 0 else "é"} for i in range(20_000)]},
+             {1: [list(range(3000))] * 3, True: None, None: "s" * 5000, 2.5: [[]] * 5000},
+             [[list(range(2000))] * 2] * 1500, [{"a": "b" * 2_000_000}], (1, [2] * 5000)]
+    for obj in cases:
+        want = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+        assert dumps(obj) == want
+        assert json_response(obj).body == want.encode("utf-8", "replace")

@@ -18,7 +18,7 @@ from api.chat import ChatOutput
 from api.chat_task import chat_task, prompt_tokens
 from api.context import Ctx, random_id
 from api.convert_anthropic import AnthropicStream, anthropic_to_chat, message_json, usage
-from api.errors import json_response
+from api.errors import answer, json_response
 from api.inputs import read_json
 from api.results import collect
 from api.sse import sse_error_event, sse_event, stream_events
@@ -38,7 +38,7 @@ async def messages(ctx: Ctx, request: Request) -> Response:
     if not task.stream:
         _, res = await collect(handle)
         msg = parser.final_message(res.content)
-        return json_response(message_json(msg, msg_id, model, res.stop_type, res.stopping_word,
+        return await answer(message_json(msg, msg_id, model, res.stop_type, res.stopping_word,
                                           usage(res.n_prompt_tokens, res.timings.cache_n, res.n_decoded)))
 
     st = AnthropicStream(msg_id, model)

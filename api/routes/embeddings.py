@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from api.context import ApiContext, Ctx
-from api.errors import ApiError, json_response, not_supported
+from api.errors import ApiError, answer, not_supported
 from api.inputs import check_context, check_task_count, off_loop, read_json, tokenize_prompt
 from api.params import Fields
 from api.results import collect
@@ -68,7 +68,7 @@ async def oai_embeddings(ctx: Ctx, request: Request) -> Response:
         emb: Any = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode() if b64 else vec
         data.append({"embedding": emb, "index": i, "object": "embedding"})
     n = sum(len(t) for t in inputs)
-    return json_response({"model": body.get("model") or ctx.cfg.model_name, "object": "list",
+    return await answer({"model": body.get("model") or ctx.cfg.model_name, "object": "list",
                           "usage": {"prompt_tokens": n, "total_tokens": n}, "data": data})
 
 
@@ -77,4 +77,4 @@ async def oai_embeddings(ctx: Ctx, request: Request) -> Response:
 async def native_embeddings(ctx: Ctx, request: Request) -> Response:
     body = await read_json(request)
     _, results = await run_embeddings(ctx, body, False)
-    return json_response([{"index": i, "embedding": vecs} for i, vecs in enumerate(results)])
+    return await answer([{"index": i, "embedding": vecs} for i, vecs in enumerate(results)])

@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from api import infill as infill_api
 from api.choices import n_choices, with_children
 from api.context import ApiContext, Ctx
-from api.errors import ApiError, json_response
+from api.errors import ApiError, answer
 from api.inputs import check_context, check_task_count, off_loop, read_json, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task, reasoning_format_name, sampling_settings
 from api.results import collect_all, probs_json, with_progress
@@ -131,7 +131,7 @@ async def completion(ctx: Ctx, request: Request) -> Response:
                                  False)
     outs = await collect_all(request, [ctx.engine.submit(r.task) for r in reqs])
     results = [completion_final_json(ctx, r, res, toks or res.probs, False) for r, (toks, res) in zip(reqs, outs)]
-    return json_response(results[0] if len(results) == 1 else results)
+    return await answer(results[0] if len(results) == 1 else results)
 
 
 @router.post("/infill")
@@ -154,4 +154,4 @@ async def infill(ctx: Ctx, request: Request) -> Response:
     if req.task.stream:
         return await stream_many(ctx.cfg.sse_ping_interval, [native_stream(ctx, req)], False)
     [(toks_out, res)] = await collect_all(request, [ctx.engine.submit(req.task)])
-    return json_response(completion_final_json(ctx, req, res, toks_out or res.probs, False))
+    return await answer(completion_final_json(ctx, req, res, toks_out or res.probs, False))

@@ -14,7 +14,7 @@ from api import chat as chat_api
 from api.chat_task import chat_task
 from api.choices import n_choices, with_children
 from api.context import BUILD_INFO, ApiContext, Ctx, random_id
-from api.errors import ApiError, json_response
+from api.errors import ApiError, answer
 from api.inputs import check_context, check_task_count, off_loop, read_json, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task, reasoning_format_name, sampling_settings
 from api.routes.native import NativeRequest, completion_final_json, partial_json
@@ -71,7 +71,7 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
             d["__verbose"] = verbose_json(ctx, tasks[0], ctx.tokenizer.decode(tasks[0].prompt_tokens), res, toks_out)
         d["timings"] = res.timings.as_dict()
         keys = ("choices", "created", "model", "system_fingerprint", "object", "usage", "id", "__verbose", "timings")
-        return json_response({k: d[k] for k in keys if k in d})
+        return await answer({k: d[k] for k in keys if k in d})
 
     def stream(index: int, task: CompletionTask, lead: bytes) -> Stream:
         n_prompt = len(task.prompt_tokens)
@@ -202,4 +202,4 @@ async def chat_whole(ctx: ApiContext, request: Request, prep: chat_api.ChatPrep,
     if Fields(prep.body).boolean("verbose", ctx.cfg.verbose):
         d["__verbose"] = verbose_json(ctx, task, prep.prompt, res, toks_out, prep.reasoning_format)
     d["timings"] = res.timings.as_dict()
-    return json_response(d)
+    return await answer(d)

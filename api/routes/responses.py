@@ -16,7 +16,7 @@ from api.chat import ChatOutput
 from api.chat_task import chat_task, prompt_tokens
 from api.context import ApiContext, Ctx, random_id
 from api.convert_responses import ResponsesStream, response_json, responses_to_chat, usage
-from api.errors import json_response
+from api.errors import answer, json_response
 from api.inputs import read_json
 from api.params import Fields
 from api.results import collect
@@ -44,7 +44,7 @@ async def responses(ctx: Ctx, request: Request) -> Response:
     if not task.stream:
         _, res = await collect(handle)
         msg = parser.final_message(res.content)
-        return json_response(response_json(msg, "resp_" + random_id(), model, _usage(res)))
+        return await answer(response_json(msg, "resp_" + random_id(), model, _usage(res)))
 
     rs = ResponsesStream(model)
 

@@ -9,7 +9,7 @@ from fastapi.responses import Response
 
 from api import chat as chat_api
 from api.context import Ctx
-from api.errors import ApiError, json_response, json_type_name
+from api.errors import ApiError, answer, json_response, json_type_name
 from api.inputs import as_token, off_loop, read_json, tokenize_mixed
 from api.params import Fields
 
@@ -70,4 +70,4 @@ def _detokenize(tok: Any, raw: list) -> Response:
 async def apply_template(ctx: Ctx, request: Request) -> Response:
     body = await read_json(request)
     prep = await off_loop(chat_api.prepare, ctx, body)
-    return json_response({"prompt": prep.prompt})
+    return await answer({"prompt": prep.prompt})
