@@ -12,6 +12,7 @@ import struct
 from typing import Any, Callable
 
 from api.errors import ApiError, json_type_name
+from runtime.samplers import dry_breaker_ids
 from runtime.tasks import DEFAULT_SAMPLERS, CompletionTask, SamplingParams
 
 # one-letter sampler names of `--sampling-seq` / a string `samplers` field (common/sampling.cpp)
@@ -210,7 +211,7 @@ def parse_sampling(body: dict[str, Any], defaults: SamplingParams, tokenizer: An
     for fld in dataclasses.fields(SamplingParams):
         name = fld.name
         if name in ("logit_bias", "samplers", "grammar", "grammar_triggers", "preserved_tokens",
-                    "dry_sequence_breakers", "seed"):
+                    "dry_sequence_breakers", "dry_breaker_ids", "seed"):
             continue
         cur = getattr(p, name)
         if isinstance(cur, bool):
@@ -236,6 +237,8 @@ def parse_sampling(body: dict[str, Any], defaults: SamplingParams, tokenizer: An
         if not breakers or not all(isinstance(s, str) for s in breakers):
             raise ApiError("Field 'dry_sequence_breakers': Error: dry_sequence_breakers must be a non-empty array of strings")
         p.dry_sequence_breakers = list(breakers)
+    if p.dry_multiplier > 0:  # tokenized here, off the engine thread (a list of any length)
+        p.dry_breaker_ids = dry_breaker_ids(tokenizer, p.dry_sequence_breakers)
     samplers = _parse_samplers(body.get("samplers"))
     if samplers is not None:
         p.samplers = samplers

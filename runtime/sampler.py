@@ -37,7 +37,7 @@ class SamplerState:
     history: deque = field(default_factory=lambda: deque(maxlen=4096))
     grammar: Any = None  # grammar.Matcher: allowed_mask() / advance()
     rng: torch.Generator = field(default_factory=torch.Generator)
-    dry_breakers: frozenset[int] = frozenset()
+    dry_breakers: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # sorted ids
     mu: float = 0.0  # Mirostat's running maximum surprise (2 tau at the start)
     # the logit biases, summed per token in list order as llama.cpp adds them, ignore_eos's bans
     # included: bias_ids [n] int64 (unique, ascending), bias_vals [n] float32

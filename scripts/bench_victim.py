@@ -9,7 +9,7 @@ greedy stream in slot 0 (`n_predict` --tokens, ignore_eos); its ms/token is the 
 `timings.predicted_per_token_ms`. It runs once alone, then beside each offender, which generates
 in slot 1 for as long as the victim runs (a stream the client closes afterwards: the server
 cancels it). Offenders: a plain request (what any second stream costs), 100,000 logit_bias entries, 200,000 stop strings, 50,000 `samplers`
-entries, DRY over the whole context, n_probs 100, a 5,000-alternative grammar. One line per server and offender: victim ms/token beside it,
+entries, DRY over the whole context, 200,000 DRY sequence breakers, n_probs 100, a 5,000-alternative grammar. One line per server and offender: victim ms/token beside it,
 alone, and the ratio; then the table of ratios side by side. Without --model a tiny random model
 is generated (the built-in vocabulary).
 """
@@ -43,6 +43,8 @@ def offenders(n_vocab: int) -> dict[str, dict]:
         "samplers 50k": {"samplers": ["top_k", "top_p", "min_p"] * 16_667},
         "dry whole context": {"dry_multiplier": 0.8, "dry_penalty_last_n": 8192, "dry_allowed_length": 1,
                               "repeat_penalty": 1.1, "repeat_last_n": 8192},
+        "dry breakers 200k": {"dry_multiplier": 0.8, "dry_sequence_breakers": [chr(33 + i % 90) + w for i, w in
+                                                                            enumerate(words)]},
         "n_probs 100": {"n_probs": 100},
         "grammar 5k alternatives": {"grammar": "root ::= (" + " | ".join(f'"{w}"' for w in words[:5000]) + ")+"},
     }

@@ -121,6 +121,27 @@ def test_every_token_banned_is_answered(engine, alone):
         assert isinstance(res, CompletionResult), (p, res)
 
 
+def test_dry_breakers_are_tokenized_where_parsed_not_by_the_engine(engine, alone, monkeypatch):
+    """200,000 DRY sequence breakers: their single-token ids are found once, where the request is
+    parsed (api/params.py, off the engine thread); the engine tokenizes none of them and its DRY
+    step matches the history against one sorted array."""
+    from api.params import parse_sampling
+    breakers = ["\n", ":", "ab", "x" * 50] + [f"w{i}" for i in range(200_000)]
+    p = parse_sampling({"dry_multiplier": 0.8, "dry_sequence_breakers": breakers}, SamplingParams(),
+                       engine.tokenizer, 4096)
+    single = {t[0] for t in (engine.tokenizer.encode(b, add_special=False, parse_special=False)
+                             for b in breakers[:4]) if len(t) == 1}
+    got = set(p.dry_breaker_ids.tolist())
+    assert single <= got and len(got) == len(p.dry_breaker_ids) and list(p.dry_breaker_ids) == sorted(got)
+    seen: list[str] = []
+    real = engine.tokenizer.encode
+    monkeypatch.setattr(engine.tokenizer, "encode", lambda text, *a, **k: (seen.append(text), real(text, *a, **k))[1])
+    p.temperature, p.dry_allowed_length = 0.0, 1
+    res = _ok_beside(engine, alone, CompletionTask(_ids(engine, "a b a b a b a b"), p, n_predict=8))
+    assert isinstance(res, CompletionResult) and res.n_decoded == 8
+    assert not set(seen) & set(breakers), "the engine tokenized the breakers again"
+
+
 def test_a_failed_forward_ends_only_its_batch_and_the_engine_serves_on(engine, alone):
     """Fault injection at the model runner: the forward of one step raises. The sequences of that
     batch end with a 500, their cache is dropped, and the next requests run normally."""

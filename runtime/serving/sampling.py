@@ -15,6 +15,7 @@ import torch
 
 from grammar import SAMPLER_INIT_FAILED, GrammarTooLarge
 from runtime.sampler import Sampled, SamplerState, sample_batch
+from runtime.samplers import dry_breaker_ids
 from runtime.serving.plan import StepPlan
 from runtime.serving.slots import Request, Slot
 from runtime.serving.stop_match import StopMatcher, StopScan
@@ -71,7 +72,8 @@ class Vocabulary:
         p = req.task.params
         req.sampler = SamplerState(p, self.eog)
         if p.dry_multiplier > 0:
-            req.sampler.dry_breakers = frozenset(self._dry_breaker_ids(p.dry_sequence_breakers))
+            req.sampler.dry_breakers = (p.dry_breaker_ids if p.dry_breaker_ids is not None
+                                        else dry_breaker_ids(self.tokenizer, p.dry_sequence_breakers))
         req.sampler.history.extend(req.prompt)
         if not p.grammar:
             return
@@ -98,14 +100,6 @@ class Vocabulary:
             matcher.advance_bytes(text.encode("utf-8"))
         except Exception:  # noqa: BLE001 - text outside the grammar: the grammar starts from the top
             pass
-
-    def _dry_breaker_ids(self, breakers: list[str]) -> set[int]:
-        ids: set[int] = set()
-        for b in breakers:
-            toks = self.tokenizer.encode(b, add_special=False, parse_special=False)
-            if len(toks) == 1:
-                ids.add(toks[0])
-        return ids
 
     def _compiler(self):
         with self._compiler_lock:
