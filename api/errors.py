@@ -45,22 +45,27 @@ def _one(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
+_NESTED = (dict, list, tuple, str)
+
+
 def _large(obj: Any, budget: int = 4 * CHUNK_ITEMS) -> bool:
-    """Whether `obj` holds more than `budget` values (a string counts a value per KiB): a walk that
-    stops at the budget, so a small answer costs a few steps."""
-    stack = [obj]
+    """Whether `obj` holds more than about `budget` values (a string counts a value per KiB). An
+    estimate in a few steps: a list is judged by its first item times its length, so a per-token
+    stream chunk costs microseconds (a list whose first item is small and a later one huge is
+    judged small: encoded in one call, correct and only slower to yield the GIL)."""
+    stack = [(obj, 1)]
     while stack:
-        v = stack.pop()
-        if isinstance(v, dict):
-            budget -= len(v)
-            stack.extend(v.values())
-        elif isinstance(v, (list, tuple)):
-            budget -= len(v)
-            stack.extend(v)
-        elif isinstance(v, str):
-            budget -= 1 + len(v) // 1024
-        else:
-            budget -= 1
+        v, w = stack.pop()
+        t = type(v)
+        if t is dict:
+            budget -= w * len(v)
+            stack += [(x, w) for x in v.values() if isinstance(x, _NESTED)]
+        elif t is list or t is tuple:
+            budget -= w * len(v)
+            if v and isinstance(v[0], _NESTED):
+                stack.append((v[0], w * len(v)))
+        elif t is str:
+            budget -= w * (1 + len(v) // 1024)
         if budget < 0:
             return True
     return False
