@@ -101,6 +101,28 @@ def _check_surrogates(text: str) -> None:
         i += 2
 
 
+# Python's decoder messages in nlohmann's words (its parser's exception_message): a client never
+# reads Python's "Expecting ',' delimiter"
+_WORDS = [("Expecting ',' delimiter", "value - unexpected {tok}; expected ',' or a closing bracket"),
+          ("Expecting ':' delimiter", "object separator - unexpected {tok}; expected ':'"),
+          ("Expecting property name", "object key - unexpected {tok}; expected string literal"),
+          ("Extra data", "value - unexpected {tok}; expected end of input"),
+          ("Unterminated string", "value - invalid string: missing closing quote"),
+          ("Invalid control character", "value - invalid string: control character must be escaped"),
+          ("Invalid \\uXXXX escape", "value - invalid string: '\\u' must be followed by 4 hex digits"),
+          ("Invalid \\escape", "value - invalid string: forbidden character after backslash")]
+
+
+def _nlohmann_words(msg: str, pos: int, text: str) -> str:
+    tok = f"'{text[pos]}'" if pos < len(text) else "end of input"
+    for python, words in _WORDS:
+        if msg.startswith(python):
+            return words.format(tok=tok)
+    if pos >= len(text):
+        return "value - unexpected end of input; expected '[', '{', or a literal"
+    return f"value - invalid literal; last read: '{text[pos]}'"
+
+
 def loads(raw: bytes) -> Any:
     """The parsed body; ApiError as llama-server answers a body it cannot parse."""
     try:
@@ -121,7 +143,8 @@ def loads(raw: bytes) -> Any:
         raise parse_error(text, pos, "invalid literal", text[_token_start(text, pos):pos + 1]) from None
     except json.JSONDecodeError as e:
         raise ApiError(f"[json.exception.parse_error.101] parse error at line {e.lineno}, column {e.colno}: "
-                       f"syntax error while parsing value - {e.msg}", "server_error", 500) from None
+                       f"syntax error while parsing {_nlohmann_words(e.msg, e.pos, text)}",
+                       "server_error", 500) from None
     except RecursionError:
         raise ApiError("request body nests too deeply (arrays or objects inside each other)",
                        "invalid_request_error", 400) from None

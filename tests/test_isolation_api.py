@@ -87,6 +87,11 @@ def test_client_errors_name_no_python_types(srv):
                    timeout=30)
     msg = r.json()["error"]["message"]
     assert "but is array" in msg and "list" not in msg, msg
+    for raw in (b'{"a" 1}', b"[1 2]", b"{} x", b"{a:1}", b'"abc', b'{"a":1,}'):  # nlohmann's words, not Python's
+        r = httpx.post(srv.url + "/completion", content=raw, headers={"Content-Type": "application/json"}, timeout=30)
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 500 and msg.startswith("[json.exception.parse_error.101]"), msg
+        assert not any(w in msg for w in ("Expecting", "Extra data", "Unterminated", "delimiter")), msg
 
 
 def _hostile() -> list[tuple[str, str, dict, int]]:
