@@ -30,6 +30,7 @@ from api.errors import ApiError, invalid_api_key, loading_model, not_found
 from api.head import HeadAsGet
 from api.guard import Drain, RequestGuard
 from api.log import Logger
+from api.openapi import build_openapi
 from api.routes import ROUTERS
 from api.routes.gcp import register_gcp
 from api.routes.ui import FRONTEND_PATHS, static_file
@@ -44,7 +45,8 @@ SLEEP_BYPASS = {"/health", "/v1/health", "/metrics", "/props", "/models", "/v1/m
 
 
 def create_app(cfg: ServerConfig, engine: EngineAPI | None, log: Logger | None = None) -> FastAPI:
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)  # llama-server serves no /openapi.json
+    app.openapi = lambda: build_openapi(app)  # request bodies as llama-server's README (api/openapi.py)
     app.state.server = ApiContext(cfg, engine, log or Logger())
     app.middleware("http")(pre_routing)
     app.state.drain = Drain()
