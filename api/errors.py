@@ -92,7 +92,7 @@ def _parts(obj: Any):
             if i:
                 yield ","
             part = obj[i:i + CHUNK_ITEMS]
-            if any(isinstance(v, (dict, list, tuple, str)) and len(v) > CHUNK_ITEMS for v in part):
+            if any(isinstance(v, _NESTED) and len(v) > CHUNK_ITEMS for v in part):
                 yield from _inner(part)
             else:
                 yield _one(list(part))[1:-1]
