@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING
 from api import cli_net
 from api.cli_args import _SPECULATIVE, _UNSUPPORTED, ArgError, _dest, build_parser
 from api.log import Logger
+from runtime.launch import start as launch
 from runtime.tasks import SamplingParams
 
 if TYPE_CHECKING:
     from api.server import ServerConfig
-    from runtime.preload import Preload
+    from runtime.launch.preload import Preload
 
 # This module imports neither torch nor the web stack: `main` starts reading the model
-# (runtime/preload.py) before they are imported, in the functions that need them.
+# (runtime/launch/preload.py) before they are imported, in the functions that need them.
 
 def _cpu_set(args: argparse.Namespace) -> set[int] | None:
     """The CPUs of -C/--cpu-mask (hex) and -Cr/--cpu-range (lo-hi), None when neither is given."""
@@ -220,22 +221,12 @@ def engine_config(args: argparse.Namespace, scfg: ServerConfig, preload: Preload
 
 
 def start_preload(args: argparse.Namespace) -> Preload | None:
-    """Start reading -m's GGUF file and repacking its matrices for the CPU kernels on a thread while
-    the rest of the server imports (runtime/preload.py), where the model will run in this process on
-    the CPU: no -tp, no -hf, --device cpu, or auto on a machine without an NVIDIA driver."""
-    path = args.model
+    """The read of -m started while the rest of the server imports (runtime/launch/start.py)."""
     try:
-        if not path or args.hf_repo or tp_size(args) > 1 or args.device not in ("cpu", "auto"):
-            return None
+        n_ranks = tp_size(args)
     except ArgError:  # reported by main
         return None
-    if not os.path.isfile(path) or path.endswith(".safetensors"):
-        return None
-    from runtime.preload import Preload, nvidia_present
-
-    if args.device == "auto" and nvidia_present():
-        return None
-    return Preload(path)
+    return launch.preload(args.model, args.device, n_ranks, bool(args.hf_repo))
 
 
 def verbosity(args: argparse.Namespace) -> int:
@@ -244,22 +235,7 @@ def verbosity(args: argparse.Namespace) -> int:
     return 4 if args.verbose else args.verbosity
 
 
-def _pin_and_prioritise(args: argparse.Namespace, log: Logger) -> None:
-    """-C/-Cr: pin the process (threads started later, torch's and the kernels' OpenMP pools
-    included, inherit it); --prio: its nice value."""
-    cpus = _cpu_set(args)
-    if cpus is not None:
-        try:
-            os.sched_setaffinity(0, cpus)
-            log.srv("I", "llama_server", f"pinned to CPUs {','.join(map(str, sorted(cpus)))}")
-        except (OSError, AttributeError, ValueError) as e:
-            log.srv("W", "llama_server", f"could not set the CPU affinity: {e}")
-    if args.prio:
-        nice = {-1: 10, 1: -5, 2: -10, 3: -20}.get(args.prio, 0)
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, nice)
-        except (OSError, AttributeError) as e:
-            log.srv("W", "llama_server", f"could not set the process priority {args.prio}: {e}")
+def _speculative_warning(args: argparse.Namespace, log: Logger) -> None:
     if any(getattr(args, _dest("_spec_", names)) is not None for names, _ in _SPECULATIVE):
         log.srv("W", "llama_server", "speculative decoding is not supported: the draft model options are ignored "
                                      "(same output, decoded without a draft)")
@@ -278,52 +254,6 @@ def tp_size(args: argparse.Namespace) -> int:
     if n < 1 or (world > 1 and n != world):
         raise ArgError("--tensor-parallel-size", f"{n} ranks asked for, but WORLD_SIZE is {world}")
     return n
-
-
-def _start_ranks(n: int, argv: list[str], log: Logger) -> None:
-    """`-tp N` without torchrun: this process becomes rank 0 and starts ranks 1..N-1; when one of
-    them ends, the server ends with an error (a tensor-parallel model cannot run without a rank)."""
-    from runtime.parallel.worker import spawn
-
-    procs: list = []
-
-    def on_exit(rank: int, code: int) -> None:
-        log.srv("E", "llama_server", f"tensor parallel rank {rank} exited with status {code}: shutting down")
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        os._exit(1)
-    procs.extend(spawn(n, argv, on_exit))
-
-
-def _worker(args: argparse.Namespace, scfg: ServerConfig, log: Logger) -> int:
-    """Ranks 1..N-1: no HTTP server, only the model's shard (runtime.parallel.worker)."""
-    from runtime.serving.bootstrap import serve_worker
-
-    if os.environ.get("TRITIUM_TP_SPAWNED"):
-        from runtime.parallel.worker import watch_parent
-        watch_parent()
-    ecfg = engine_config(args, scfg)
-    ecfg.log = log.raw
-    serve_worker(ecfg, lambda level, msg: log.raw(level, msg))
-    return 0
-
-
-def _fetch_hf_model(args: argparse.Namespace, scfg: ServerConfig, log: Logger) -> bool:
-    """-hf: the model file from the Hub (or its cache) becomes -m; the repo is the model's name."""
-    from runtime.hf_download import HfDownloadError, HfModelRequest, download_model
-
-    req = HfModelRequest(args.hf_repo, file=args.hf_file, token=args.hf_token or os.environ.get("HF_TOKEN"),
-                         offline=args.offline)
-    try:
-        path = download_model(req, log=lambda m: log.srv("W", "llama_server", m))
-    except HfDownloadError as e:
-        log.srv("E", "llama_server", f"failed to fetch model metadata: {e}")
-        return False
-    args.model = scfg.model_path = str(path)
-    scfg.alias = scfg.alias or args.hf_repo
-    log.srv("I", "llama_server", f"model from {args.hf_repo}: {path}")
-    return True
 
 
 SWITCH_INTERVAL_S = 0.0005
@@ -348,14 +278,30 @@ def main(argv: list[str] | None = None) -> int:
         print(str(e), file=sys.stderr, flush=True)
         return 1
     log = Logger(verbosity(args), log_file=args.log_file)
-    _pin_and_prioritise(args, log)
-    if args.hf_repo and not _fetch_hf_model(args, scfg, log):
+
+    def say(level: str, msg: str) -> None:
+        log.srv(level, "llama_server", msg)
+    try:
+        cpus = _cpu_set(args)
+    except ArgError as e:
+        print(str(e), file=sys.stderr, flush=True)
         return 1
+    launch.pin_process(cpus, args.prio, say)
+    _speculative_warning(args, log)
+    if args.hf_repo:
+        path = launch.fetch_hf(args.hf_repo, args.hf_file, args.hf_token, args.offline, say)
+        if path is None:
+            return 1
+        args.model = scfg.model_path = path
+        scfg.alias = scfg.alias or args.hf_repo
     if n_ranks > 1 and int(os.environ.get("RANK", "0")) > 0:
         gc.enable()
-        return _worker(args, scfg, log)
+        ecfg = engine_config(args, scfg)
+        ecfg.log = log.raw
+        launch.serve_rank(ecfg, lambda level, msg: log.raw(level, msg))
+        return 0
     if n_ranks > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        _start_ranks(n_ranks, list(sys.argv[1:] if argv is None else argv), log)
+        launch.start_ranks(n_ranks, list(sys.argv[1:] if argv is None else argv), say)
     log.srv("I", "llama_server", "initializing ...")
     log.log("I", "cmn", "common_params_print_info",
             f"common_params_print_info: verbosity = {log.verbosity} (adjust with the `-lv N` CLI arg)")
@@ -414,25 +360,24 @@ def main(argv: list[str] | None = None) -> int:
                         app.state.drain, args.shutdown_timeout, lambda m: log.srv("I", "llama_server", m))
     failed: list[BaseException] = []
 
+    def loaded(ecfg, engine) -> None:
+        scfg.model_path = ecfg.model_path or scfg.model_path
+        log.srv("I", "load_model", f"initializing, n_slots = {engine.n_slots}, n_ctx_slot = {engine.n_ctx_slot}, "
+                                   f"kv_unified = '{str(engine.kv_unified).lower()}'")
+        if ecfg.cache_ram_mib != 0:
+            limit = "no limit" if ecfg.cache_ram_mib < 0 else f"{ecfg.cache_ram_mib} MiB"
+            log.srv("I", "load_model", f"prompt cache is enabled, size limit: {limit}", min_verbosity=4)
+            log.srv("I", "load_model", "use `--cache-ram 0` to disable the prompt cache", min_verbosity=4)
+        else:
+            log.srv("I", "load_model", "prompt cache is disabled - use `--cache-ram N` to enable it",
+                    min_verbosity=4)
+
     def load() -> None:
         try:
-            from runtime.serving import Engine
-
             ecfg = engine_config(args, scfg, preload)
             ecfg.log = log.raw
-            server.engine = engine = Engine(ecfg)
-            engine.load()  # without -m: runtime.tiny_model.ensure_default_model()
-            scfg.model_path = ecfg.model_path or scfg.model_path
-            log.srv("I", "load_model", f"initializing, n_slots = {engine.n_slots}, n_ctx_slot = {engine.n_ctx_slot}, "
-                                       f"kv_unified = '{str(engine.kv_unified).lower()}'")
-            if ecfg.cache_ram_mib != 0:
-                limit = "no limit" if ecfg.cache_ram_mib < 0 else f"{ecfg.cache_ram_mib} MiB"
-                log.srv("I", "load_model", f"prompt cache is enabled, size limit: {limit}", min_verbosity=4)
-                log.srv("I", "load_model", "use `--cache-ram 0` to disable the prompt cache", min_verbosity=4)
-            else:
-                log.srv("I", "load_model", "prompt cache is disabled - use `--cache-ram N` to enable it",
-                        min_verbosity=4)
-            engine.start()
+            launch.start_engine(ecfg, lambda engine: setattr(server, "engine", engine),
+                                lambda engine: loaded(ecfg, engine))
             server.set_ready()
             log.srv("I", "llama_server", "model loaded")
             for host in scfg.hosts:

@@ -12,7 +12,7 @@ import struct
 from typing import Any, Callable
 
 from api.errors import ApiError, json_type_name
-from runtime.samplers import dry_breaker_ids
+from runtime.sampling.samplers import dry_breaker_ids
 from runtime.tasks import DEFAULT_SAMPLERS, CompletionTask, SamplingParams
 
 # one-letter sampler names of `--sampling-seq` / a string `samplers` field (common/sampling.cpp)

@@ -1,15 +1,18 @@
 """A task's events -> response parts shared by the route families: the whole event list of a
-non-streamed task, token probabilities, usage, finish reasons.
+non-streamed task, token probabilities, usage, finish reasons, and llama-server's native
+completion objects (the final one and a streamed token's), which /v1/completions echoes too.
 """
 from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from api.context import ApiContext
 from api.engine_api import TaskHandleAPI, TokenizerAPI
 from api.errors import ApiError
-from runtime.tasks import CompletionResult, PromptProgress, TaskError, TokenOut
+from runtime.tasks import CompletionResult, CompletionTask, PromptProgress, TaskError, TokenOut
 
 
 def raise_task_error(err: TaskError) -> NoReturn:
@@ -125,3 +128,50 @@ def finish_reason(res: CompletionResult, has_tool_calls: bool = False) -> str:
         return "tool_calls" if has_tool_calls else "stop"
     return "length"
 
+
+@dataclass
+class NativeRequest:
+    """What a native /completion response echoes besides the engine's result."""
+    task: CompletionTask
+    settings: dict[str, Any]
+    prompt_text: str
+    n_probs: int
+    post_sampling: bool
+    index: int = 0
+
+
+def completion_final_json(ctx: ApiContext, req: NativeRequest, res: CompletionResult, toks: list[TokenOut],
+                          stream: bool) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "index": req.index,
+        "content": "" if stream else res.content,
+        "tokens": list(res.tokens) if (req.task.return_tokens and not stream) else [],
+        "id_slot": res.id_slot,
+        "stop": True,
+        "model": ctx.cfg.model_name,
+        "tokens_predicted": res.n_decoded,
+        "tokens_evaluated": res.n_prompt_tokens,
+        "generation_settings": req.settings,
+        "prompt": req.prompt_text,
+        "has_new_line": res.has_new_line,
+        "truncated": res.truncated,
+        "stop_type": res.stop_type,
+        "stopping_word": res.stopping_word,
+        "tokens_cached": res.tokens_cached,
+        "timings": res.timings.as_dict(),
+    }
+    if not stream and req.n_probs > 0:
+        d["completion_probabilities"] = probs_json(ctx.tokenizer, toks, req.post_sampling)
+    return d
+
+
+def partial_json(index: int, ev: TokenOut, n_prompt: int, probs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A streamed token as llama-server b1-0c1e570's native partial (its to_json_non_oaicompat): the
+    token id always, the running count, then the timings and `probs` when there are any."""
+    d: dict[str, Any] = {"index": index, "content": ev.text, "tokens": [ev.id], "stop": False, "id_slot": -1,
+                         "tokens_predicted": ev.n_decoded, "tokens_evaluated": n_prompt}
+    if ev.timings is not None:
+        d["timings"] = ev.timings.as_dict()
+    if probs:
+        d["completion_probabilities"] = probs
+    return d

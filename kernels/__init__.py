@@ -12,13 +12,13 @@ Two ways to call an op, and no global setting:
 
 - `Backend.for_device(device, name=None)`: the op set of one implementation, resolved once; the
   default (`name` None or "auto") is "triton" for CUDA devices and "cpu" otherwise, and `name`
-  forces one (tests, benchmarks). `runtime.model.Model` holds one per model.
+  forces one (tests, benchmarks). `runtime.model.decoder.Model` holds one per model.
 - the module functions below (`kernels.qmatmul(...)`, ...): the default backend of the device of
   their tensors, chosen per call.
 
 The backends are imported when first asked for, so a CPU-only engine never imports triton; this
 module itself imports neither torch nor a backend (`prepack_quantized` runs before torch is imported,
-runtime/preload.py), and `QWeight`, `Experts`, `DecoderLayer`, `DecoderShape` are loaded when first named.
+runtime/launch/preload.py), and `QWeight`, `Experts`, `DecoderLayer`, `DecoderShape` are loaded when first named.
 """
 from __future__ import annotations
 

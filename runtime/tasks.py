@@ -34,7 +34,7 @@ class SamplingParams:
     dry_sequence_breakers: list[str] = field(default_factory=lambda: ["\n", ":", "\"", "*"])
     # the breakers' token ids, computed where the request is parsed (off the engine thread: a client
     # may send a million breakers); None: computed at admission
-    dry_breaker_ids: Any = None  # np.ndarray of int64 (runtime.samplers.dry_breaker_ids)
+    dry_breaker_ids: Any = None  # np.ndarray of int64 (runtime.sampling.samplers.dry_breaker_ids)
     min_keep: int = 0
     mirostat: int = 0  # 1: Mirostat, 2: Mirostat 2.0 (then only logit bias, temperature and it sample)
     mirostat_tau: float = 5.0  # target surprise (bits)

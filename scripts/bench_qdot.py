@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q  # noqa: E402
 
-from runtime.gguf import read_gguf  # noqa: E402
+from runtime.model.gguf import read_gguf  # noqa: E402
 
 
 def _np_view(mm: np.ndarray, info) -> np.ndarray:

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kernels.cpu import qdot, qdot_lib  # noqa: E402
-from runtime.gguf import read_gguf  # noqa: E402
+from runtime.model.gguf import read_gguf  # noqa: E402
 from scripts.bench_qdot import _np_view, llama_matmuls, load_llama  # noqa: E402
 
 SRC = REPO / "kernels" / "cpu"

@@ -66,7 +66,7 @@ def model_path(preset: str) -> str:
             subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), "--vocab", str(VOCAB),
                             "--out", Q15B_PATH, *Q15B_ARGS], check=True)
         return Q15B_PATH
-    from runtime.model_files import MODELS, models_dir  # the real models: scripts/fetch_models.py
+    from runtime.model.model_files import MODELS, models_dir  # the real models: scripts/fetch_models.py
     key = bench.PRESETS[preset]["model"]
     return str(models_dir() / MODELS[key].filename) if key in MODELS else key
 

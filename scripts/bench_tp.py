@@ -26,7 +26,7 @@ def _port() -> int:
 
 def _steps(model, kv, batch: int, steps: int) -> list[float]:
     from runtime.kv_cache import SeqKV
-    from runtime.model import SeqBatch
+    from runtime.model.decoder import SeqBatch
     seqs = [SeqKV() for _ in range(batch)]
     for s in seqs:
         kv.reserve(s, 16)
@@ -49,8 +49,8 @@ def _rank(rank: int, world: int, port: int, path: str, batch: int, steps: int, t
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank))
     torch.set_num_threads(threads)
     from runtime.kv_cache import KVCache
-    from runtime.loader import load_model
-    from runtime.model import Model
+    from runtime.model.loader import load_model
+    from runtime.model.decoder import Model
     from runtime.parallel import init_from_env, shard_loaded
     from runtime.parallel.kv import TPKVCache
     from runtime.parallel.worker import serve
@@ -89,8 +89,8 @@ def main() -> None:
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     from runtime.kv_cache import KVCache
-    from runtime.loader import load_model
-    from runtime.model import Model
+    from runtime.model.loader import load_model
+    from runtime.model.decoder import Model
     torch.set_num_threads(cores)
     model = Model(load_model(args.model, progress=lambda m: None), "cpu")
     n_blocks = args.batch * (16 + args.steps + 16) // 16 + args.batch

@@ -153,12 +153,12 @@ def main() -> None:
     model = a.model
     if not model:
         sys.path.insert(0, str(REPO))
-        from runtime.tiny_model import spec_with, write_tiny_model
+        from runtime.model.tiny_model import spec_with, write_tiny_model
         model = str(Path(tempfile.gettempdir()) / "bench-victim-tiny.gguf")
         write_tiny_model(model, spec_with(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=8192,
                                           name="victim-tiny", seed=7), vocab="builtin")
     sys.path.insert(0, str(REPO))
-    from runtime.gguf import read_gguf  # noqa: PLC0415
+    from runtime.model.gguf import read_gguf  # noqa: PLC0415
     n_vocab = len(read_gguf(model, with_tensors=False).metadata["tokenizer.ggml.tokens"])
     res = {"tritium": measure("tritium", [a.tritium, "-m", model], a.port, a.tokens, n_vocab, a.reps)}
     if a.llama and Path(a.llama).exists():

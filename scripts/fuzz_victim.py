@@ -20,7 +20,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from runtime.tiny_model import spec_with, write_tiny_model  # noqa: E402
+from runtime.model.tiny_model import spec_with, write_tiny_model  # noqa: E402
 from tests.test_fuzz_victim import PYTHON_WORDS, RSS_GROWTH_MB, Watch, fuzz, rss_mb, victim  # noqa: E402
 
 

@@ -151,7 +151,7 @@ e2e() {
 import json, sys, time
 import torch
 from gguf import GGML_QUANT_SIZES
-from runtime.gguf import read_gguf
+from runtime.model.gguf import read_gguf
 gf = read_gguf(sys.argv[1])
 # bytes read per decoded token: every tensor but the embedding table (gathered, one row)
 def nbytes(t):

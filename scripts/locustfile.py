@@ -30,7 +30,8 @@ from pathlib import Path
 from locust import HttpUser, between, task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import WORDS, CompletionStream, SSEParser, StreamError, check_chat_stream  # noqa: E402
+from bench import WORDS  # noqa: E402
+from bench_sse import CompletionStream, SSEParser, StreamError, check_chat_stream  # noqa: E402
 
 
 def _wait_range() -> tuple[float, float]:

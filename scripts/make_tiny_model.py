@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
-"""Write a random-weight GGUF model (thin CLI over runtime.tiny_model).
+"""Write a random-weight GGUF model (thin CLI over runtime.model.tiny_model).
 
 The lesson's model:
     python scripts/make_tiny_model.py --vocab ../shared/vocab/ggml-vocab-qwen2.gguf \
         --out tiny-random-qwen2vocab-f32.gguf
 The self-contained built-in model (small ChatML BPE vocabulary, 2 layers, 128 dims):
     python scripts/make_tiny_model.py --builtin --out tiny.gguf
-The tests' tiny qwen3moe (runtime.tiny_model.MOE_SPEC: 2 layers, 8 experts, 2 used; the built-in
+The tests' tiny qwen3moe (runtime.model.tiny_model.MOE_SPEC: 2 layers, 8 experts, 2 used; the built-in
 vocabulary unless --vocab is given):
     python scripts/make_tiny_model.py --arch qwen3moe --out tiny-qwen3moe.gguf [--type q8_0]
-The tests' tiny phi3 (runtime.tiny_model.PHI3_SPEC: 2 layers, fused attn_qkv and gate+up ffn_up,
+The tests' tiny phi3 (runtime.model.tiny_model.PHI3_SPEC: 2 layers, fused attn_qkv and gate+up ffn_up,
 sliding window 16; the built-in vocabulary unless --vocab is given):
     python scripts/make_tiny_model.py --arch phi3 --out tiny-phi3.gguf [--type q8_0]
-The tests' tiny gemma3 (runtime.tiny_model.GEMMA3_SPEC: 6 layers, 5 local with a window of 8 and
+The tests' tiny gemma3 (runtime.model.tiny_model.GEMMA3_SPEC: 6 layers, 5 local with a window of 8 and
 a global one, q/k norms and post-norms, tied output; the built-in vocabulary unless --vocab is given):
     python scripts/make_tiny_model.py --arch gemma3 --out tiny-gemma3.gguf [--type q8_0]
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.tiny_model import (  # noqa: E402
+from runtime.model.tiny_model import (  # noqa: E402
     ARCHS, BUILTIN_SPEC, GEMMA3_SPEC, MOE_SPEC, PHI3_SPEC, WEIGHT_TYPES, TinyModelSpec, write_tiny_model)
 
 

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels  # noqa: E402
 from runtime.kv_cache import SeqKV  # noqa: E402
-from runtime.loader import load_model  # noqa: E402
-from runtime.model import Model, SeqBatch  # noqa: E402
+from runtime.model.loader import load_model  # noqa: E402
+from runtime.model.decoder import Model, SeqBatch  # noqa: E402
 
 
 class TimedOps:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where the milliseconds of one decode step go: `runtime.model.Model.forward` on a GGUF model,
+"""Where the milliseconds of one decode step go: `runtime.model.decoder.Model.forward` on a GGUF model,
 every kernel op timed by the weight or op it serves.
 
     python scripts/profile_decode.py [--model M.gguf] [--batch 1,4] [--ctx 430] [--steps 20]
@@ -25,8 +25,8 @@ if str(REPO) not in sys.path:
     sys.path.append(str(REPO))  # after PYTHONPATH: another checkout given there wins
 
 from runtime.kv_cache import SeqKV  # noqa: E402
-from runtime.loader import load_model  # noqa: E402
-from runtime.model import Model, SeqBatch  # noqa: E402
+from runtime.model.loader import load_model  # noqa: E402
+from runtime.model.decoder import Model, SeqBatch  # noqa: E402
 
 DEFAULT_MODEL = "/work/models/qwen2.5-coder-0.5b-q4_k_m.gguf"
 

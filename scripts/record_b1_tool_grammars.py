@@ -64,7 +64,7 @@ def main() -> int:
     ap.add_argument("--server", required=True, help="the llama-server binary of scripts/build_llama_server.sh")
     ap.add_argument("--port", type=int, default=8219)
     args = ap.parse_args()
-    from runtime.tiny_model import TinyModelSpec, write_tiny_model
+    from runtime.model.tiny_model import TinyModelSpec, write_tiny_model
 
     template = SHARED / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
     with tempfile.TemporaryDirectory() as d:
@@ -91,7 +91,7 @@ def main() -> int:
         finally:
             proc.terminate()
             proc.wait()
-    cmd[2] = "tiny.gguf (runtime.tiny_model.TinyModelSpec(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128), " \
+    cmd[2] = "tiny.gguf (runtime.model.tiny_model.TinyModelSpec(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128), " \
              "ggml-vocab-qwen2.gguf)"
     cmd[-1] = "../shared/templates/Qwen-Qwen2.5-7B-Instruct.jinja"
     OUT.write_text(json.dumps({"recorded_with": "python scripts/record_b1_tool_grammars.py --server BIN",

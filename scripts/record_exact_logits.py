@@ -54,7 +54,7 @@ def step_record(logits: np.ndarray) -> dict:
 
 
 def main() -> None:
-    from runtime.model_files import GEMMA, QWEN
+    from runtime.model.model_files import GEMMA, QWEN
     from runtime.tokenizer import load_tokenizer
     from tests.llama_tokens import real_model_path
 

@@ -2,7 +2,7 @@
 """Records llama-server's greedy tokens on the tiny random gemma3 models into
 tests/data/gemma3_greedy.json (tests/test_gemma3_tiny.py compares tritium's with them).
 
-The models are generated here, deterministically (`variants`: runtime.tiny_model.GEMMA3_SPEC
+The models are generated here, deterministically (`variants`: runtime.model.tiny_model.GEMMA3_SPEC
 in F32 and Q8_0, the Q8_0 one with an explicit `gemma3.rope.freq_base_swa` of 5000, and a 256-dim
 Q4_K one), so that the tests regenerate the very same files (their sha256 are recorded and
 checked) without the reference binary. Their sliding window (8) is shorter than every sequence but
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import record_moe_reference as moe_ref  # noqa: E402
-from runtime.tiny_model import GEMMA3_SPEC, TinyModelSpec  # noqa: E402
+from runtime.model.tiny_model import GEMMA3_SPEC, TinyModelSpec  # noqa: E402
 
 
 def variants() -> dict[str, TinyModelSpec]:

@@ -37,8 +37,8 @@ TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "f
 def tiny_lora_files(vocab: Path, out_dir: Path) -> tuple[Path, Path, Path]:
     """A tiny llama model on the given vocabulary and two adapters (rank 4 alpha 8 on every
     linear, and rank 2 without alpha on layer 1's attention)."""
-    from runtime.lora import write_lora
-    from runtime.tiny_model import spec_with, tensor_shapes, write_tiny_model
+    from runtime.model.lora import write_lora
+    from runtime.model.tiny_model import spec_with, tensor_shapes, write_tiny_model
 
     spec = spec_with(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=512, name="lora-tiny", seed=21)
     model = out_dir / "lora-tiny.gguf"

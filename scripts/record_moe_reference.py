@@ -2,7 +2,7 @@
 """Records llama-server's greedy tokens on the tiny random qwen3moe models into
 tests/data/qwen3moe_greedy.json (tests/test_qwen3moe.py compares tritium's with them).
 
-The models are generated here, deterministically (`variants`: runtime.tiny_model.MOE_SPEC in
+The models are generated here, deterministically (`variants`: runtime.model.tiny_model.MOE_SPEC in
 F32 and Q8_0, and a 256-dim Q4_K one), so that the tests regenerate the very same files (their
 sha256 are recorded and checked) without the reference binary. Each model is recorded twice:
 with llama-server's defaults ("default": float16 KV cache, flash attention on), and with float32
@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.tiny_model import MOE_SPEC, TinyModelSpec, write_tiny_model  # noqa: E402
+from runtime.model.tiny_model import MOE_SPEC, TinyModelSpec, write_tiny_model  # noqa: E402
 
 # token-id prompts (no tokenizer in the way; llama-server adds nothing to a token array) and text
 # prompts (through both servers' tokenizers of the built-in vocabulary)

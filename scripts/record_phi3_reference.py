@@ -2,7 +2,7 @@
 """Records llama-server's greedy tokens on the tiny random phi3 models into
 tests/data/phi3_greedy.json (tests/test_phi3.py compares tritium's with them).
 
-The models are generated here, deterministically (`variants`: runtime.tiny_model.PHI3_SPEC in
+The models are generated here, deterministically (`variants`: runtime.model.tiny_model.PHI3_SPEC in
 F32 and Q8_0, and a 256-dim Q4_K one), so that the tests regenerate the very same files (their
 sha256 are recorded and checked) without the reference binary. Their `phi3.attention.sliding_window`
 (16) is shorter than most of the sequences: llama.cpp b1-0c1e570 ignores it for phi3, and so must
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import record_moe_reference as moe_ref  # noqa: E402
-from runtime.tiny_model import PHI3_SPEC, TinyModelSpec  # noqa: E402
+from runtime.model.tiny_model import PHI3_SPEC, TinyModelSpec  # noqa: E402
 
 
 def variants() -> dict[str, TinyModelSpec]:

@@ -9,7 +9,7 @@ The tokens depend on the float order of the CPU build llama.cpp runs (AVX-512 or
 llama-server built without AVX-512 records tests/data/avx2/real_models_reference.json, which the tests
 read on CPUs without AVX-512 (tests/llama_tokens.py `float_order`).
 
-For each model (runtime/model_files.py, in the model cache): starts
+For each model (runtime/model/model_files.py, in the model cache): starts
 `llama-server -m MODEL --port PORT -c 2048 -np 1 -t 2`, then one request at a time:
 `POST /completion {"prompt": P, "n_predict": 32, "temperature": 0, "cache_prompt": false,
 "return_tokens": true}` for the 8 prompts of PROMPTS (the generated token ids), and
@@ -29,7 +29,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from runtime.model_files import MODELS, cached_path  # noqa: E402
+from runtime.model.model_files import MODELS, cached_path  # noqa: E402
 
 OUT = ROOT / "tests" / "data" / "real_models_reference.json"
 N_PREDICT = 32

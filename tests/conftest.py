@@ -119,7 +119,7 @@ def shared_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def lesson_model(shared_dir, tmp_path_factory) -> Path:
-    from runtime.tiny_model import TinyModelSpec, write_tiny_model
+    from runtime.model.tiny_model import TinyModelSpec, write_tiny_model
 
     path = tmp_path_factory.mktemp("models") / "tiny-random-qwen2vocab-f32.gguf"
     write_tiny_model(path, TinyModelSpec(), vocab=shared_dir / "vocab" / "ggml-vocab-qwen2.gguf")
@@ -136,7 +136,7 @@ def api_engine(tmp_path_factory):
     """A started engine on a tiny generated model (1 layer, 64 dims, built-in ChatML vocabulary):
     2 slots of 256 tokens, slot files in a temporary folder."""
     from runtime.serving import Engine, EngineConfig
-    from runtime.tiny_model import spec_with, write_tiny_model
+    from runtime.model.tiny_model import spec_with, write_tiny_model
 
     d = tmp_path_factory.mktemp("api-inprocess")
     path = d / "api-tiny.gguf"

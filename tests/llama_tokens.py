@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from runtime.kv_cache import SeqKV
-from runtime.loader import load_model
-from runtime.model import Model, SeqBatch
+from runtime.model.loader import load_model
+from runtime.model.decoder import Model, SeqBatch
 from runtime.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,9 +30,9 @@ def recording_script(name: str):
 
 
 def real_model_path(m) -> Path:
-    """The cached file of a real model (runtime.model_files.QWEN / GEMMA), or skip the test with the
+    """The cached file of a real model (runtime.model.model_files.QWEN / GEMMA), or skip the test with the
     fetch script's name."""
-    from runtime.model_files import FETCH_HINT, cached_path
+    from runtime.model.model_files import FETCH_HINT, cached_path
 
     p = cached_path(m)
     if p is None:

@@ -14,7 +14,7 @@ import pytest
 
 from runtime.serving import Engine, EngineConfig
 from runtime.serving.sampling import Vocabulary
-from runtime.tiny_model import spec_with, write_tiny_model
+from runtime.model.tiny_model import spec_with, write_tiny_model
 
 MSGS = [{"role": "user", "content": "What is the best book"}]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": {

@@ -1,7 +1,7 @@
-"""runtime.builtin_vocab: the built-in tiny model's byte-level BPE vocabulary."""
+"""runtime.tokenizer.builtin_vocab: the built-in tiny model's byte-level BPE vocabulary."""
 from __future__ import annotations
 
-from runtime.builtin_vocab import BUILTIN_SPECIAL_TOKENS, QWEN2_CHAT_TEMPLATE, builtin_vocab
+from runtime.tokenizer.builtin_vocab import BUILTIN_SPECIAL_TOKENS, QWEN2_CHAT_TEMPLATE, builtin_vocab
 from runtime.tokenizer import VOCAB_TYPE_BPE, tokenizer_from_gguf_metadata
 
 
@@ -35,7 +35,7 @@ def test_builtin_vocab_tokenizes_compactly():
     """Encode with an HF tokenizer built from the GGUF keys: common words are single tokens."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    from runtime.builtin_vocab import _QWEN2_PRE_REGEX
+    from runtime.tokenizer.builtin_vocab import _QWEN2_PRE_REGEX
 
     kv = {k: v for k, v, _, _ in builtin_vocab()}
     tokens = kv["tokenizer.ggml.tokens"]

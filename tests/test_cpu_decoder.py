@@ -9,9 +9,9 @@ from kernels.cpu import native, qdot
 from dataclasses import replace
 
 from runtime.kv_cache import KVCache, SeqKV, swa_blocks_for
-from runtime.loader import load_model
-from runtime.model import Model, SeqBatch
-from runtime.tiny_model import GEMMA3_SPEC, MOE_SPEC, PHI3_SPEC, TinyModelSpec, write_tiny_model
+from runtime.model.loader import load_model
+from runtime.model.decoder import Model, SeqBatch
+from runtime.model.tiny_model import GEMMA3_SPEC, MOE_SPEC, PHI3_SPEC, TinyModelSpec, write_tiny_model
 
 pytestmark = pytest.mark.skipif(native.lib() is None or not qdot.available(),
                                 reason="the fused decoder needs the compiled CPU kernels")

@@ -1,4 +1,4 @@
-"""The static-buffer decode path that CUDA graphs replay (`runtime.cuda_graphs`), run eagerly here:
+"""The static-buffer decode path that CUDA graphs replay (`runtime.model.cuda_graphs`), run eagerly here:
 same logits and same KV cache as `Model.forward`, padding rows invisible, buckets and limits."""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import random
 import pytest
 import torch
 
-from runtime.cuda_graphs import DecodeGraphs
+from runtime.model.cuda_graphs import DecodeGraphs
 from runtime.kv_cache import SeqKV
-from runtime.loader import load_model
-from runtime.model import Model, SeqBatch
-from runtime.tiny_model import spec_with, write_tiny_model
+from runtime.model.loader import load_model
+from runtime.model.decoder import Model, SeqBatch
+from runtime.model.tiny_model import spec_with, write_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -82,9 +82,9 @@ def test_every_flag_in_the_manifests_is_one_tritium_accepts(path, tmp_path):
     for c in pod["containers"]:
         args = build_parser().parse_args(server_args(c))   # argparse exits on an unknown flag
         server_config(args)                                 # and ArgError on a refused one
-    for c in pod.get("initContainers", []):                # the -hf download: runtime.hf_download's CLI
-        assert c["command"] == ["python", "-m", "runtime.hf_download"]
-        from runtime.hf_download import split_repo_tag
+    for c in pod.get("initContainers", []):                # the -hf download: runtime.launch.hf_download's CLI
+        assert c["command"] == ["python", "-m", "runtime.launch.hf_download"]
+        from runtime.launch.hf_download import split_repo_tag
         repo, tag = split_repo_tag(c["args"][0])
         main = pod["containers"][0]["args"]
         assert main[main.index("-hf") + 1] == c["args"][0] and "--offline" in main and tag

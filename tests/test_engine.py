@@ -9,7 +9,7 @@ import pytest
 
 from runtime.serving import Engine, EngineConfig, SlotError
 from runtime.tasks import CompletionResult, CompletionTask, EmbeddingTask, SamplingParams, TaskError, TokenOut
-from runtime.tiny_model import spec_with, write_tiny_model
+from runtime.model.tiny_model import spec_with, write_tiny_model
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 QWEN2 = SHARED / "vocab" / "ggml-vocab-qwen2.gguf"
@@ -114,7 +114,7 @@ def test_continuous_batching_matches_one_at_a_time(engine):
 
 def test_decode_graph_path_gives_the_same_tokens(model_path, engine, monkeypatch):
     """TRITIUM_CUDA_GRAPHS=eager: decode steps through the static buffers CUDA graphs replay
-    (runtime.cuda_graphs, run eagerly here), three requests at once, bucket padding included."""
+    (runtime.model.cuda_graphs, run eagerly here), three requests at once, bucket padding included."""
     prompts = ["first request", "second request here", "and a third one"]
     params = SamplingParams(temperature=0, ignore_eos=True)
     alone = [_run(engine, p, n_predict=10, params=params).tokens for p in prompts]

@@ -16,7 +16,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from kernels.cpu import native, qdot
-from runtime.model_files import GEMMA, QWEN
+from runtime.model.model_files import GEMMA, QWEN
 from runtime.serving.plan import prompt_breaks
 from tests.kernel_oracles import random_qweight
 from tests.llama_tokens import real_model_path, recorded_tokens
@@ -40,8 +40,8 @@ def _same_isa_as_the_recording() -> None:
 @pytest.mark.parametrize("real", [QWEN, GEMMA], ids=lambda m: m.key)
 def test_logits_are_llama_cpps_bit_for_bit(real):
     from runtime.kv_cache import SeqKV
-    from runtime.loader import load_model
-    from runtime.model import Model, SeqBatch
+    from runtime.model.loader import load_model
+    from runtime.model.decoder import Model, SeqBatch
 
     _same_isa_as_the_recording()
     cases = _recorded()["models"][real.key]

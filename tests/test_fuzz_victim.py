@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from runtime.tiny_model import spec_with, write_tiny_model
+from runtime.model.tiny_model import spec_with, write_tiny_model
 from tests.test_api_fuzz import bodies, check, raw_bodies
 
 EXAMPLES = int(os.environ.get("TRITIUM_VICTIM_FUZZ_EXAMPLES", "300"))

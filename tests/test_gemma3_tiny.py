@@ -1,4 +1,4 @@
-"""gemma3 (runtime/arch/gemma.py) on the tiny random models of scripts/record_gemma3_reference.py:
+"""gemma3 (runtime/model/arch/gemma.py) on the tiny random models of scripts/record_gemma3_reference.py:
 
 - the file loads as intended: 6 layers, layers 0-4 local (window 8, RoPE base 10000 by default or
   the file's `rope.freq_base_swa`), layer 5 global (base 1e6), q/k norms, post-norms, the output
@@ -26,7 +26,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 
-from runtime.loader import load_model
+from runtime.model.loader import load_model
 from tests.llama_tokens import agreement, compare, recorded_tokens, variant_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ def test_recorded_tokens_see_window_and_local_rope(tmp_path, recorded, change):
     other tokens than llama-server's: the greedy test checks both."""
     from dataclasses import replace
 
-    from runtime.tiny_model import GEMMA3_SPEC, write_tiny_model
+    from runtime.model.tiny_model import GEMMA3_SPEC, write_tiny_model
 
     path = write_tiny_model(tmp_path / "changed.gguf", replace(GEMMA3_SPEC, **change), vocab="builtin")
     same, prefix = agreement(path, recorded, "f32", "f32attn")

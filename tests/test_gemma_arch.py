@@ -1,4 +1,4 @@
-"""gemma3 in `runtime.model.Model` (wired by `runtime/arch/gemma.py`) against an independent
+"""gemma3 in `runtime.model.decoder.Model` (wired by `runtime/model/arch/gemma.py`) against an independent
 float64 forward written from llama.cpp's src/models/gemma3.cpp, on the real Gemma 3 270M weights
 (dequantized by the reference dequantizer): sqrt(n_embd) embedding scale, q/k norms, NEOX RoPE with
 base 10000 on the local layers and 1e6 on every sixth (global) layer, sliding-window mask,
@@ -14,7 +14,7 @@ import torch
 
 from kernels import ref
 from kernels.qweight import QWeight
-from runtime.model_files import GEMMA
+from runtime.model.model_files import GEMMA
 from tests.kernel_oracles import rms_norm_oracle, rope_neox_f64
 from tests.llama_tokens import real_model_path
 
@@ -24,7 +24,7 @@ WINDOW = 5
 
 @pytest.fixture(scope="module")
 def loaded():
-    from runtime.loader import load_model
+    from runtime.model.loader import load_model
 
     path = real_model_path(GEMMA)
     lm = load_model(path, progress=lambda m: None)
@@ -71,7 +71,7 @@ def reference_logits(lm, ids: list[int], rows: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
 def test_gemma3_forward_matches_float64_reference(loaded, backend):
     from runtime.kv_cache import SeqKV
-    from runtime.model import Model, SeqBatch
+    from runtime.model.decoder import Model, SeqBatch
 
     m = Model(loaded, "cpu", backend=backend)
     assert [L.window for L in m.layers] == [0 if il % 6 == 5 else WINDOW for il in range(18)]

@@ -1,4 +1,4 @@
-"""runtime.gguf, the one GGUF reader: values and types against gguf-py, tensor infos, and clear
+"""runtime.model.gguf, the one GGUF reader: values and types against gguf-py, tensor infos, and clear
 errors for files that are not GGUF, truncated or malformed."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from runtime.gguf import read_gguf, read_gguf_metadata, tensor_data
-from runtime.loader import load_model
-from runtime.tiny_model import TinyModelSpec, write_tiny_model
+from runtime.model.gguf import read_gguf, read_gguf_metadata, tensor_data
+from runtime.model.loader import load_model
+from runtime.model.tiny_model import TinyModelSpec, write_tiny_model
 from runtime.tokenizer import load_tokenizer
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -207,7 +207,7 @@ def test_light_header_leaves_big_arrays_unread_and_maps_the_file(tmp_path):
     read the file on first use; `map_file` maps the data as read_gguf(map_data=True) does."""
     import pickle
 
-    from runtime.gguf import UnreadArray, light_header, map_file
+    from runtime.model.gguf import UnreadArray, light_header, map_file
 
     path = tmp_path / "m.gguf"
     write_tiny_model(path, TinyModelSpec(n_layer=1, n_embd=64, n_head=2, n_head_kv=2, n_ff=128), vocab="builtin")

@@ -17,7 +17,7 @@ LONG = {"prompt": "hi", "n_predict": -1, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from runtime.tiny_model import spec_with, write_tiny_model
+    from runtime.model.tiny_model import spec_with, write_tiny_model
 
     path = tmp_path_factory.mktemp("harden") / "harden-tiny.gguf"
     write_tiny_model(path, spec_with(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=65536,

@@ -1,4 +1,4 @@
-"""`-hf user/repo[:quant]`, `-hff`, `--hf-token`, `--offline` (runtime/hf_download.py): llama.cpp's
+"""`-hf user/repo[:quant]`, `-hff`, `--hf-token`, `--offline` (runtime/launch/hf_download.py): llama.cpp's
 file-picking rules, and a real server downloading through `huggingface_hub` from a local Hub
 (tests/local_hub.py: the Hub's URL layout over stdlib http.server), then starting offline."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import httpx
 import pytest
 
-from runtime.hf_download import HfDownloadError, pick_files, split_repo_tag
+from runtime.launch.hf_download import HfDownloadError, pick_files, split_repo_tag
 from tests.conftest import ServerProcess
 from tests.local_hub import LocalHub
 
@@ -56,7 +56,7 @@ def test_split_repo_tag():
 @pytest.fixture(scope="module")
 def tiny_ggufs(tmp_path_factory) -> list[bytes]:
     """Two different tiny models (the Hub's cache shares equal blobs)."""
-    from runtime.tiny_model import spec_with, write_tiny_model
+    from runtime.model.tiny_model import spec_with, write_tiny_model
 
     out = []
     for seed in (3, 4):

@@ -82,7 +82,7 @@ def test_infill_refused_without_fim_tokens(start_server, lesson_model):
 
 
 def test_infill_generates_on_a_fim_vocab(start_server, coder, tmp_path):
-    from runtime.tiny_model import spec_with, write_tiny_model
+    from runtime.model.tiny_model import spec_with, write_tiny_model
 
     path = write_tiny_model(tmp_path / "coder.gguf", spec_with(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128),
                             vocab=VOCAB / "ggml-vocab-deepseek-coder.gguf")

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from runtime.tiny_model import spec_with, write_tiny_model
+from runtime.model.tiny_model import spec_with, write_tiny_model
 
 HEALTH_P99_S = 0.1  # /health while a hostile request runs (the bound; llama-server stays under it)
 

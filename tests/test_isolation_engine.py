@@ -12,7 +12,7 @@ import pytest
 
 from runtime.serving import Engine, EngineConfig
 from runtime.tasks import CompletionResult, CompletionTask, SamplingParams, TaskError, TokenOut
-from runtime.tiny_model import spec_with, write_tiny_model
+from runtime.model.tiny_model import spec_with, write_tiny_model
 
 VICTIM_N = 48
 

@@ -1,4 +1,4 @@
-"""runtime.loader: GGUF round trips of generated tiny models, safetensors folders, metadata."""
+"""runtime.model.loader: GGUF round trips of generated tiny models, safetensors folders, metadata."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,9 +12,9 @@ from gguf import quants as gquants
 
 from kernels.dequant_ref import dequantize
 from kernels.qweight import QWeight
-from runtime.gguf import read_gguf_metadata
-from runtime.loader import ftype_name, load_model
-from runtime.tiny_model import TinyModelSpec, write_tiny_model
+from runtime.model.gguf import read_gguf_metadata
+from runtime.model.loader import ftype_name, load_model
+from runtime.model.tiny_model import TinyModelSpec, write_tiny_model
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 QWEN2_VOCAB = SHARED / "vocab" / "ggml-vocab-qwen2.gguf"
@@ -111,7 +111,7 @@ def test_repacking_drops_the_mapped_pages_but_not_the_bytes(tmp_path):
     mapping still reads the file's bytes (they fault back in from the page cache), so a second
     model from the same load gets the same weights."""
     import kernels
-    from runtime.model import Model
+    from runtime.model.decoder import Model
     path = write_tiny_model(tmp_path / "m.gguf", TinyModelSpec(wtype="q4_k", **SMALL))
     lm = load_model(path)
     w = lm.weights["blk.1.ffn_up.weight"]

@@ -1,4 +1,4 @@
-"""LoRA adapters (runtime/lora.py): an adapter gives the logits of the model whose weights were
+"""LoRA adapters (runtime/model/lora.py): an adapter gives the logits of the model whose weights were
 merged with it (merged in float64), also with several adapters and per-row adapter sets in one
 batch; the adapter file checks of llama.cpp."""
 from __future__ import annotations
@@ -8,16 +8,16 @@ import pytest
 import torch
 
 from runtime.kv_cache import SeqKV
-from runtime.lora import load_lora, write_lora
-from runtime.model import Model, SeqBatch
+from runtime.model.lora import load_lora, write_lora
+from runtime.model.decoder import Model, SeqBatch
 
 TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    from runtime.loader import load_model
-    from runtime.tiny_model import spec_with, write_tiny_model
+    from runtime.model.loader import load_model
+    from runtime.model.tiny_model import spec_with, write_tiny_model
 
     path = tmp_path_factory.mktemp("lora") / "base.gguf"
     write_tiny_model(path, spec_with(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=256,

@@ -16,9 +16,9 @@ import kernels
 from kernels.dequant_ref import dequantize
 from kernels.qweight import QWeight
 from runtime.kv_cache import SeqKV
-from runtime.loader import load_model
-from runtime.model import Model, SeqBatch, rope_inv_freq
-from runtime.tiny_model import spec_with, write_tiny_model
+from runtime.model.loader import load_model
+from runtime.model.decoder import Model, SeqBatch, rope_inv_freq
+from runtime.model.tiny_model import spec_with, write_tiny_model
 
 
 def _w64(x) -> torch.Tensor:
@@ -330,7 +330,7 @@ def test_yarn_matches_ggml_rope_formula():
         ramp = 1 - min(1.0, max(0.0, y))
         theta = fs * theta_extrap * (1 - ramp) + theta_extrap * ramp
         assert abs(pos * float(inv[i0 // 2]) - theta) <= 1e-6 * max(1.0, abs(theta))
-    from runtime.model import rope_attn_scale
+    from runtime.model.decoder import rope_attn_scale
     assert abs(rope_attn_scale(cfg) - (1 + 0.1 * math.log(4.0)) ** 2) < 1e-12
 
 

@@ -23,11 +23,11 @@ import sys
 import pytest
 import torch
 
-from runtime.cuda_graphs import DecodeGraphs
+from runtime.model.cuda_graphs import DecodeGraphs
 from runtime.kv_cache import SeqKV
-from runtime.loader import load_model
-from runtime.model import Model, SeqBatch
-from runtime.tiny_model import spec_with, write_tiny_model
+from runtime.model.loader import load_model
+from runtime.model.decoder import Model, SeqBatch
+from runtime.model.tiny_model import spec_with, write_tiny_model
 
 DEVICE = os.environ.get("TRITIUM_KERNEL_DEVICE", "cpu")
 if DEVICE == "cuda" and not torch.cuda.is_available():
@@ -116,7 +116,7 @@ def test_triton_path_matches_reference_path(tmp_path, arch, wtype):
 
 
 def test_decode_graphs_through_triton_match_reference_path(tmp_path):
-    """Decode steps from the static buffers of `runtime.cuda_graphs` (5 sequences padded to a
+    """Decode steps from the static buffers of `runtime.model.cuda_graphs` (5 sequences padded to a
     bucket of 8; real graph capture and replay when TRITIUM_KERNEL_DEVICE=cuda)."""
     lm, rng = _model(tmp_path, arch="qwen2", wtype="q4_k", n_embd=256, n_ff=256)
     seqs = [[rng.randrange(128) for _ in range(rng.randrange(2, 20))] for _ in range(5)]

@@ -1,4 +1,4 @@
-"""phi3 (runtime/arch/phi3.py) on the tiny random models of scripts/record_phi3_reference.py:
+"""phi3 (runtime/model/arch/phi3.py) on the tiny random models of scripts/record_phi3_reference.py:
 
 - the loader splits the fused `attn_qkv` and the gate+up `ffn_up` into row views of the file,
   ignores `phi3.attention.sliding_window` (llama.cpp b1-0c1e570 disables phi3's SWA) and refuses
@@ -30,10 +30,10 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from runtime import tiny_model
+from runtime.model import tiny_model
 from runtime.kv_cache import SeqKV
-from runtime.loader import load_model
-from runtime.model import Model, SeqBatch
+from runtime.model.loader import load_model
+from runtime.model.decoder import Model, SeqBatch
 from tests.llama_tokens import compare, float_order, recorded_tokens, variant_files
 from tests.kernel_oracles import rms_norm_oracle, rope_neox_f64
 

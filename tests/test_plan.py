@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from runtime.kv_cache import SeqKV
-from runtime.sampler import SamplerState
+from runtime.sampling.sampler import SamplerState
 from runtime.serving.handle import Outbox, TaskHandle
 from runtime.serving.plan import StepPlan, plan_step
 from runtime.serving.slots import Request, Slot, SlotState

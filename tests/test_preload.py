@@ -1,4 +1,4 @@
-"""runtime/preload.py + kernels/cpu/prepack.py: the server's start-up read of a GGUF file, its
+"""runtime/launch/preload.py + kernels/cpu/prepack.py: the server's start-up read of a GGUF file, its
 quantized matrices repacked on a thread before torch is imported, gives the model exactly the
 weights (and logits) of the ordinary load, and covers exactly the matrices the model packs."""
 from __future__ import annotations
@@ -15,11 +15,11 @@ import torch
 
 import kernels
 from kernels.cpu import native, qdot
-from runtime.loader import load_model
-from runtime.model import Model, SeqBatch
-from runtime.preload import Preload, matmul_groups
+from runtime.model.loader import load_model
+from runtime.model.decoder import Model, SeqBatch
+from runtime.launch.preload import Preload, matmul_groups
 from runtime.tokenizer import load_tokenizer
-from runtime.tiny_model import GEMMA3_SPEC, TinyModelSpec, write_tiny_model
+from runtime.model.tiny_model import GEMMA3_SPEC, TinyModelSpec, write_tiny_model
 
 pytestmark = pytest.mark.skipif(native.lib() is None or not qdot.available(),
                                 reason="the repack needs the compiled CPU kernels")
@@ -87,7 +87,7 @@ def test_the_forked_read_gives_the_header_and_tokenizer_of_the_file(name):
     path = SHARED_VOCAB / f"ggml-vocab-{name}.gguf"
     if not path.exists():
         pytest.skip(f"{path} not available")
-    from runtime.gguf import UnreadArray, read_gguf
+    from runtime.model.gguf import UnreadArray, read_gguf
 
     pre = Preload(str(path), fork=True).take(str(path))
     want = read_gguf(path)
@@ -108,7 +108,7 @@ def test_the_forked_read_gives_the_header_and_tokenizer_of_the_file(name):
 def test_a_failing_child_leaves_the_read_to_the_server(tmp_path, monkeypatch):
     """A child that fails before its header (or before its tokenizer) sends nothing more: the
     server reads the file (or builds the tokenizer) itself, with the same result."""
-    from runtime import preload as preload_mod
+    from runtime.launch import preload as preload_mod
 
     path = tmp_path / "m.gguf"
     write_tiny_model(path, SPECS["qwen2-q4_k-tied"], vocab="builtin")
@@ -175,7 +175,7 @@ def test_the_child_ends_with_the_server(tmp_path):
     if not Path("/proc/self/task").is_dir():
         pytest.skip("finds the child in /proc (Linux, where the child is forked)")
     out = tmp_path / "child"
-    code = ("import os, sys; from runtime.preload import Preload; p = Preload(sys.argv[1], fork=True); "
+    code = ("import os, sys; from runtime.launch.preload import Preload; p = Preload(sys.argv[1], fork=True); "
             "open(sys.argv[2], 'w').write(open(f'/proc/self/task/{os.getpid()}/children').read()); os._exit(0)")
     # no pipe shared with the child: run() returns when the parent has exited
     subprocess.run([sys.executable, "-c", code, str(path), str(out)], cwd=ROOT, stdout=subprocess.DEVNULL,
@@ -229,7 +229,7 @@ def test_prepack_takes_whole_groups_only(tmp_path):
 
 
 def test_the_cli_and_the_preload_import_no_torch():
-    code = ("import sys, api.cli, runtime.preload, kernels.cpu.prepack; "
+    code = ("import sys, api.cli, runtime.launch.preload, kernels.cpu.prepack; "
             "assert 'torch' not in sys.modules and 'fastapi' not in sys.modules, 'imported'")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -237,7 +237,7 @@ def test_the_cli_and_the_preload_import_no_torch():
 
 def test_the_cli_preloads_only_a_cpu_model_of_one_process(tmp_path, monkeypatch):
     from api.cli import build_parser, start_preload
-    from runtime import preload as preload_mod
+    from runtime.launch import preload as preload_mod
 
     path = tmp_path / "m.gguf"
     write_tiny_model(path, SPECS["qwen2-q4_k-tied"])

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from runtime.serving.prompt_cache import PromptCache, cache_reuse_plan, common_prefix
+from runtime.serving.prompt_cache import PromptCache, cache_reuse_plan
+from runtime.serving.slots import common_prefix
 
 
 def test_common_prefix():

@@ -1,4 +1,4 @@
-"""qwen3moe (runtime/arch/qwen3moe.py; the MoE ops of kernels/ref.py, kernels/cpu/moe.py,
+"""qwen3moe (runtime/model/arch/qwen3moe.py; the MoE ops of kernels/ref.py, kernels/cpu/moe.py,
 kernels/triton/moe_gemm.py) on the tiny random models of scripts/record_moe_reference.py:
 
 - the forward against an independent float64 one written from llama.cpp's src/models/qwen3moe.cpp
@@ -31,9 +31,9 @@ from gguf import GGMLQuantizationType as Q
 from kernels import Backend, ref
 from kernels.qweight import Experts, QWeight
 from runtime.kv_cache import SeqKV
-from runtime.loader import load_model
-from runtime.model import Model, SeqBatch
-from runtime.tiny_model import quantize
+from runtime.model.loader import load_model
+from runtime.model.decoder import Model, SeqBatch
+from runtime.model.tiny_model import quantize
 from tests.kernel_oracles import rms_norm_oracle, rope_neox_f64
 from tests.llama_tokens import compare, recorded_tokens, variant_files
 
@@ -317,7 +317,7 @@ def test_decode_graph_runner_triton_interpreter(model_files):
     """Two sequences decoded through `DecodeGraphs` (the static buffers a CUDA graph replays; run
     eagerly on the CPU): the MoE layer needs no host sync (`moe_align` sizes its grid for the worst
     case), and the logits are those of the plain forward."""
-    from runtime.cuda_graphs import DecodeGraphs
+    from runtime.model.cuda_graphs import DecodeGraphs
 
     lm = load_model(model_files["f32"], progress=lambda m: None)
     m = Model(lm, "cpu", backend="triton")

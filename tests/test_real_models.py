@@ -13,7 +13,7 @@ import httpx
 import jsonschema
 import pytest
 
-from runtime.model_files import GEMMA, QWEN
+from runtime.model.model_files import GEMMA, QWEN
 from tests.llama_tokens import real_model_path, recorded_tokens
 N_PREDICT = 32
 

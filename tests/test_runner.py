@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.cuda_graphs import DecodeGraphs
+from runtime.model.cuda_graphs import DecodeGraphs
 from runtime.kv_cache import SeqKV
-from runtime.loader import load_model
-from runtime.model import Model, SeqBatch
+from runtime.model.loader import load_model
+from runtime.model.decoder import Model, SeqBatch
 from runtime.serving.plan import StepPlan
 from runtime.serving.runner import ModelRunner, pool_embeddings
-from runtime.tiny_model import spec_with, write_tiny_model
+from runtime.model.tiny_model import spec_with, write_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""runtime.safetensors_loader: Hugging Face safetensors folders loaded as GGUF-named weights."""
+"""runtime.model.safetensors_loader: Hugging Face safetensors folders loaded as GGUF-named weights."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from kernels.qweight import QWeight
-from runtime.loader import load_model
+from runtime.model.loader import load_model
 
 def _write_hf_folder(folder: Path, model_type: str, dtype=torch.bfloat16, tied=False,
                      rope_scaling=None) -> dict[str, torch.Tensor]:

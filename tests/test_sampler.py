@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from runtime.sampler import SamplerState, sample_batch, sample_row
+from runtime.sampling.sampler import SamplerState, sample_batch, sample_row
 from runtime.tasks import SamplingParams
 
 EOG = frozenset({9})
@@ -184,7 +184,7 @@ def test_topk_first_rows_sample_from_candidates_like_the_full_row():
     the CPU, one batched top-k on a device): with the same seed, the same tokens as `sample_row`
     over the whole row, ignore_eos and min_keep included."""
     import random
-    from runtime.sampler import topk_needed
+    from runtime.sampling.sampler import topk_needed
     V = 5000
     for trial in range(30):
         params = SamplingParams(temperature=random.choice([0.5, 1.0, 1.5]), top_k=random.choice([5, 40]),
@@ -202,7 +202,7 @@ def test_topk_first_rows_sample_from_candidates_like_the_full_row():
 
 
 def test_topk_rows_batched_and_per_row_agree():
-    from runtime.sampler import topk_rows
+    from runtime.sampling.sampler import topk_rows
     with torch.inference_mode():  # as the model's logits are
         rows = torch.randn(4, 3000)
     picks = [(0, 5, ()), (2, 40, (int(rows[2].argmax()),)), (3, 1, ())]
@@ -221,7 +221,7 @@ def test_topk_shortcut_survives_ignore_eos_and_ban_biases():
     """ignore_eos arrives as -inf logit biases on the EOG tokens (as llama-server echoes them): those
     and other -inf biases only ban tokens, so a greedy row still needs only its top-1 (the output
     head's shortcut); a finite bias can promote any token, so then the whole row is needed."""
-    from runtime.sampler import topk_needed
+    from runtime.sampling.sampler import topk_needed
     inf = float("-inf")
     eog = frozenset({7, 9})
     plain = SamplerState(SamplingParams(temperature=0.0, ignore_eos=True, logit_bias=[(7, inf), (9, inf)]), eog)
@@ -254,5 +254,5 @@ def test_mirostat_follows_its_target_surprise(version):
     st = _st(temperature=1.0, mirostat=version, mirostat_tau=12.0, seed=5)
     assert len({sample_row(row.clone(), st).token for _ in range(200)}) >= 5
     # the whole row is needed: no top-k shortcut
-    from runtime.sampler import topk_needed
+    from runtime.sampling.sampler import topk_needed
     assert topk_needed(st) == (0, ())

@@ -26,7 +26,7 @@ from schemathesis import GenerationMode
 
 from api.openapi import ALIASES
 from api.server import ServerConfig, create_app
-from runtime.tiny_model import spec_with, write_tiny_model
+from runtime.model.tiny_model import spec_with, write_tiny_model
 from tests.test_fuzz_victim import (CAPPED, HEALTH_MAX_S, PYTHON_WORDS, RSS_GROWTH_MB, Watch, check_answer,
                                     error_messages, rss_mb, victim)
 

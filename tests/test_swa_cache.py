@@ -102,7 +102,7 @@ WINDOW = 16
 
 @pytest.fixture(scope="module")
 def gemma_path():
-    from runtime.model_files import GEMMA
+    from runtime.model.model_files import GEMMA
     from tests.llama_tokens import real_model_path
 
     return str(real_model_path(GEMMA))
@@ -111,8 +111,8 @@ def gemma_path():
 def test_model_logits_equal_with_the_swa_pool_and_match_the_reference(gemma_path):
     """tests/test_gemma_arch.py's prompt and float64 reference (window 5), blocks of 4: the local
     layers drop blocks while the prompt is fed, the logits stay those of the full cache."""
-    from runtime.loader import load_model
-    from runtime.model import Model, SeqBatch
+    from runtime.model.loader import load_model
+    from runtime.model.decoder import Model, SeqBatch
     from tests import test_gemma_arch as ga
 
     lm = load_model(gemma_path, progress=lambda m: None)

@@ -58,8 +58,8 @@ def _rank_main(rank: int, world: int, port: int, path: str, out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank))
     torch.set_num_threads(1)
     from runtime.kv_cache import SeqKV
-    from runtime.loader import load_model
-    from runtime.model import Model, SeqBatch
+    from runtime.model.loader import load_model
+    from runtime.model.decoder import Model, SeqBatch
     from runtime.parallel import init_from_env, shard_loaded
     from runtime.parallel.kv import TPKVCache
     from runtime.parallel.worker import serve
@@ -99,8 +99,8 @@ def _rank_main(rank: int, world: int, port: int, path: str, out: dict) -> None:
 
 def _one_rank(path: str) -> dict:
     from runtime.kv_cache import KVCache, SeqKV
-    from runtime.loader import load_model
-    from runtime.model import Model, SeqBatch
+    from runtime.model.loader import load_model
+    from runtime.model.decoder import Model, SeqBatch
     model = Model(load_model(path, progress=lambda m: None), "cpu")
     kv = KVCache(len(model.layers), model.n_head_kv, model.head_dim, 64, 16, torch.float32)
     a, b = SeqKV(), SeqKV()
@@ -158,7 +158,7 @@ def test_four_ranks_replicate_kv_heads_when_fewer_than_ranks(models):
 def test_a_column_cut_through_blocks_is_dequantized(models):
     """ff 352 over 2 ranks cuts Q8_0 blocks at column 176: that shard is kept as float32, the rest
     stays in blocks, and the model still computes what one rank does within quantization noise."""
-    from runtime.loader import load_model
+    from runtime.model.loader import load_model
     from runtime.parallel.shard import _cols
     w = load_model(str(models["q8_0_cut"]), progress=lambda m: None).weights["blk.0.ffn_down.weight"]
     cut = _cols(w, 0, 176)

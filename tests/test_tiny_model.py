@@ -1,4 +1,4 @@
-"""runtime.tiny_model: quantizers, built-in vocabulary, default model, CLI."""
+"""runtime.model.tiny_model: quantizers, built-in vocabulary, default model, CLI."""
 from __future__ import annotations
 
 import hashlib
@@ -14,10 +14,10 @@ from gguf import quants as gquants
 
 from kernels.dequant_ref import dequantize, dequantize_rows
 from kernels.qweight import QWeight
-from runtime.builtin_vocab import QWEN2_CHAT_TEMPLATE
-from runtime.gguf import read_gguf_metadata
-from runtime.loader import load_model
-from runtime.tiny_model import TinyModelSpec, ensure_default_model, quantize, write_tiny_model
+from runtime.tokenizer.builtin_vocab import QWEN2_CHAT_TEMPLATE
+from runtime.model.gguf import read_gguf_metadata
+from runtime.model.loader import load_model
+from runtime.model.tiny_model import TinyModelSpec, ensure_default_model, quantize, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -143,9 +143,9 @@ def test_random_blocks_model_loads_and_runs(tmp_path):
 
     from kernels.dequant_ref import dequantize
     from runtime.kv_cache import SeqKV
-    from runtime.loader import load_model
-    from runtime.model import Model, SeqBatch
-    from runtime.tiny_model import spec_with, write_tiny_model
+    from runtime.model.loader import load_model
+    from runtime.model.decoder import Model, SeqBatch
+    from runtime.model.tiny_model import spec_with, write_tiny_model
 
     spec = spec_with(wtype="q4_k", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=512,
                      random_blocks=True, seed=3)

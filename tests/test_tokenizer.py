@@ -343,7 +343,7 @@ def _per_merge_split(lines):
 
 @pytest.mark.parametrize("name", VOCAB_NAMES)
 def test_load_fast_paths_equal_per_token_paths(name):
-    from runtime.gguf import read_gguf_metadata
+    from runtime.model.gguf import read_gguf_metadata
     from runtime.tokenizer import from_gguf as f
     from runtime.tokenizer.vocab import ATTR_UNDEFINED, TYPE_TO_ATTR, token_pieces
 
@@ -386,7 +386,7 @@ def test_spm_merges_are_cached_and_reused(tmp_path, monkeypatch):
     """The ranked SPM merges (a search over every split of every token: ~1.4 s for Gemma 3's
     262k tokens) are kept under $TRITIUM_CACHE/tokenizers and read back at the next build, with
     the same merges; a damaged file is recomputed and rewritten; another vocabulary gets its own."""
-    from runtime.gguf import read_gguf_metadata
+    from runtime.model.gguf import read_gguf_metadata
     from runtime.tokenizer import from_gguf as f
 
     monkeypatch.setenv("TRITIUM_CACHE", str(tmp_path))
@@ -418,11 +418,11 @@ def test_spm_merges_are_cached_and_reused(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", VOCAB_NAMES)
 def test_vocab_vectors_through_a_pickled_tokenizer(name):
-    """A forked start-up (runtime/preload.py) pickles the tokenizer before its encoder is built:
+    """A forked start-up (runtime/launch/preload.py) pickles the tokenizer before its encoder is built:
     the unpickled one, its encoder built, tokenizes llama.cpp's vectors as the ordinary one."""
     import pickle
 
-    from runtime.gguf import read_gguf_metadata
+    from runtime.model.gguf import read_gguf_metadata
 
     md = read_gguf_metadata(_need_vocab(name))
     sent = tokenizer_from_gguf_metadata(md, build_encoder=False)

@@ -65,7 +65,7 @@ def test_cli_flags():
 
 @pytest.fixture(scope="module")
 def ui_server(start_server, tmp_path_factory):
-    from runtime.tiny_model import spec_with, write_tiny_model
+    from runtime.model.tiny_model import spec_with, write_tiny_model
 
     path = tmp_path_factory.mktemp("ui") / "ui-tiny.gguf"
     write_tiny_model(path, spec_with(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=4096,

@@ -1,5 +1,5 @@
-"""The torch APIs the CUDA path calls (`runtime/cuda_graphs.py`, `kernels/triton/*`, the device
-parts of `runtime/model.py`, `runtime/parallel/group.py` and `runtime/serving/bootstrap.py`,
+"""The torch APIs the CUDA path calls (`runtime/model/cuda_graphs.py`, `kernels/triton/*`, the device
+parts of `runtime/model/decoder.py`, `runtime/parallel/group.py` and `runtime/serving/bootstrap.py`,
 `scripts/gpu_check.py`), with the
 parameters the project passes, and their signatures read from a torch source tree without
 importing it (Python files by `ast`, the C functions from the generated `.pyi` stubs).
@@ -21,7 +21,7 @@ from pathlib import Path
 
 # api -> (file under torch/, qualified name in that file, parameters the project passes)
 USED: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    # runtime/cuda_graphs.py
+    # runtime/model/cuda_graphs.py
     "torch.cuda.CUDAGraph": ("cuda/graphs.py", "CUDAGraph.__new__", ()),
     "torch.cuda.CUDAGraph.replay": ("cuda/graphs.py", "CUDAGraph.replay", ()),
     "torch.cuda.graph": ("cuda/graphs.py", "graph.__init__", ("cuda_graph", "pool")),

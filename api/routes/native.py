@@ -6,7 +6,6 @@ response is the final object, or an SSE stream of one chunk per token and then t
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -18,22 +17,11 @@ from api.context import ApiContext, Ctx
 from api.errors import ApiError, answer
 from api.inputs import check_context, check_task_count, off_loop, read_json, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task, reasoning_format_name, sampling_settings
-from api.results import collect_all, probs_json, with_progress
+from api.results import NativeRequest, collect_all, completion_final_json, partial_json, probs_json, with_progress
 from api.sse import Stream, stream_many
-from runtime.tasks import CompletionResult, CompletionTask, PromptProgress, SamplingParams, TokenOut
+from runtime.tasks import PromptProgress, SamplingParams, TokenOut
 
 router = APIRouter()
-
-
-@dataclass
-class NativeRequest:
-    """What a native /completion response echoes besides the engine's result."""
-    task: CompletionTask
-    settings: dict[str, Any]
-    prompt_text: str
-    n_probs: int
-    post_sampling: bool
-    index: int = 0
 
 
 def native_request(ctx: ApiContext, body: dict[str, Any], prompt_tokens: list[int], index: int = 0,
@@ -51,43 +39,6 @@ def native_request(ctx: ApiContext, body: dict[str, Any], prompt_tokens: list[in
     settings["lora"] = [{"id": i, "scale": s} for i, s in sorted((task.lora or {}).items())]
     return NativeRequest(task, settings, ctx.tokenizer.decode(prompt_tokens), params.n_probs,
                          f.boolean("post_sampling_probs", False), index)
-
-
-def completion_final_json(ctx: ApiContext, req: NativeRequest, res: CompletionResult, toks: list[TokenOut],
-                          stream: bool) -> dict[str, Any]:
-    d: dict[str, Any] = {
-        "index": req.index,
-        "content": "" if stream else res.content,
-        "tokens": list(res.tokens) if (req.task.return_tokens and not stream) else [],
-        "id_slot": res.id_slot,
-        "stop": True,
-        "model": ctx.cfg.model_name,
-        "tokens_predicted": res.n_decoded,
-        "tokens_evaluated": res.n_prompt_tokens,
-        "generation_settings": req.settings,
-        "prompt": req.prompt_text,
-        "has_new_line": res.has_new_line,
-        "truncated": res.truncated,
-        "stop_type": res.stop_type,
-        "stopping_word": res.stopping_word,
-        "tokens_cached": res.tokens_cached,
-        "timings": res.timings.as_dict(),
-    }
-    if not stream and req.n_probs > 0:
-        d["completion_probabilities"] = probs_json(ctx.tokenizer, toks, req.post_sampling)
-    return d
-
-
-def partial_json(index: int, ev: TokenOut, n_prompt: int, probs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """A streamed token as llama-server b1-0c1e570's native partial (its to_json_non_oaicompat): the
-    token id always, the running count, then the timings and `probs` when there are any."""
-    d: dict[str, Any] = {"index": index, "content": ev.text, "tokens": [ev.id], "stop": False, "id_slot": -1,
-                         "tokens_predicted": ev.n_decoded, "tokens_evaluated": n_prompt}
-    if ev.timings is not None:
-        d["timings"] = ev.timings.as_dict()
-    if probs:
-        d["completion_probabilities"] = probs
-    return d
 
 
 def native_stream(ctx: ApiContext, req: NativeRequest, lead: bytes = b"") -> Stream:

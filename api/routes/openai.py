@@ -17,8 +17,8 @@ from api.context import BUILD_INFO, ApiContext, Ctx, random_id
 from api.errors import ApiError, answer
 from api.inputs import check_context, check_task_count, off_loop, read_json, split_prompts, tokenize_prompt
 from api.params import Fields, parse_sampling, parse_task, reasoning_format_name, sampling_settings
-from api.routes.native import NativeRequest, completion_final_json, partial_json
-from api.results import collect_all, finish_reason, probs_json, usage_json, with_progress
+from api.results import (NativeRequest, collect_all, completion_final_json, finish_reason, partial_json, probs_json,
+                         usage_json, with_progress)
 from api.sse import Stream, stream_many
 from runtime.tasks import CompletionResult, CompletionTask, PromptProgress, TokenOut
 

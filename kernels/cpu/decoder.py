@@ -13,7 +13,7 @@ step, the pointers of the weights once at build, and every layer is 8 C calls:
 
 The same C functions (or, for the q/k/v step, `qkv_rope_store_f32`: the same operations in the
 same order as the bias add, `rms_norm`, `rope` and `write_kv` it replaces) on the same inputs as
-the per-op path of `runtime.model.Model._layers`: the results are bit-identical
+the per-op path of `runtime.model.decoder.Model._layers`: the results are bit-identical
 (tests/test_cpu_decoder.py). Layers qualify when every matmul is an x8 qdot group or float 64-row
 GEMV tiles (`DecoderLayer`; with tiles, at most `gemv.MAX_M` sequences: `Decoder.max_rows`);
 post-norms (gemma), sliding windows with their own cache pool and soft-capped scores are handled;

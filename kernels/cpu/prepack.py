@@ -3,7 +3,7 @@ and before torch is imported (this module, `qdot_lib.py` and `native.py` need ne
 backend's other modules).
 
 The server's start-up runs this on a thread while its main thread imports torch and the web stack
-(runtime/preload.py): the repack is one C call per matrix with the GIL released, so it runs on the
+(runtime/launch/preload.py): the repack is one C call per matrix with the GIL released, so it runs on the
 second core under ~1.3 s of imports instead of after them. The result is exactly what
 `matmul.prepare_weights` computes for the same group (`_qdot_pack`: the members' panels side by side
 in one buffer, in group order); a `QWeight` carrying its `Packed` (`QWeight.repacked`) is taken as

@@ -16,9 +16,9 @@ from typing import Any, Callable
 import torch
 
 import kernels
-from runtime.cuda_graphs import DecodeGraphs
+from runtime.model.cuda_graphs import DecodeGraphs
 from runtime.kv_cache import KVCache, SeqKV, swa_blocks_for
-from runtime.model import Model, SeqBatch
+from runtime.model.decoder import Model, SeqBatch
 from runtime.serving.config import EngineConfig
 from runtime.serving.plan import StepPlan
 from runtime.serving.prompt_cache import PromptCache
@@ -76,9 +76,9 @@ def slot_layout(cfg: EngineConfig, n_ctx_train: int) -> tuple[int, int, bool, in
 
 
 def _load_adapters(cfg: EngineConfig, lm, model: Model, log: Log) -> None:
-    """--lora / --lora-scaled: the adapters, checked against the base model (runtime/lora.py)."""
+    """--lora / --lora-scaled: the adapters, checked against the base model (runtime/model/lora.py)."""
     from kernels.qweight import QWeight
-    from runtime.lora import load_lora
+    from runtime.model.lora import load_lora
 
     shapes = {n: (w.rows, w.cols) for n, w in lm.weights.items() if isinstance(w, QWeight)}
     for path, _ in cfg.lora:
@@ -94,7 +94,7 @@ def _load_adapters(cfg: EngineConfig, lm, model: Model, log: Log) -> None:
 def _load_model(cfg: EngineConfig, log: Log, on_read: Callable[[Any], None] | None = None):
     """(LoadedModel, Model) on this rank: the whole model, or with -tp this rank's shard.
     `on_read(lm)` runs once the file is read, before the weights are prepared (repacked)."""
-    from runtime.loader import load_model
+    from runtime.model.loader import load_model
     from runtime.parallel import init_from_env, shard_loaded
 
     resolve_config(cfg)
@@ -164,7 +164,7 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     from runtime.tokenizer import load_tokenizer_in_background
 
     # the tokenizer (~0.5 s of Python for a 150k vocabulary) is built on a thread while the weights
-    # are repacked (C, outside the GIL); when the CLI's preload read the file (runtime/preload.py)
+    # are repacked (C, outside the GIL); when the CLI's preload read the file (runtime/launch/preload.py)
     # both already ran beside its imports, and the tokenizer is taken from there
     tokenizer: list[Future] = []
 
@@ -320,8 +320,8 @@ def warm_up(runner: ModelRunner, log: Log) -> None:
 
 def _default_model(cfg: EngineConfig, log: Log) -> str:
     """No -m: the real model of the `[model]` extra when installed, else the built-in one."""
-    from runtime.model_files import installed_default_model
-    from runtime.tiny_model import ensure_default_model
+    from runtime.model.model_files import installed_default_model
+    from runtime.model.tiny_model import ensure_default_model
 
     real = installed_default_model() if cfg.default_model != "builtin" else None
     if real is not None:

@@ -49,5 +49,5 @@ class EngineConfig:
     # without a model path: "real" serves the Gemma 3 270M of the `[model]` extra when installed,
     # "builtin" always the random-weight model (TRITIUM_DEFAULT_MODEL; the tests set "builtin")
     default_model: str | None = None
-    # the CLI's read of model_path started before its imports (runtime.preload.Preload), taken once by the load
+    # the CLI's read of model_path started before its imports (runtime.launch.preload.Preload), taken once by the load
     preload: Any = None

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runtime.model import SeqBatch
-from runtime.sampler import topk_needed
+from runtime.model.decoder import SeqBatch
+from runtime.sampling.sampler import topk_needed
 from runtime.serving.slots import Slot, SlotState
 
 

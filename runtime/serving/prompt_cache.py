@@ -8,25 +8,12 @@ data structure.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-import numpy as np
 import torch
 
 from runtime.kv_cache import KVCache, OutOfBlocks
-
-if TYPE_CHECKING:  # slots.py uses common_prefix
-    from runtime.serving.slots import Slot
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    x = np.asarray(a[:n], dtype=np.int64)
-    y = np.asarray(b[:n], dtype=np.int64)
-    diff = np.nonzero(x != y)[0]
-    return int(diff[0]) if diff.size else n
+from runtime.serving.slots import Slot, common_prefix
 
 
 def cache_reuse_plan(cache: list[int], prompt: list[int], n_past: int, n_reuse: int) -> tuple[list[tuple[int, int, int]], int]:

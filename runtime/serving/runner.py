@@ -1,7 +1,7 @@
 """The model runner: runs a step's batch through the model and records what the cache now holds.
 
 `run` takes a `StepPlan` (it reads only `plan.batch`), replays decode-only batches from CUDA
-graphs when they are set up (`runtime.cuda_graphs`) and runs everything else through
+graphs when they are set up (`runtime.model.cuda_graphs`) and runs everything else through
 `Model.forward`, in micro-batches of at most `n_ubatch` rows (llama.cpp's `-ub`: a step of four
 430-token prompts is four forwards of <= 512 rows, so its activations stay those of 512 rows). The model and the graphs only compute; this is the one place where a
 sequence's `n_tokens` advances after a forward (blocks were reserved by the scheduler before).
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.cuda_graphs import DecodeGraphs
+from runtime.model.cuda_graphs import DecodeGraphs
 from runtime.kv_cache import KVCache
-from runtime.model import Model, SeqBatch
+from runtime.model.decoder import Model, SeqBatch
 from runtime.serving.plan import StepPlan
 
 

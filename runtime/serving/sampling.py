@@ -14,8 +14,8 @@ from collections import OrderedDict
 import torch
 
 from grammar import SAMPLER_INIT_FAILED, GrammarTooLarge
-from runtime.sampler import Sampled, SamplerState, sample_batch
-from runtime.samplers import dry_breaker_ids
+from runtime.sampling.sampler import Sampled, SamplerState, sample_batch
+from runtime.sampling.samplers import dry_breaker_ids
 from runtime.serving.plan import StepPlan
 from runtime.serving.slots import Request, Slot
 from runtime.serving.stop_match import StopMatcher, StopScan

@@ -20,8 +20,8 @@ from typing import Callable
 import torch
 
 from runtime.kv_cache import KVCache, OutOfBlocks
-from runtime.model import Model
-from runtime.sampler import Sampled
+from runtime.model.decoder import Model
+from runtime.sampling.sampler import Sampled
 from runtime.serving.config import EngineConfig
 from runtime.serving.failures import client_message, log_failure
 from runtime.serving.handle import TaskHandle

@@ -17,10 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
+
 from runtime.kv_cache import KVCache, OutOfBlocks, SeqKV
-from runtime.sampler import SamplerState
+from runtime.sampling.sampler import SamplerState
 from runtime.serving.handle import TaskHandle
-from runtime.serving.prompt_cache import common_prefix
 from runtime.serving.stopping import StopType, TextState
 from runtime.tasks import TokenOut
 
@@ -29,6 +30,17 @@ class SlotState(enum.Enum):
     IDLE = "idle"  # no task
     PROMPT = "prompt"  # feeding the task's prompt to the model, a chunk per step
     GENERATING = "generating"  # one sampled token per step
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens a and b share."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.nonzero(x != y)[0]
+    return int(diff[0]) if diff.size else n
 
 
 @dataclass(eq=False)

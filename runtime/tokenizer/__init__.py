@@ -7,7 +7,7 @@ folder (`tokenizer.json`, `tokenizer_config.json`) or GGUF metadata already read
   `IncrementalDecoder`.
 - `vocab.py`: llama.cpp's constants (vocab / token types, attributes, special texts, byte mapping).
 - `pretokenizers.py`: the BPE pre-tokenizer regexes per `tokenizer.ggml.pre`, as data.
-- `from_gguf.py`: a Tokenizer from GGUF metadata (read by `runtime.gguf`, the one GGUF reader).
+- `from_gguf.py`: a Tokenizer from GGUF metadata (read by `runtime.model.gguf`, the one GGUF reader).
 - `from_hf.py`: a Tokenizer from a Hugging Face folder.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping
 
-from runtime.gguf import read_gguf_metadata
+from runtime.model.gguf import read_gguf_metadata
 from runtime.tokenizer.core import IncrementalDecoder, Tokenizer
 from runtime.tokenizer.from_gguf import tokenizer_from_gguf_metadata
 from runtime.tokenizer.from_hf import tokenizer_from_hf_folder

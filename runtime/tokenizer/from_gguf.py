@@ -1,6 +1,6 @@
 """Building a Tokenizer from GGUF metadata, as llama_vocab::impl::load does (src/llama-vocab.cpp).
 
-`tokenizer_from_gguf_metadata(md)` takes the key/values `runtime.gguf.read_gguf_metadata` returns
+`tokenizer_from_gguf_metadata(md)` takes the key/values `runtime.model.gguf.read_gguf_metadata` returns
 (or any mapping like it: string arrays of `str` or `bytes`, numeric arrays any sequence). Steps:
 
 1. the vocab type from `tokenizer.ggml.model` (`VOCAB_KINDS`: "llama" -> SPM, "gpt2" -> BPE; the
@@ -25,7 +25,7 @@ import numpy as np
 import tokenizers
 from tokenizers import models
 
-from runtime.model_files import cache_root
+from runtime.model.model_files import cache_root
 from runtime.tokenizer.core import Tokenizer
 from runtime.tokenizer.pretokenizers import PRE_TYPES, PreSpec, hf_pre_tokenizer
 from runtime.tokenizer.vocab import (ATTR_CONTROL, ATTR_NORMAL, ATTR_RSTRIP, ATTR_SPECIAL, ATTR_UNDEFINED,
@@ -178,7 +178,7 @@ def _split_merges(lines: Sequence[str]) -> list[tuple[str, str]]:
 @dataclass(frozen=True)
 class EncoderRecipe:
     """What builds a vocabulary's fragment encoder (a `tokenizers` BPE), as plain data: a forked
-    start-up (runtime/preload.py) computes it in a child process and pickles it, and the server
+    start-up (runtime/launch/preload.py) computes it in a child process and pickles it, and the server
     only runs `build` (the `tokenizers` constructor, ~0.15 s for 150k tokens, holding the GIL)."""
     vocab: dict[str, int]
     merges: list[tuple[str, str]] | None  # BPE: the GGUF merges; SPM: None, `merge_ids` instead
@@ -231,7 +231,7 @@ VOCAB_KINDS: Mapping[str, VocabKind] = MappingProxyType({
 # GGUF values
 
 def _has_escaped_bytes(s: str) -> bool:
-    """Whether a string read by runtime.gguf holds invalid UTF-8 (as surrogate escapes)."""
+    """Whether a string read by runtime.model.gguf holds invalid UTF-8 (as surrogate escapes)."""
     try:
         s.encode("utf-8")
         return False
@@ -427,7 +427,7 @@ def _fim_ids(md: Mapping[str, Any], tok: Tokenizer) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------
 
 def tokenizer_from_gguf_metadata(md: Mapping[str, Any], *, build_encoder: bool = True) -> Tokenizer:
-    """Build a Tokenizer from GGUF key/values (as `runtime.gguf.read_gguf_metadata` returns them;
+    """Build a Tokenizer from GGUF key/values (as `runtime.model.gguf.read_gguf_metadata` returns them;
     string arrays may be bytes or str, numeric arrays any sequence). `build_encoder=False`: the
     fragment encoder is left as its recipe (picklable; `Tokenizer.build_encoder` makes it)."""
     model = _text(md.get("tokenizer.ggml.model"))

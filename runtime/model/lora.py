@@ -23,7 +23,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 
 import kernels
 from kernels.qweight import QWeight
-from runtime.gguf import read_gguf, tensor_data
+from runtime.model.gguf import read_gguf, tensor_data
 
 __all__ = ["LoraWeight", "LoraAdapter", "load_lora", "RowLora", "write_lora"]
 

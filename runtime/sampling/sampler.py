@@ -3,7 +3,7 @@
 Each row has its own `SamplingParams` and `SamplerState` (history, RNG, grammar matcher, and its
 logit biases as index/value arrays built once when the state is made). Order, as llama.cpp's
 common sampler builds it: logit bias (and ignore_eos) -> grammar mask -> the `samplers` list
-(runtime/samplers.py: penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature)
+(runtime/sampling/samplers.py: penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature)
 -> draw from the distribution. Temperature <= 0 keeps only the most likely token (greedy).
 
 `sample_batch` isolates its rows: an exception while sampling one row is that row's result (the
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 import kernels
-from runtime.samplers import SAMPLERS, ensure_ids, mirostat
+from runtime.sampling.samplers import SAMPLERS, ensure_ids, mirostat
 from runtime.tasks import SamplingParams
 
 NEG_INF = float("-inf")

@@ -16,7 +16,7 @@ the tokenizer without its `tokenizers` encoder (pickled data); the server unpick
 the encoder (`Tokenizer.build_encoder`, ~0.15 s). If the child fails, the file is read here as
 before.
 
-`matmul_groups` states which matrices the model prepares together (runtime/model.py: q/k/v,
+`matmul_groups` states which matrices the model prepares together (runtime/model/decoder.py: q/k/v,
 gate/up, then the output projection, down projection and head alone); a group it names that the
 model does not build is merely repacked for nothing (tests/test_preload.py checks that none is).
 """
@@ -33,10 +33,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import kernels
-from runtime.gguf import GGUFFile, light_header, map_file, read_gguf
+from runtime.model.gguf import GGUFFile, light_header, map_file, read_gguf
 from runtime.tokenizer import Tokenizer, load_tokenizer, load_tokenizer_in_background, tokenizer_from_gguf_metadata
 
-# the matrices of one block that read the same input, in the model's order (runtime/model.py)
+# the matrices of one block that read the same input, in the model's order (runtime/model/decoder.py)
 _BLOCK_GROUPS = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "ffn_up"), ("ffn_down",))
 
 

@@ -1,5 +1,5 @@
 """Model loading: a GGUF file (memory-mapped, zero-copy) or a Hugging Face safetensors folder
-(`runtime/safetensors_loader.py`).
+(`runtime/model/safetensors_loader.py`).
 
 `load_model(path) -> LoadedModel`:
 
@@ -14,172 +14,36 @@
   [n_expert, n_embd]) and `ffn_gate_exps/ffn_up_exps/ffn_down_exps.weight`, 3-D in the file, each
   one QWeight of all experts' rows stacked ([n_expert * n_ff_exp, n_embd] / [n_expert * n_embd,
   n_ff_exp]; expert e's rows start at e * rows_per_expert); phi3's fused `attn_qkv` and gate+up
-  `ffn_up` come back split into those same names (row views, `runtime/arch/phi3.py`).
+  `ffn_up` come back split into those same names (row views, `runtime/model/arch/phi3.py`).
   Matrices are `QWeight` in their file type, sharing memory with the file's copy-on-write mapping,
   which is never written (`mapped`: a backend that repacks a matrix may drop its pages from memory
   afterwards); 1-D tensors are float32.
 - `file_type` (llama.cpp's ftype name, e.g. "all F32", "Q4_K - Medium"), `n_params`, `size`
   (bytes of tensor data), `gguf_metadata` (all KV metadata as plain Python values).
 
-The GGUF file itself is read by `runtime.gguf` (the one GGUF reader).
+The GGUF file itself is read by `runtime.model.gguf` (the one GGUF reader).
 """
 from __future__ import annotations
 
-import sys
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, LlamaFileType
+from gguf import GGMLQuantizationType
 
 from kernels.qweight import QWeight
-from runtime import arch as archs
-from runtime.gguf import GGUFTensorInfo, read_gguf, tensor_data
+from runtime.model import arch as archs
+from runtime.model.config import LoadedModel, ModelConfig, ftype_name, guess_ftype, print_progress
+from runtime.model.gguf import GGUFTensorInfo, read_gguf, tensor_data
+from runtime.model.safetensors_loader import load_safetensors
 
 __all__ = ["ModelConfig", "LoadedModel", "load_model", "ftype_name", "SUPPORTED_ARCHS"]
 
-# arch -> rope style (runtime/arch): GGUF llama weights are permuted for the "normal" (pairwise)
+# arch -> rope style (runtime/model/arch): GGUF llama weights are permuted for the "normal" (pairwise)
 # rope, qwen2/qwen3/gemma* use NEOX (half-split) rope.
 SUPPORTED_ARCHS = archs.ROPE_NEOX
-
-
-@dataclass
-class ModelConfig:
-    arch: str
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff: int
-    n_vocab: int
-    n_ctx_train: int
-    rope_freq_base: float = 10000.0
-    n_rot: int = 0  # rotated dims per head (== head_dim unless partial rope)
-    rope_scaling_type: str = "none"  # "none" | "linear" | "yarn"
-    rope_scaling_factor: float = 1.0  # context extension factor (freq_scale = 1 / factor)
-    rope_scaling_orig_ctx: int = 0  # original training context for yarn
-    yarn_ext_factor: float = -1.0  # -1: llama.cpp derives it (1.0 for yarn)
-    yarn_attn_factor: float = 1.0
-    yarn_beta_fast: float = 32.0
-    yarn_beta_slow: float = 1.0
-    has_rope_freqs: bool = False  # weights["rope_freqs.weight"] present (llama3 rope)
-    rms_eps: float = 1e-5
-    rope_neox: bool = False
-    tie_embeddings: bool = False
-    has_qkv_bias: bool = False
-    has_qk_norm: bool = False
-    attn_logit_softcap: float = 0.0
-    final_logit_softcap: float = 0.0
-    # sliding-window attention (gemma2/3, runtime/arch/gemma.py): window, which layers use it,
-    # and the RoPE base of those layers
-    sliding_window: int = 0
-    swa_layers: list[bool] | None = None
-    rope_freq_base_swa: float = 10000.0
-    # mixture of experts (qwen3moe, runtime/arch/qwen3moe.py): experts per layer, per token, each
-    # expert's FFN length, and how the chosen experts' weights are normalized / scaled
-    n_expert: int = 0
-    n_expert_used: int = 0
-    n_ff_exp: int = 0
-    expert_weights_norm: bool = False
-    expert_weights_scale: float = 0.0
-    # float32 [n_rot/2] divisors of the rope frequencies (llama3 rope) == weights["rope_freqs.weight"]
-    rope_freq_factors: torch.Tensor | None = None
-
-
-@dataclass
-class LoadedModel:
-    config: ModelConfig
-    weights: dict[str, Any]  # name -> QWeight (matrices) | float32 torch.Tensor (1-D)
-    file_type: str
-    n_params: int
-    size: int  # bytes of tensor data
-    gguf_metadata: dict[str, Any] = field(default_factory=dict)
-    path: str = ""
-    format: str = "gguf"  # "gguf" | "safetensors"
-    tokenizer: Any = None  # Future of the tokenizer built beside a preload's read (runtime/preload.py)
-
-
-# ---------------------------------------------------------------------------------------------
-# file type names (llama.cpp's llama_model_ftype_name)
-
-_FTYPE_NAMES = {
-    LlamaFileType.ALL_F32: "all F32",
-    LlamaFileType.MOSTLY_F16: "F16",
-    LlamaFileType.MOSTLY_BF16: "BF16",
-    LlamaFileType.MOSTLY_Q4_0: "Q4_0",
-    LlamaFileType.MOSTLY_Q4_1: "Q4_1",
-    LlamaFileType.MOSTLY_Q5_0: "Q5_0",
-    LlamaFileType.MOSTLY_Q5_1: "Q5_1",
-    LlamaFileType.MOSTLY_Q8_0: "Q8_0",
-    LlamaFileType.MOSTLY_Q2_K: "Q2_K - Medium",
-    LlamaFileType.MOSTLY_Q2_K_S: "Q2_K - Small",
-    LlamaFileType.MOSTLY_Q3_K_S: "Q3_K - Small",
-    LlamaFileType.MOSTLY_Q3_K_M: "Q3_K - Medium",
-    LlamaFileType.MOSTLY_Q3_K_L: "Q3_K - Large",
-    LlamaFileType.MOSTLY_Q4_K_S: "Q4_K - Small",
-    LlamaFileType.MOSTLY_Q4_K_M: "Q4_K - Medium",
-    LlamaFileType.MOSTLY_Q5_K_S: "Q5_K - Small",
-    LlamaFileType.MOSTLY_Q5_K_M: "Q5_K - Medium",
-    LlamaFileType.MOSTLY_Q6_K: "Q6_K",
-    LlamaFileType.MOSTLY_TQ1_0: "TQ1_0 - 1.69 bpw ternary",
-    LlamaFileType.MOSTLY_TQ2_0: "TQ2_0 - 2.06 bpw ternary",
-    LlamaFileType.MOSTLY_IQ2_XXS: "IQ2_XXS - 2.0625 bpw",
-    LlamaFileType.MOSTLY_IQ2_XS: "IQ2_XS - 2.3125 bpw",
-    LlamaFileType.MOSTLY_IQ2_S: "IQ2_S - 2.5 bpw",
-    LlamaFileType.MOSTLY_IQ2_M: "IQ2_M - 2.7 bpw",
-    LlamaFileType.MOSTLY_IQ3_XS: "IQ3_XS - 3.3 bpw",
-    LlamaFileType.MOSTLY_IQ3_XXS: "IQ3_XXS - 3.0625 bpw",
-    LlamaFileType.MOSTLY_IQ1_S: "IQ1_S - 1.5625 bpw",
-    LlamaFileType.MOSTLY_IQ1_M: "IQ1_M - 1.75 bpw",
-    LlamaFileType.MOSTLY_IQ4_NL: "IQ4_NL - 4.5 bpw",
-    LlamaFileType.MOSTLY_IQ4_XS: "IQ4_XS - 4.25 bpw",
-    LlamaFileType.MOSTLY_IQ3_S: "IQ3_S - 3.4375 bpw",
-    LlamaFileType.MOSTLY_IQ3_M: "IQ3_S mix - 3.66 bpw",
-}
-
-# tensor type -> the file type llama.cpp guesses when general.file_type is missing
-_GUESS = {
-    GGMLQuantizationType.F32: LlamaFileType.ALL_F32,
-    GGMLQuantizationType.F16: LlamaFileType.MOSTLY_F16,
-    GGMLQuantizationType.BF16: LlamaFileType.MOSTLY_BF16,
-    GGMLQuantizationType.Q4_0: LlamaFileType.MOSTLY_Q4_0,
-    GGMLQuantizationType.Q4_1: LlamaFileType.MOSTLY_Q4_1,
-    GGMLQuantizationType.Q5_0: LlamaFileType.MOSTLY_Q5_0,
-    GGMLQuantizationType.Q5_1: LlamaFileType.MOSTLY_Q5_1,
-    GGMLQuantizationType.Q8_0: LlamaFileType.MOSTLY_Q8_0,
-    GGMLQuantizationType.Q2_K: LlamaFileType.MOSTLY_Q2_K,
-    GGMLQuantizationType.Q3_K: LlamaFileType.MOSTLY_Q3_K_M,
-    GGMLQuantizationType.Q4_K: LlamaFileType.MOSTLY_Q4_K_M,
-    GGMLQuantizationType.Q5_K: LlamaFileType.MOSTLY_Q5_K_M,
-    GGMLQuantizationType.Q6_K: LlamaFileType.MOSTLY_Q6_K,
-}
-
-
-def ftype_name(ftype: int) -> str:
-    """llama.cpp's name of a `general.file_type` value."""
-    guessed = bool(ftype & LlamaFileType.GUESSED)
-    base = ftype & ~LlamaFileType.GUESSED
-    try:
-        name = _FTYPE_NAMES.get(LlamaFileType(base), "unknown, may not work")
-    except ValueError:
-        name = "unknown, may not work"
-    return name + (" (guessed)" if guessed else "")
-
-
-def guess_ftype(qtypes: list[GGMLQuantizationType]) -> int:
-    if not qtypes:
-        return LlamaFileType.ALL_F32 | LlamaFileType.GUESSED
-    most = Counter(qtypes).most_common(1)[0][0]
-    return int(_GUESS.get(most, LlamaFileType.ALL_F32)) | LlamaFileType.GUESSED
-
-
-# ---------------------------------------------------------------------------------------------
-# GGUF model loading
 
 
 def _to_torch(arr: np.ndarray, qtype: GGMLQuantizationType) -> torch.Tensor:
@@ -258,14 +122,11 @@ def _common_config(md: dict[str, Any], names: dict[str, GGUFTensorInfo]) -> Mode
     )
 
 
-def print_progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
 
 def _load_gguf(path: Path, _progress=print_progress, preloaded=None) -> LoadedModel:
     t0 = time.perf_counter()
     # copy-on-write mapping: writable (no torch warning), pages shared with the page cache; or the
-    # one runtime/preload.py read while the server imported (with matrices already repacked)
+    # one runtime/launch/preload.py read while the server imported (with matrices already repacked)
     gf = preloaded.gguf if preloaded is not None else read_gguf(path, map_data=True)
     packed = preloaded.packed if preloaded is not None else {}
     names = {t.name: t for t in gf.tensors}
@@ -308,9 +169,7 @@ def _load_gguf(path: Path, _progress=print_progress, preloaded=None) -> LoadedMo
 def load_model(path: str | Path, progress=print_progress, preloaded=None) -> LoadedModel:
     """Load a GGUF file or a HF safetensors folder (config.json + *.safetensors).
     `progress(message)` receives the progress lines (default: printed to stderr). `preloaded`: the
-    `runtime.preload.Preloaded` of this GGUF file (its header and repacked matrices)."""
-    from runtime.safetensors_loader import load_safetensors
-
+    `runtime.launch.preload.Preloaded` of this GGUF file (its header and repacked matrices)."""
     p = Path(path)
     if p.is_dir():
         if not (p / "config.json").exists():

@@ -1,6 +1,6 @@
 """Model loading from a Hugging Face safetensors folder (config.json + *.safetensors shards).
 
-`load_safetensors(folder) -> LoadedModel`, called by `runtime.loader.load_model` for a folder:
+`load_safetensors(folder) -> LoadedModel`, called by `runtime.model.loader.load_model` for a folder:
 tensors renamed to their GGUF names (`hf_to_gguf_name`), matrices as float `QWeight`s, the
 config mapped onto `ModelConfig` (llama3 rope factors computed as convert_hf_to_gguf.py does).
 """
@@ -16,7 +16,7 @@ import torch
 from gguf import GGMLQuantizationType, LlamaFileType
 
 from kernels.qweight import QWeight
-from runtime.loader import LoadedModel, ModelConfig, ftype_name, guess_ftype, print_progress
+from runtime.model.config import LoadedModel, ModelConfig, ftype_name, guess_ftype, print_progress
 
 __all__ = ["load_safetensors", "hf_to_gguf_name"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from runtime.kv_cache import KVCache
-from runtime.model import Model, SeqBatch
+from runtime.model.decoder import Model, SeqBatch
 
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 

@@ -1,7 +1,7 @@
 """The built-in tiny model's vocabulary: a small byte-level BPE (ChatML special tokens, the `qwen2`
 pre-tokenizer, the Qwen2 ChatML template) trained deterministically with `tokenizers` on a corpus
 embedded here (prose, code, JSON and a word list). `builtin_vocab()` returns its `tokenizer.*`
-GGUF keys for `runtime.tiny_model.write_tiny_model(..., vocab="builtin")`.
+GGUF keys for `runtime.model.tiny_model.write_tiny_model(..., vocab="builtin")`.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 
 from gguf import GGUFValueType
 
-from runtime.gguf import KV
+from runtime.model.gguf import KV
 
 __all__ = ["builtin_vocab", "BUILTIN_SPECIAL_TOKENS", "QWEN2_CHAT_TEMPLATE"]
 

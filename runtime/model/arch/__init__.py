@@ -1,9 +1,9 @@
 """What distinguishes one decoder architecture from another in the forward, as plain data.
 
-`runtime.model.Model` runs one decoder loop for every supported architecture; an `ArchSpec`
+`runtime.model.decoder.Model` runs one decoder loop for every supported architecture; an `ArchSpec`
 says what varies: the embedding scale, the FFN activation, the extra norms, the attention scale
 and soft-caps, and per layer the sliding window and the RoPE base. The architecture modules
-(`runtime/arch/gemma.py`, `runtime/arch/qwen3moe.py`, `runtime/arch/phi3.py`) read their GGUF keys
+(`runtime/model/arch/gemma.py`, `runtime/model/arch/qwen3moe.py`, `runtime/model/arch/phi3.py`) read their GGUF keys
 into `ModelConfig` (`configure`) and derive the spec (`spec_for`); llama / mistral / qwen2 / qwen3 /
 phi3 use the default spec. `moe`: the FFN of every layer is a mixture of experts
 (`qwen3moe.MoeFFN`). `split_weights`: the loader's hook that turns an architecture's fused tensors
@@ -35,7 +35,7 @@ class ArchSpec:
     final_softcap: float = 0.0  # tanh soft-cap of the output logits (gemma2)
     windows: list[int] = field(default_factory=list)  # per layer: sliding window (0: global attention)
     rope_bases: list[float] = field(default_factory=list)  # per layer: RoPE base (empty: cfg.rope_freq_base)
-    moe: bool = False  # mixture-of-experts FFN in every layer (runtime/arch/qwen3moe.py)
+    moe: bool = False  # mixture-of-experts FFN in every layer (runtime/model/arch/qwen3moe.py)
 
     def window(self, layer: int) -> int:
         return self.windows[layer] if self.windows else 0

@@ -7,7 +7,7 @@ matmul runs once over all T rows (weights read once per step), and attention goe
 `paged_attention` with per-sequence block tables. Every op comes from the model's kernel backend
 (`kernels.Backend`, chosen from the device). What differs between architectures (embedding scale,
 GeGLU, post-norms, soft-caps, sliding windows, per-layer RoPE bases) is plain data from
-`runtime.arch.spec_for(cfg)`; a mixture-of-experts FFN (qwen3moe) is `runtime.arch.qwen3moe.MoeFFN`.
+`runtime.model.arch.spec_for(cfg)`; a mixture-of-experts FFN (qwen3moe) is `runtime.model.arch.qwen3moe.MoeFFN`.
 """
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ import torch
 
 import kernels
 from kernels.qweight import QWeight
-from runtime.arch import spec_for
-from runtime.arch.qwen3moe import MoeFFN
+from runtime.model.arch import spec_for
+from runtime.model.arch.qwen3moe import MoeFFN
 from runtime.kv_cache import KVCache, SeqKV
-from runtime.lora import RowLora
+from runtime.model.lora import RowLora
 
 
 @dataclass
@@ -41,7 +41,7 @@ class SeqBatch:
     # the others may come back as -inf. `banned` tokens are excluded from that top-k.
     topk: int = 0
     banned: tuple[int, ...] = ()
-    lora: tuple[float, ...] = ()  # this sequence's scale per loaded LoRA adapter (runtime/lora.py)
+    lora: tuple[float, ...] = ()  # this sequence's scale per loaded LoRA adapter (runtime/model/lora.py)
 
 
 @dataclass
@@ -269,7 +269,7 @@ class Model:
         self._topk_head = ops.prepare_topk_head(self.output) if tp is None else None
         self.n_vocab = self.output.rows if tp is None else tp.n_vocab
         self.n_embd = cfg.n_embd
-        self.adapters: list = []  # LoRA adapters (runtime.lora.LoraAdapter), attached at load
+        self.adapters: list = []  # LoRA adapters (runtime.model.lora.LoraAdapter), attached at load
         self.decoder = self._fused_decoder()  # the CPU's one-loop decode step, where the model qualifies
 
     def _fused_decoder(self):
@@ -388,7 +388,7 @@ class Model:
                       swa_slot_t: torch.Tensor | None = None, swa_tables: torch.Tensor | None = None) -> torch.Tensor:
         """One new token per sequence (B rows, cu = arange(B + 1)): full logits [B, V] float32,
         with no host synchronisation and no per-call Python state, so that it can be captured in
-        a CUDA graph (`runtime.cuda_graphs`). n_tokens of the sequences is not touched."""
+        a CUDA graph (`runtime.model.cuda_graphs`). n_tokens of the sequences is not touched."""
         h = self._layers(kv, ids_t, pos_t, slot_t, tables, cu, kv_lens_t, 1, None, swa_slot_t, swa_tables)
         return self._head(self.ops.rms_norm(h, self.output_norm, self.eps))
 
@@ -445,7 +445,7 @@ class Model:
             self.tp.group.send(("forward", step))  # the other ranks run the same step on their shards
         wants = [b for b in batch if b.logits]
         topk = ([b.topk for b in wants], [b.banned for b in wants]) if any(b.topk > 0 for b in wants) else None
-        lora = None  # LoRA rows (runtime/lora.py); not with -tp (bootstrap refuses the pair)
+        lora = None  # LoRA rows (runtime/model/lora.py); not with -tp (bootstrap refuses the pair)
         if self.adapters:
             lora = RowLora.build(self.adapters, [b.lora for b in batch], q_lens, self.device)
         logits, hn = self.run_step(kv, step, topk, lora)

@@ -16,7 +16,7 @@
 - `write_tiny_model(path, spec, vocab=None | path to a vocab-only GGUF | "builtin")` writes the
   file with `gguf.GGUFWriter`. With `/work/shared/vocab/ggml-vocab-qwen2.gguf` and `--type f32`
   it has exactly the lesson's 80,611,584 parameters and 322,446,336 bytes of tensor data.
-- `vocab="builtin"`: `runtime.builtin_vocab.builtin_vocab()`, a small byte-level BPE vocabulary
+- `vocab="builtin"`: `runtime.tokenizer.builtin_vocab.builtin_vocab()`, a small byte-level BPE vocabulary
   (ChatML special tokens, `qwen2` pre-tokenizer).
 - `ensure_default_model() -> Path`: the built-in model, generated once into
   `$TRITIUM_CACHE` (default `~/.cache/tritium/`).
@@ -35,8 +35,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
 from gguf import quants as gquants
 
-from runtime.builtin_vocab import builtin_vocab
-from runtime.gguf import KV, read_gguf
+from runtime.tokenizer.builtin_vocab import builtin_vocab
+from runtime.model.gguf import KV, read_gguf
 
 __all__ = [
     "TinyModelSpec", "write_tiny_model", "vocab_from_gguf", "ensure_default_model", "quantize",
@@ -391,7 +391,7 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
 
 
 def _cache_dir() -> Path:
-    from runtime.model_files import cache_root
+    from runtime.model.model_files import cache_root
     return cache_root()
 
 

@@ -181,13 +181,13 @@ def download_model(req: HfModelRequest, log=None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m runtime.hf_download user/repo[:quant] [-hff FILE]`: download (or find in the cache)
+    """`python -m runtime.launch.hf_download user/repo[:quant] [-hff FILE]`: download (or find in the cache)
     what `tritium-server -hf` would load, print its path and exit; a Kubernetes init container
     fills the cache this way (deploy/overlays/hf) so that the server starts with `--offline`."""
     import argparse
     import sys
 
-    p = argparse.ArgumentParser(prog="python -m runtime.hf_download", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m runtime.launch.hf_download", description=main.__doc__)
     p.add_argument("repo", metavar="<user>/<model>[:quant]")
     p.add_argument("-hff", "--hf-file", default=None)
     p.add_argument("-hft", "--hf-token", default=None)
