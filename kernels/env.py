@@ -5,7 +5,7 @@
 | `TRITIUM_NO_CPU_KERNELS` | `kernels.cpu.native` | set (non-empty): never build or load the C kernels; the CPU backend uses its torch/BLAS paths |
 | `CC` | `kernels.cpu.native` | the C compiler (default: `gcc`, else `cc`, from PATH) |
 | `TRITIUM_CACHE` | `kernels.cpu.native` | where compiled kernels are kept (default `~/.cache/tritium`) |
-| `TRITIUM_CPU_ISA` | `kernels.cpu.qdot` | force the integer-dot kernels' build: avx512vnni, avxvnni, avx2, vnni-emu (VNNI code paths emulated on AVX2, tests) or scalar (default: the best this CPU runs) |
+| `TRITIUM_CPU_ISA` | `kernels.cpu.isa` | force a level of the one ISA ladder of the C kernels (the float kernels' and qdot's builds): avx512vnni, avx512, avxvnni, avx2, vnni-emu (qdot's VNNI code paths emulated on AVX2, tests) or scalar (default: the best this CPU runs) |
 | `TRITIUM_FAST_NUMERICS` | `kernels.cpu.qdot`, `kernels.cpu.attention` | set (non-empty): the CPU kernels keep their own float order (faster on the quantized matmuls) instead of llama.cpp's, bit for bit (kernels/README.md, "Numerics") |
 | `TRITON_INTERPRET` | `kernels.triton` | Triton's interpreter is on (CPU tensors); read by triton itself at import too |
 

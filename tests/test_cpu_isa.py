@@ -13,8 +13,8 @@ from kernels.cpu import gemv as cpu_gemv
 from kernels.cpu import native
 from tests.kernel_oracles import attention_oracle, make_paged_case
 
-# TRITIUM_CPU_ISA value (kernels/cpu/qdot.py's names) -> the build it selects
-FORCE = {"avx512vnni": "avx512", "avx2": "avx2", "scalar": "scalar"}
+# TRITIUM_CPU_ISA value (a level of kernels/cpu/isa.py's ladder) -> the float kernels' build it selects
+FORCE = {"avx512": "avx512", "avx2": "avx2", "scalar": "scalar"}
 needs_cc = pytest.mark.skipif(native.env.c_compiler() is None, reason="no C compiler on this machine")
 
 
@@ -37,6 +37,33 @@ def test_unknown_isa_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("TRITIUM_CPU_ISA", "avx9000")
     with pytest.raises(ValueError, match="TRITIUM_CPU_ISA='avx9000'"):
         native.lib()
+    from kernels.cpu import qdot_lib
+    with pytest.raises(ValueError, match="TRITIUM_CPU_ISA='avx9000'"):
+        qdot_lib.current_isa()
+
+
+def test_one_ladder_for_every_library(monkeypatch):
+    """kernels/cpu/isa.py decides the level once; the float kernels and qdot both take their build of
+    it: the default (the best level this CPU runs, never vnni-emu) and every forced one; a level this
+    CPU cannot run is refused by both."""
+    from kernels.cpu import isa as ladder
+    from kernels.cpu import qdot_lib
+
+    monkeypatch.delenv("TRITIUM_CPU_ISA", raising=False)
+    best = next(lv for lv in ladder.LADDER if lv.default and ladder.runs(lv.cpu_flags))
+    assert ladder.level() == best
+    assert (native.float_isa(), qdot_lib.current_isa()) == (best.float, best.qdot)
+    assert native.float_isa() == native.supported_isas()[0]
+    assert qdot_lib.current_isa() == next(b for b in qdot_lib.supported_isas() if b != "vnni-emu")
+    for lv in ladder.LADDER:
+        monkeypatch.setenv("TRITIUM_CPU_ISA", lv.name)
+        if ladder.runs(lv.cpu_flags):
+            assert (native.float_isa(), qdot_lib.current_isa()) == (lv.float, lv.qdot)
+            assert lv.float in native.supported_isas() and lv.qdot in qdot_lib.supported_isas()
+        else:
+            for pick in (native.float_isa, qdot_lib.current_isa):
+                with pytest.raises(ValueError, match="cannot run"):
+                    pick()
 
 
 def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:

@@ -16,9 +16,9 @@ the cache key hashes them together with what the compiler reports for those flag
 `KERNELS` is the library the CPU kernel families live in (gemv.c, qgemv.c, attention.c, pointwise.c;
 pool.c), built
 once per instruction set (`kernels_library(isa)`: "avx512", "avx2" (+ FMA, F16C) or "scalar", the
-portable C); `lib()` is the handle of `float_isa()`'s build, or None. `float_isa()`: the best this
-CPU runs, or the one `TRITIUM_CPU_ISA` forces (the variable kernels/cpu/qdot.py reads, same values:
-avx512vnni -> avx512; avxvnni, avx2, vnni-emu -> avx2; scalar -> scalar).
+portable C); `lib()` is the handle of `float_isa()`'s build, or None. `float_isa()`: the float
+kernels' build of the one ISA ladder of the C kernels (`kernels.cpu.isa.level()`: the best this CPU
+runs, or the level `TRITIUM_CPU_ISA` forces; qdot takes its build from the same level).
 A new family adds its sources and signatures there, or makes a `Library`
 of its own (e.g. one per instruction-set variant, with its `opt_flags` and `defines`) and calls
 `load`, or `build` to compile one without loading it.
@@ -30,7 +30,6 @@ import functools
 import hashlib
 import logging
 import os
-import platform
 import subprocess
 import tempfile
 import threading
@@ -38,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import env
+from . import isa
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
@@ -159,34 +159,19 @@ KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "fattn.c",
 })
 
 
-# Builds of KERNELS per instruction set: flags, and the /proc/cpuinfo flags the CPU needs to run it.
+# Builds of KERNELS per instruction set (the /proc/cpuinfo flags each needs: isa.FLOAT_CPU_FLAGS)
 ISA_OPT_FLAGS = {
     "avx512": ("-O3", "-mtune=native", "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"),
     "avx2": ("-O3", "-mtune=native", "-mavx2", "-mfma", "-mf16c"),
     "scalar": ("-O3",),
 }
-_ISA_CPU_FLAGS = {"avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"},
-                  "avx2": {"avx2", "fma", "f16c"}, "scalar": set()}
-# TRITIUM_CPU_ISA (kernels/cpu/qdot.py's names) -> the float kernels' build
-_FROM_ENV = {"avx512vnni": "avx512", "avxvnni": "avx2", "avx2": "avx2", "vnni-emu": "avx2", "scalar": "scalar"}
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as /proc/cpuinfo lists them (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((frozenset(ln.split(":", 1)[1].split()) for ln in f if ln.startswith("flags")), frozenset())
-    except OSError:
-        return frozenset()
+cpu_flags = isa.cpu_flags
 
 
 @functools.cache
 def supported_isas() -> tuple[str, ...]:
     """The builds of KERNELS this CPU runs, best first."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return ("scalar",)
-    return tuple(isa for isa in ISA_OPT_FLAGS if _ISA_CPU_FLAGS[isa] <= cpu_flags())
+    return tuple(b for b in ISA_OPT_FLAGS if isa.runs(isa.FLOAT_CPU_FLAGS[b]))
 
 
 def ggml_vector_order() -> str | None:
@@ -200,28 +185,20 @@ def ggml_vector_order() -> str | None:
 
 
 def float_isa() -> str:
-    """The build of KERNELS to use: forced by TRITIUM_CPU_ISA, else the best this CPU runs. A
-    forced build the CPU cannot run is an error (it would die on an illegal instruction)."""
-    forced = os.environ.get("TRITIUM_CPU_ISA", "").strip().lower()
-    if not forced:
-        return supported_isas()[0]
-    if forced not in _FROM_ENV:
-        raise ValueError(f"TRITIUM_CPU_ISA={forced!r}: expected one of {sorted(_FROM_ENV)}")
-    isa = _FROM_ENV[forced]
-    if isa not in supported_isas():
-        raise ValueError(f"TRITIUM_CPU_ISA={forced!r}: this CPU cannot run the {isa} kernels "
-                         f"(it runs {', '.join(supported_isas())})")
-    return isa
+    """The build of KERNELS to use: that of `isa.level()` (TRITIUM_CPU_ISA, else the best this CPU
+    runs; a forced level the CPU cannot run is a ValueError)."""
+    return isa.float_build()
 
 
-def kernels_library(isa: str) -> Library:
-    """KERNELS built for `isa` (a key of ISA_OPT_FLAGS)."""
-    return replace(KERNELS, name=f"cpu_kernels-{isa}", opt_flags=ISA_OPT_FLAGS[isa], flags=("-Wno-psabi",))
+def kernels_library(build_isa: str) -> Library:
+    """KERNELS built for `build_isa` (a key of ISA_OPT_FLAGS)."""
+    return replace(KERNELS, name=f"cpu_kernels-{build_isa}", opt_flags=ISA_OPT_FLAGS[build_isa],
+                   flags=("-Wno-psabi",))
 
 
 @functools.cache
-def _lib_for(isa: str) -> ctypes.CDLL | None:
-    return load(kernels_library(isa))
+def _lib_for(build_isa: str) -> ctypes.CDLL | None:
+    return load(kernels_library(build_isa))
 
 
 def lib() -> ctypes.CDLL | None:

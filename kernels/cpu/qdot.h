@@ -58,6 +58,11 @@ static inline __m256i qd_dpbusd_emu(__m256i acc, __m256i u, __m256i s) {
 }
 #define QD_DPBUSD(acc, u, s) qd_dpbusd_emu((acc), (u), (s))
 #endif
+/* AVX-512 VNNI builds run prefill's panels in pairs, 16 weight rows per 512-bit vector
+   (qdot_mk_avx512.c) */
+#if defined(QD_VNNI) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define QD_ZMM 1
+#endif
 
 /* GGML type ids */
 enum { QD_Q4_0 = 2, QD_Q4_1 = 3, QD_Q5_0 = 6, QD_Q5_1 = 7, QD_Q8_0 = 8,
@@ -163,8 +168,8 @@ typedef struct {
        of the 8 32-column sub-blocks split as 128 * hi + lo (lo 0..127): lo[8] then hi[8] */
     const int32_t *boff;
     const int8_t *bm;
-    int exact;  /* Q5_0 / Q8_0 / Q4_K / Q6_K in llama.cpp's float order (qdot_exact.c): 1, or 2 with
-                   its portable reference kernels (tests) */
+    int exact;  /* the numerics (QD_NUM_*): 0 qdot's own float order, 1 llama.cpp's where qdot_exact.c
+                   has it, 2 the same through its portable reference kernels (tests) */
     const int32_t *n16;  /* exact, 32-block types: int32 [M][K / 4], -16 x the sum of each 4 activation codes */
     const int32_t *n128; /* the same x 8 (Q8_0's +128 bias on VNNI) */
 } qd_acts;
@@ -188,13 +193,96 @@ long qd_take_back(qd_range *r);                     /* one panel, or -1 */
 const uint8_t *qd_decode_panel(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s);
 const uint8_t *qd_decode_panel_scalar(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s);
 
-/* qdot_exact.c: whether a panel of `type` goes through its kernel in llama.cpp's float order (a->exact
-   set, the type covered, and no integer-dot kernel with that order already), and that kernel for one
-   panel and MR activation rows from m0 (out [MR][8]); ref: its portable C. */
-int qd_exact_route(const qd_acts *a, int type);
+/* ---- which kernel computes a panel (qdot_route.c; the table in kernels/README.md) ------------
+   qd_route(type, rows, numerics, isa): the kernel (QD_KN_*) that computes the panels of a matmul of
+   `rows` activation rows of a weight of GGML `type`, in `numerics`, in a build of `isa`, or'ed with
+   QD_ROUTE_FUSED when the panels are read in place (run_fused) rather than decoded into scratch
+   (run_jobs); -1 for arguments out of range. A pair kernel's odd last panel of a work item runs
+   qd_route(type, rows, numerics, QD_ISA_VNNI). The drivers (qdot_gemm.c) ask it for every call. */
+enum { QD_NUM_OWN = 0, QD_NUM_GGML = 1, QD_NUM_GGML_REF = 2 };
+/* levels of the ladder (kernels/cpu/isa.py): portable C, AVX2, 256-bit VNNI (AVX-VNNI or emulated),
+   AVX-512 VNNI */
+enum { QD_ISA_SCALAR = 0, QD_ISA_AVX2 = 1, QD_ISA_VNNI = 2, QD_ISA_AVX512VNNI = 3 };
+#if defined(QD_ZMM)
+#define QD_BUILD_ISA QD_ISA_AVX512VNNI
+#elif defined(QD_VNNI)
+#define QD_BUILD_ISA QD_ISA_VNNI
+#elif defined(QD_AVX2)
+#define QD_BUILD_ISA QD_ISA_AVX2
+#else
+#define QD_BUILD_ISA QD_ISA_SCALAR
+#endif
+enum {
+    QD_KN_PANEL,          /* qdot_portable.c run_panel: the portable build's own order */
+    QD_KN_MK_A,           /* qdot_mk_avx2.c mk_a: 32-block types, 8 rows in 256-bit lanes */
+    QD_KN_MK_K,           /* qdot_mk_avx2.c mk_k: K-quants */
+    QD_KN_Z_MK_A,         /* qdot_mk_avx512.c z_mk_a: two panels per 512-bit vector */
+    QD_KN_Z_MK_K,         /* qdot_mk_avx512.c z_mk_k */
+    QD_KN_MK_K_TILED,     /* qdot_exact.c: mk_k with llama.cpp's tiled K-quant epilogue (Q3_K, Q6_K) */
+    QD_KN_Z_MK_K_TILED,   /* qdot_exact.c: z_mk_k with it */
+    QD_KN_Z_MK_Q4K_EXACT, /* qdot_exact.c z_mk_q4k_exact: Q4_K's gemm/gemv order in pairs */
+    QD_KN_SIMD_32,        /* qdot_exact.c simd_32: Q5_0 / Q8_0 in llama.cpp's lanes */
+    QD_KN_SIMD_Q6_K,      /* qdot_exact.c simd_q6_K */
+    QD_KN_SIMD_Q4_K,      /* qdot_exact.c simd_q4_K */
+    QD_KN_REF_32,         /* qdot_exact.c ref_32: the portable reference of simd_32 */
+    QD_KN_REF_Q6_K,       /* qdot_exact.c ref_q6_K */
+    QD_KN_REF_Q4_K,       /* qdot_exact.c ref_q4_K */
+    QD_KN_REF_K_TILED,    /* qdot_exact.c ref_k_tiled: the tiled K-quant order, portable */
+    QD_KN_COUNT
+};
+#define QD_ROUTE_FUSED 0x100
+#define QD_ROUTE_KERNEL(r) ((r) & 0xFF)
+int qd_route(int type, int rows, int numerics, int isa);
+const char *qd_kernel_name(int kernel);  /* "mk_k", ... (NULL out of range) */
+const char *qd_kernel_file(int kernel);  /* "qdot_mk_avx2.c", ... */
+int qd_kernel_pair(int kernel);           /* qd_kernel_is_pair, exported */
+static inline int qd_kernel_is_pair(int k) {
+    return k == QD_KN_Z_MK_A || k == QD_KN_Z_MK_K || k == QD_KN_Z_MK_K_TILED || k == QD_KN_Z_MK_Q4K_EXACT;
+}
+/* in qdot's own float order (qdot_mk_avx2.c, qdot_mk_avx512.c, qdot_portable.c), else qdot_exact.c */
+static inline int qd_kernel_is_own(int k) {
+    return k == QD_KN_PANEL || k == QD_KN_MK_A || k == QD_KN_MK_K || k == QD_KN_Z_MK_A || k == QD_KN_Z_MK_K;
+}
+/* reads the panel decoded into scratch even where the driver could read it in place */
+static inline int qd_kernel_reads_scratch(int k) { return k == QD_KN_PANEL || k >= QD_KN_REF_32; }
+
+/* Up to QD_FUSED_MAX rows (AVX2 builds): the codes decoded in registers from the panels
+   (run_fused), MRMAX rows per micro-kernel call. */
+#ifndef QD_FUSED_MAX
+#define QD_FUSED_MAX 8
+#endif
+#define MRMAX 4
+/* Small batches of the K-quants on VNNI read the scale fields straight from the panel (each block's
+   just before its codes) instead of a decoded copy in scratch: no round trip through memory.
+   1: Q6_K (one vpmovsxbd per sub-block; each sub-block's int32 sum starts at -32 * its activation
+   sum, so no mins pass); 2: Q4_K / Q5_K (the 6-bit fields unpacked in registers; the mins by four
+   vpdpbusd against the sub-block sums split into bytes). The same integers as the scratch path:
+   the same bits. */
+#if defined(QD_VNNI)
+#define QD_INLINE_SCALES(type, fused) \
+    ((fused) ? (type) == QD_Q6_K ? 1 : ((type) == QD_Q4_K || (type) == QD_Q5_K) ? 2 : 0 : 0)
+#else
+#define QD_INLINE_SCALES(type, fused) 0
+#endif
+
+/* The kernels of one panel (8 weight rows) for MR <= MRMAX activation rows from m0 -> out [MR][8].
+   fused: the codes read from the panel itself (`codes` = its first block's, the blocks `stride`
+   bytes apart; `scl` its scale fields, read in place where QD_INLINE_SCALES), else from the
+   decoded scratch `s`. qd_mk_panel: qdot's own order (qdot_mk_avx2.c, or qdot_portable.c in the
+   portable build); qd_exact_panel: the kernel `kernel` of qdot_exact.c. */
+void qd_mk_panel(int type, int fused, int MR, const uint8_t *codes, int stride, const uint8_t *scl,
+                 const qd_scratch *s, int nb, const qd_acts *a, int m0, float *out);
+void qd_exact_panel(int kernel, int type, int fused, int MR, const uint8_t *codes, int stride, const uint8_t *scl,
+                    const qd_scratch *s, int nb, const qd_acts *a, int m0, float *out);
+/* A pair of panels (AVX-512 VNNI builds): their decoded codes interleaved by qd_interleave
+   ([K / 4][64]), scratch sA / sB -> out [MR][16]; qd_mk_pair in qdot_mk_avx512.c, qd_exact_pair
+   (the kernel `kernel`) in qdot_exact.c. */
+void qd_interleave(const uint8_t *A, const uint8_t *B, int K, uint8_t *dst);
+void qd_mk_pair(int type, int MR, const uint8_t *c2, const qd_scratch *sA, const qd_scratch *sB, int nb,
+                const qd_acts *a, int m0, float *out);
+void qd_exact_pair(int kernel, int type, int MR, const uint8_t *c2, const qd_scratch *sA, const qd_scratch *sB,
+                   int nb, const qd_acts *a, int m0, float *out);
 void qd_exact_sums(const int8_t *xq, int K, int32_t *n16, int32_t *n128);  /* one row's n16, n128 (qd_acts) */
-void qd_exact_panel(int type, int fused, const uint8_t *codes, int stride, const qd_scratch *s, int nb,
-                    const qd_acts *a, int m0, int MR, float *out, int ref);
 /* qdot_quant.c: one activation row */
 void qd_quant_row_q8_0(const float *x, int K, int8_t *q, float *d, int32_t *s);
 void qd_quant_row_q8_K(const float *x, int K, int8_t *q, float *d, int16_t *bs);

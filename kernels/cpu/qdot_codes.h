@@ -1,6 +1,7 @@
 /* The code vectors of qdot's x8 panels (qdot.h), decoded in registers (AVX2): shared by the
-   integer-dot kernels (qdot_gemm.c), the kernels in llama.cpp's float order (qdot_exact.c) and
-   the panel decoder (qdot_panel.c). */
+   integer-dot micro-kernels (qdot_mk_avx2.h, qdot_mk_avx512.h), the kernels in llama.cpp's float
+   order (qdot_exact.c) and the panel decoder (qdot_panel.c); and the micro-kernels' parameters per
+   type (QD_TYPE_TABLE). */
 #ifndef QDOT_CODES_H
 #define QDOT_CODES_H
 #include "qdot.h"
@@ -56,6 +57,17 @@ ALWAYS __m256i wv(const int type, const int fused, const uint8_t *codes, int str
     if (fused) return ldv(codes + (size_t)b * stride + 32 * k);  /* Q8_0 */
     return ldv(codes + (size_t)b * bs * 8 + 32 * k);
 }
+
+/* Every type's micro-kernel parameters, once for every instantiation (qd_mk_panel, qd_mk_pair,
+   qd_exact_panel, qd_exact_pair): 32-blocks A(type, chunk, off, has_m), K-quants K(type, nsub,
+   chunk, fold) (see mk_a / mk_k, qdot_mk_avx2.h). */
+#define QD_TYPE_TABLE(A, K) \
+    A(QD_Q4_0, 8, 8, 0) A(QD_Q4_1, 8, 0, 1) A(QD_Q5_0, 4, 16, 0) A(QD_Q5_1, 4, 0, 1) A(QD_Q8_0, 1, 0, 0) \
+    K(QD_Q2_K, 16, 4, 0) K(QD_Q3_K, 16, 4, 1) K(QD_Q4_K, 8, 8, 0) K(QD_Q5_K, 8, 4, 0) K(QD_Q6_K, 16, 2, 1)
+
+/* F(n, ...) with the row count n = MR as a constant (1..4) */
+#define MR_SWITCH(F, ...) switch (MR) { case 1: F(1, __VA_ARGS__); break; case 2: F(2, __VA_ARGS__); break; \
+                                        case 3: F(3, __VA_ARGS__); break; default: F(4, __VA_ARGS__); }
 
 #endif  /* QD_AVX2 */
 #endif  /* QDOT_CODES_H */

@@ -15,16 +15,28 @@
    minus 32 * (scale_2l bsum_2l + scale_2l+1 bsum_2l+1) (the codes' -32 offset, lane by lane);
    acc_l = fma(d_x * d_w, float(lane), acc_l).
 
+   Q6_K and Q3_K from 8 rows (ggml's tiled K-quant matmul): one integer per output and 256-block,
+   acc = fma(float(isum) * d_w, d_x, acc): the integer-dot micro-kernels' sums (qdot_mk_avx2.h,
+   qdot_mk_avx512.h, instantiated here with this epilogue, QD_TILED_K), or ref_k_tiled.
+
    Q4_K (repacked to q4_K_8x8, ggml_gemv / ggml_gemm_q4_K_8x8_q8_K): one float lane per output;
    the integer sum of scale * dot and of min * bsum over a 256-block (gemv: rows of the batch past
    the last multiple of 4) or over each 64-column half-pair of sub-blocks (gemm: the first
    M - M % 4 rows), acc = fma(float(isum), d_w * d_x, acc), accm likewise with dmin; out =
-   acc - accm.
+   acc - accm. In AVX-512 VNNI prefill the same on pairs of panels (z_mk_q4k_exact).
 
    The portable C below is the reference of these orders (every float operation a single IEEE
-   operation; the build has -ffp-contract=off), on the panels decoded into scratch (qdot_panel.c). */
+   operation; the build has -ffp-contract=off), on the panels decoded into scratch (qdot_panel.c).
+   Which of these kernels runs where: qd_route (qdot_route.c), the table in kernels/README.md. */
 #include "qdot.h"
 #include "qdot_codes.h"
+
+/* llama.cpp's tiled K-quant epilogue of one block and row: acc = fma(float(isum) * d_w, d_x, acc)
+   (isum: the block's integer sum, the mins subtracted), in the micro-kernel templates below */
+#define QD_TILED_K(accf, isum, dw, xdv) _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), (dw)), (xdv), (accf))
+#define QD_Z_TILED_K(accf, isum, dw, xdv) _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(isum), (dw)), (xdv), (accf))
+#include "qdot_mk_avx2.h"
+#include "qdot_mk_avx512.h"
 
 static inline float hsum8(const float *l) {
     return ((l[4] + l[0]) + (l[6] + l[2])) + ((l[5] + l[1]) + (l[7] + l[3]));
@@ -64,31 +76,39 @@ static void ref_32(int type, const uint8_t *codes, const qd_scratch *s, int nb, 
     }
 }
 
+/* Q6_K / Q3_K from 8 rows, ggml's tiled K-quant matmul: per 256-block one integer (the mins, or
+   the codes' offset, through the mn pairs, qdot_panel.c), acc = fma(float(isum) * d_w, d_x, acc) */
+static void ref_k_tiled(int type, const uint8_t *codes, const qd_scratch *s, int nb, const qd_acts *a, int m0, int MR,
+                        float *out) {
+    const int K = a->K, nsub = qd_type_info(type)->nsub, kgs = 64 / nsub;
+    for (int m = 0; m < MR; ++m) {
+        const int8_t *x = a->xq + (size_t)(m0 + m) * K;
+        const int16_t *bs = a->bsum + (size_t)(m0 + m) * (K / 16);
+        for (int r = 0; r < 8; ++r) {
+            float acc = 0.0f;
+            for (int b = 0; b < nb; ++b) {
+                int isum = 0, mins = 0;
+                for (int j = 0; j < nsub; ++j) {
+                    int sub = 0;
+                    for (int k = j * kgs; k < (j + 1) * kgs; ++k)
+                        sub += kg_dot(codes, (size_t)b * 64 + k, r, x + 256 * b + 4 * k, 0);
+                    isum += scale_at(s->sc + ((size_t)b * nsub + j) * 8 + r) * sub;
+                }
+                for (int i = 0; i < 8; ++i) {
+                    const int32_t p = s->mn[(size_t)b * 64 + 8 * i + r];
+                    mins += (int16_t)(p & 0xFFFF) * bs[16 * b + 2 * i] + (int16_t)((uint32_t)p >> 16) * bs[16 * b + 2 * i + 1];
+                }
+                const float t = (float)(isum - mins) * s->d[8 * b + r];
+                acc = fmaf(t, a->xd[(size_t)(m0 + m) * nb + b], acc);  /* contracted by b1's build */
+            }
+            out[8 * m + r] = acc;
+        }
+    }
+}
+
+/* Q6_K under 8 rows (ggml_vec_dot_q6_K_q8_K) */
 static void ref_q6_K(const uint8_t *codes, const qd_scratch *s, int nb, const qd_acts *a, int m0, int MR, float *out) {
     const int K = a->K;
-    if (a->M >= 8) {  /* ggml's tiled K-quant matmul: per 256-block, acc = fma(float(isum) * d_w, d_x, acc) */
-        for (int m = 0; m < MR; ++m) {
-            const int8_t *x = a->xq + (size_t)(m0 + m) * K;
-            const int16_t *bs = a->bsum + (size_t)(m0 + m) * (K / 16);
-            for (int r = 0; r < 8; ++r) {
-                float acc = 0.0f;
-                for (int b = 0; b < nb; ++b) {
-                    const int32_t *sc = s->sc + (size_t)b * 16 * 8;
-                    int isum = 0;
-                    for (int j = 0; j < 16; ++j) {
-                        int raw = 0;
-                        for (int k = 4 * j; k < 4 * j + 4; ++k)
-                            raw += kg_dot(codes, (size_t)b * 64 + k, r, x + 256 * b + 4 * k, 0);
-                        isum += scale_at(sc + j * 8 + r) * (raw - 32 * bs[16 * b + j]);
-                    }
-                    const float t = (float)isum * s->d[8 * b + r];
-                    acc = fmaf(t, a->xd[(size_t)(m0 + m) * nb + b], acc);  /* contracted by b1's build */
-                }
-                out[8 * m + r] = acc;
-            }
-        }
-        return;
-    }
     for (int m = 0; m < MR; ++m) {
         const int8_t *x = a->xq + (size_t)(m0 + m) * K;
         const int16_t *bs = a->bsum + (size_t)(m0 + m) * (K / 16);
@@ -321,26 +341,107 @@ void qd_exact_sums(const int8_t *xq, int K, int32_t *n16, int32_t *n128) {
     }
 }
 
-int qd_exact_route(const qd_acts *a, int type) {
-    if (!a->exact || !(type == QD_Q5_0 || type == QD_Q8_0 || type == QD_Q6_K || type == QD_Q4_K)) return 0;
-    return !(type == QD_Q6_K && a->M >= 8 && a->exact == 1);  /* mk_k / z_mk_k / run_panel have its tiled epilogue */
+#if defined(QD_AVX2)
+/* Q3_K / Q6_K from 8 rows: mk_k (qdot_mk_avx2.h) with the tiled epilogue; only the fold types */
+static void tiled_panel(int type, int fused, int MR, const uint8_t *c, int stride, const uint8_t *scl,
+                        const qd_scratch *s, int nb, const qd_acts *a, int m0, float *out) {
+#define MKKT(n, T, f, nsub, chunk) mk_k(T, f, n, nsub, chunk, 1, 1, c, stride, scl, s, nb, a, m0, out)
+#define A_CASE(T, chunk, off, hm)
+#define K_CASE(T, nsub, chunk, fold) K_CASE_##fold(T, nsub, chunk)
+#define K_CASE_0(T, nsub, chunk)
+#define K_CASE_1(T, nsub, chunk) \
+    case T: if (fused) MR_SWITCH(MKKT, T, 1, nsub, chunk) else MR_SWITCH(MKKT, T, 0, nsub, chunk) break;
+    switch (type) { QD_TYPE_TABLE(A_CASE, K_CASE) }
+#undef MKKT
+#undef K_CASE_1
+}
+#endif
+
+#if defined(QD_ZMM)
+/* Q4_K in llama.cpp's float order (q4_K_8x8 gemm for the first M - M % 4 rows, a float step per 64
+   columns, gemv for the others, per 256; the mins in their own accumulator): the integers of
+   z_mk_k (qdot_mk_avx512.h), its float epilogue per row. out [MR][16]. */
+ALWAYS void z_mk_q4k_exact(const int MR, const uint8_t *c2, const qd_scratch *sA, const qd_scratch *sB, int nb,
+                           const qd_acts *a, int m0, float *out) {
+    __m512 accf[MRMAX], accm[MRMAX];
+    const size_t K = (size_t)a->K, K16 = K / 16;
+    const int8_t *const xq0 = a->xq + (size_t)m0 * K;
+    const int16_t *const bs0 = a->bsum + (size_t)m0 * K16;
+    const int gemm_rows = a->M - a->M % 4;
+    #pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) accf[m] = accm[m] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+        const __m512 dw = z_ld2f(sA->d + 8 * b, sB->d + 8 * b), dmw = z_ld2f(sA->dm + 8 * b, sB->dm + 8 * b);
+        __m512i acc[MRMAX], mins[MRMAX];
+        #pragma GCC unroll 4
+        for (int m = 0; m < MR; ++m) acc[m] = mins[m] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; ++j) {
+            __m512i t[MRMAX];
+            #pragma GCC unroll 4
+            for (int m = 0; m < MR; ++m) t[m] = _mm512_setzero_si512();
+            #pragma GCC unroll 8
+            for (int kg = 0; kg < 8; ++kg) {
+                const int k = j * 8 + kg;
+                const __m512i w = _mm512_loadu_si512((const void *)(c2 + ((size_t)b * 2048 + 32 * k) * 2));
+                #pragma GCC unroll 4
+                for (int m = 0; m < MR; ++m) t[m] = _mm512_dpbusd_epi32(t[m], w, z_bcast4(xq0 + m * K + 256 * b + 4 * k));
+            }
+            const __m512i scv = z_ld2i(sA->sc + (size_t)b * 64 + 8 * j, sB->sc + (size_t)b * 64 + 8 * j);
+            const __m512i mnv = z_ld2i(sA->mn + (size_t)b * 64 + 8 * j, sB->mn + (size_t)b * 64 + 8 * j);
+            #pragma GCC unroll 4
+            for (int m = 0; m < MR; ++m) {
+                int32_t q; memcpy(&q, bs0 + m * K16 + 16 * b + 2 * j, 4);
+                acc[m] = _mm512_add_epi32(acc[m], _mm512_mullo_epi32(t[m], scv));
+                mins[m] = _mm512_add_epi32(mins[m], _mm512_madd_epi16(mnv, _mm512_set1_epi32(q)));
+            }
+            #pragma GCC unroll 4
+            for (int m = 0; m < MR; ++m)
+                if ((j & 1 && m0 + m < gemm_rows) || j == 7) {  /* gemm: every 2 sub-blocks; gemv: the block */
+                    const __m512 xdv = _mm512_set1_ps(a->xd[(size_t)(m0 + m) * nb + b]);
+                    accf[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), _mm512_mul_ps(dw, xdv), accf[m]);
+                    accm[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mins[m]), _mm512_mul_ps(dmw, xdv), accm[m]);
+                    acc[m] = mins[m] = _mm512_setzero_si512();
+                }
+        }
+    }
+    #pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + 16 * m, _mm512_sub_ps(accf[m], accm[m]));
 }
 
-/* One panel (8 weight rows) for MR activation rows from m0: out [MR][8]. fused: the codes read
-   from the panel (codes = its first block's, blocks `stride` bytes apart; scales decoded into s),
-   else from the decoded scratch. ref: the portable C (decoded scratch only). */
-void qd_exact_panel(int type, int fused, const uint8_t *codes, int stride, const qd_scratch *s, int nb,
-                    const qd_acts *a, int m0, int MR, float *out, int ref) {
-#if defined(QD_AVX2)
-    if (!ref) {
-        simd_panel(type, fused, codes, stride, s, nb, a, m0, MR, out);
+void qd_exact_pair(int kernel, int type, int MR, const uint8_t *c2, const qd_scratch *sA, const qd_scratch *sB,
+                   int nb, const qd_acts *a, int m0, float *out) {
+#define Q4KX(n, unused) z_mk_q4k_exact(n, c2, sA, sB, nb, a, m0, out)
+#define ZMKKT(n, nsub) z_mk_k(n, nsub, 1, 1, c2, sA, sB, nb, a, m0, out)
+#define K_CASE_1(T, nsub, chunk) case T: MR_SWITCH(ZMKKT, nsub) break;
+    if (kernel == QD_KN_Z_MK_Q4K_EXACT) {
+        MR_SWITCH(Q4KX, 0)
         return;
     }
+    switch (type) { QD_TYPE_TABLE(A_CASE, K_CASE) }  /* QD_KN_Z_MK_K_TILED */
+#undef Q4KX
+#undef ZMKKT
+#undef K_CASE_1
+}
+#endif  /* QD_ZMM */
+#undef A_CASE
+#undef K_CASE
+#undef K_CASE_0
+
+/* One panel (8 weight rows) through `kernel` for MR activation rows from m0: out [MR][8] (qdot.h).
+   The reference kernels read the decoded scratch only. */
+void qd_exact_panel(int kernel, int type, int fused, int MR, const uint8_t *codes, int stride, const uint8_t *scl,
+                    const qd_scratch *s, int nb, const qd_acts *a, int m0, float *out) {
+    (void)fused; (void)stride; (void)scl;
+    switch (kernel) {
+#if defined(QD_AVX2)
+    case QD_KN_MK_K_TILED: tiled_panel(type, fused, MR, codes, stride, scl, s, nb, a, m0, out); break;
+    case QD_KN_SIMD_32: case QD_KN_SIMD_Q6_K: case QD_KN_SIMD_Q4_K:
+        simd_panel(type, fused, codes, stride, s, nb, a, m0, MR, out);
+        break;
 #endif
-    (void)fused; (void)stride;
-    switch (type) {
-    case QD_Q6_K: ref_q6_K(codes, s, nb, a, m0, MR, out); break;
-    case QD_Q4_K: ref_q4_K(codes, s, nb, a, m0, MR, out); break;
-    default: ref_32(type, codes, s, nb, a, m0, MR, out); break;
+    case QD_KN_REF_K_TILED: ref_k_tiled(type, codes, s, nb, a, m0, MR, out); break;
+    case QD_KN_REF_Q6_K: ref_q6_K(codes, s, nb, a, m0, MR, out); break;
+    case QD_KN_REF_Q4_K: ref_q4_K(codes, s, nb, a, m0, MR, out); break;
+    default: ref_32(type, codes, s, nb, a, m0, MR, out); break;  /* QD_KN_REF_32 */
     }
 }

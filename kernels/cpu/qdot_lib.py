@@ -8,12 +8,13 @@ import functools
 import logging
 import platform
 
-from .. import env
 from . import native
+from .isa import QDOT_CPU_FLAGS, qdot_build, runs
 
 log = logging.getLogger("kernels.cpu.qdot")
 
-_SOURCES = ("qdot_repack.c", "qdot_panel.c", "qdot_quant.c", "qdot_sched.c", "qdot_gemm.c", "qdot_exact.c")
+_SOURCES = ("qdot_repack.c", "qdot_panel.c", "qdot_quant.c", "qdot_sched.c", "qdot_route.c", "qdot_gemm.c",
+            "qdot_mk_avx2.c", "qdot_mk_avx512.c", "qdot_portable.c", "qdot_exact.c")
 
 _AVX2 = ("-mavx2", "-mfma", "-mf16c", "-mbmi2")
 ISA_FLAGS: dict[str, tuple[str, ...]] = {
@@ -24,14 +25,6 @@ ISA_FLAGS: dict[str, tuple[str, ...]] = {
     "scalar": (),
 }
 _ISA_DEFINES = {"vnni-emu": (("QDOT_EMULATE_VNNI", "1"),)}
-# /proc/cpuinfo flags each ISA needs
-_ISA_CPU_FLAGS = {
-    "avx512vnni": {"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"},
-    "avxvnni": {"avx2", "fma", "f16c", "bmi2", "avx_vnni"},
-    "avx2": {"avx2", "fma", "f16c", "bmi2"},
-    "vnni-emu": {"avx2", "fma", "f16c", "bmi2"},
-    "scalar": set(),
-}
 
 # GGML type id -> (block size, type size, activation kind)
 TYPES = {
@@ -43,27 +36,16 @@ _CODES_SCALES = {2: (128, 16), 3: (128, 32), 6: (160, 16), 7: (160, 32), 8: (256
                  11: (768, 112), 12: (1024, 128), 13: (1280, 128), 14: (1536, 144)}
 
 
-@functools.lru_cache(maxsize=1)
-def _supported() -> tuple[str, ...]:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return ("scalar",)
-    flags = native.cpu_flags()
-    return tuple(isa for isa in ("avx512vnni", "avxvnni", "avx2", "vnni-emu", "scalar") if _ISA_CPU_FLAGS[isa] <= flags)
-
-
 def supported_isas() -> list[str]:
-    """The ISAs this CPU can run, best first (x86 only; elsewhere just "scalar")."""
-    return list(_supported())
+    """The builds this CPU can run, best first (x86 only; elsewhere just "scalar")."""
+    return [b for b in ISA_FLAGS if runs(QDOT_CPU_FLAGS[b])]
 
 
 def current_isa() -> str:
-    """TRITIUM_CPU_ISA if set, else the best ISA of this CPU (vnni-emu is never chosen by default)."""
-    forced = env.cpu_isa()
-    if forced:
-        if forced not in ISA_FLAGS:
-            raise ValueError(f"TRITIUM_CPU_ISA={forced!r}: expected one of {sorted(ISA_FLAGS)}")
-        return forced
-    return next(i for i in _supported() if i != "vnni-emu")
+    """qdot's build of the one ISA ladder (`kernels.cpu.isa.level()`: TRITIUM_CPU_ISA if set, else
+    the best this CPU runs; vnni-emu is never chosen by default; a forced level this CPU cannot run
+    is a ValueError)."""
+    return qdot_build()
 
 
 GROUP_MAX = 8
@@ -87,6 +69,10 @@ _SIGNATURES = {
     "qd_group_run": ([_p, _p, _l, _i, _p, _l, _i], _i),
     "qd_release": ([_p, ctypes.c_size_t], _i),
     "qd_group_size": ([], _i),
+    "qd_route": ([_i, _i, _i, _i], _i),
+    "qd_kernel_name": ([_i], ctypes.c_char_p),
+    "qd_kernel_file": ([_i], ctypes.c_char_p),
+    "qd_kernel_pair": ([_i], _i),
 }
 
 

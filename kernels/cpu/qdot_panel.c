@@ -1,6 +1,7 @@
 /* One x8 panel -> decoded scratch (qdot.h): unsigned 8-bit codes [K / 4][32] and per-block float
-   scales and integer sub-block scales / mins, ready for the dot kernels in qdot_gemm.c. A panel is
-   decoded once per matmul call and then read by every activation row (decode batch or prefill). */
+   scales and integer sub-block scales / mins, ready for the dot kernels (qd_route names them). A
+   panel is decoded once per matmul call and then read by every activation row (decode batch or
+   prefill). */
 #include "qdot.h"
 #include "qdot_codes.h"
 
