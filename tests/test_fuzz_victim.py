@@ -20,7 +20,6 @@ import json
 import os
 import re
 import threading
-import time
 
 import httpx
 import pytest
@@ -28,6 +27,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from runtime.model.tiny_model import spec_with, write_tiny_model
+from tests.health_probe import probe_health
 from tests.test_api_fuzz import bodies, check, raw_bodies
 
 EXAMPLES = int(os.environ.get("TRITIUM_VICTIM_FUZZ_EXAMPLES", "300"))
@@ -118,17 +118,7 @@ class Watch:
                 self.wrong.append(f"tokens {toks} != alone {self.alone}")
 
     def _health(self) -> None:
-        with httpx.Client(timeout=30) as c:
-            while not self.stop.is_set():
-                t0 = time.monotonic()
-                try:
-                    code = c.get(self.url + "/health").status_code
-                except httpx.HTTPError as e:
-                    code = repr(e)
-                self.health.append(time.monotonic() - t0)
-                if code != 200:
-                    self.bad_health.append(code)
-                time.sleep(0.02)
+        self.health = probe_health(self.url, lambda: not self.stop.is_set(), 0.02, self.bad_health)
 
     def finish(self) -> None:
         self.stop.set()

@@ -12,6 +12,8 @@ import time
 import httpx
 import pytest
 
+from tests.health_probe import probe_health
+
 LONG = {"prompt": "hi", "n_predict": -1, "ignore_eos": True}
 
 
@@ -101,13 +103,7 @@ def test_health_answers_while_a_huge_prompt_is_tokenized(server, path):
     t = threading.Thread(target=big)
     t0 = time.monotonic()
     t.start()
-    lat = []
-    with httpx.Client(timeout=60) as c:
-        while t.is_alive():
-            s0 = time.monotonic()
-            assert c.get(server.url + "/health").status_code == 200
-            lat.append(time.monotonic() - s0)
-            time.sleep(0.05)
+    lat = probe_health(server.url, t.is_alive, 0.05)
     t.join()
     total = time.monotonic() - t0
     assert out["r"].status_code == 400 and "exceed_context_size_error" in out["r"].text, out["r"].text[:300]

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from runtime.model.tiny_model import spec_with, write_tiny_model
+from tests.health_probe import p99, probe_health
 
 HEALTH_P99_S = 0.1  # /health while a hostile request runs (the bound; llama-server stays under it)
 
@@ -123,22 +124,15 @@ def test_health_answers_while_heavy_requests_run(srv, case):
 
     thread = threading.Thread(target=run)
     thread.start()
-    lat = []
-    with httpx.Client(timeout=30) as c:
-        while thread.is_alive():
-            t0 = time.monotonic()
-            assert c.get(srv.url + "/health").status_code == 200
-            lat.append(time.monotonic() - t0)
-            time.sleep(0.01)
+    lat = probe_health(srv.url, thread.is_alive, 0.01)
     thread.join()
     assert {code for code, _ in result} == {status}, (name, result)
     took = max(t for _, t in result)
-    lat.sort()
-    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+    q = p99(lat)
     print(f"{name}: {len(result)} x, longest {took:.1f} s, "
-          f"/health n={len(lat)} p99={p99 * 1e3:.0f} ms max={lat[-1] * 1e3:.0f} ms")
+          f"/health n={len(lat)} p99={q * 1e3:.0f} ms max={max(lat) * 1e3:.0f} ms")
     assert len(lat) >= 50, (name, len(lat))  # the load was real: /health probed all through it
-    assert p99 < HEALTH_P99_S, (name, p99, lat[-5:])
+    assert q < HEALTH_P99_S, (name, q, sorted(lat)[-5:])
 
 
 def test_large_answers_encode_as_json_dumps():
