@@ -150,6 +150,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--port", type=int, default=8360)
     a = ap.parse_args()
+    # SIGTERM runs the finally blocks: the servers (own sessions) are stopped, not left generating
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     model = a.model
     if not model:
         sys.path.insert(0, str(REPO))
