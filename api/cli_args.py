@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "understood too: none = cpu, CUDA0 = cuda")
     g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", default=None, metavar="N",
                    help="accepted for compatibility; the whole model runs on --device")
+    g.add_argument("--numerics", default=None, choices=("ggml", "own"),
+                   help="the CPU kernels' float order: ggml = llama.cpp's, bit for bit where they have it "
+                        "(llama-server's logits), own = their own (faster on the quantized matmuls); "
+                        "default: own when TRITIUM_FAST_NUMERICS is set, else ggml")
 
     g = p.add_argument_group("sampling defaults")
     g.add_argument("--temp", type=float, default=d.temperature, metavar="N", help="temperature")

@@ -10,11 +10,14 @@ Three implementations of the same ops (`OPS`):
 
 Two ways to call an op, and no global setting:
 
-- `Backend.for_device(device, name=None)`: the op set of one implementation, resolved once; the
-  default (`name` None or "auto") is "triton" for CUDA devices and "cpu" otherwise, and `name`
-  forces one (tests, benchmarks). `runtime.model.decoder.Model` holds one per model.
+- `Backend.for_device(device, name=None, numerics=None)`: the op set of one implementation,
+  resolved once; the default (`name` None or "auto") is "triton" for CUDA devices and "cpu"
+  otherwise, and `name` forces one (tests, benchmarks). `numerics` (`Numerics`, default GGML:
+  llama.cpp's float order where the CPU kernels have it, kernels/numerics.py) is fixed in it: the
+  ops whose arithmetic depends on it get it from there, never from the environment.
+  `runtime.model.decoder.Model` holds one per model.
 - the module functions below (`kernels.qmatmul(...)`, ...): the default backend of the device of
-  their tensors, chosen per call.
+  their tensors (in `Numerics.GGML`), chosen per call.
 
 The backends are imported when first asked for, so a CPU-only engine never imports triton; this
 module itself imports neither torch nor a backend (`prepack_quantized` runs before torch is imported,
@@ -22,9 +25,12 @@ runtime/launch/preload.py), and `QWeight`, `Experts`, `DecoderLayer`, `DecoderSh
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import types
 from typing import TYPE_CHECKING
+
+from .numerics import Numerics
 
 if TYPE_CHECKING:
     import torch
@@ -52,45 +58,54 @@ OPS = (
     "add_rms_norm", "rope", "silu_mul", "gelu_mul", "write_kv", "paged_attention", "topk", "prepare_topk_head",
     "topk_logits", "moe_route", "prepare_experts", "moe_ffn", "fused_decoder",
 )
-__all__ = ["Backend", "DecoderLayer", "DecoderShape", "Experts", "QWeight", "NAMES", "OPS", "PackMatrix",
+__all__ = ["Backend", "DecoderLayer", "DecoderShape", "Experts", "QWeight", "NAMES", "Numerics", "OPS", "PackMatrix",
            "prepack_quantized", *OPS]
 
 
 class Backend:
     """The ops of one implementation, as attributes named as in `OPS`, with the signatures of the
-    module functions below (`packs_quantized` takes no device). Immutable; `Backend.for_device`
-    shares one instance per name."""
+    module functions below (`packs_quantized` takes no device), and the `numerics` they compute in:
+    the ops an implementation lists in its `NUMERICS_OPS` take it as a keyword, bound here.
+    Immutable; `Backend.for_device` shares one instance per (name, numerics)."""
 
-    _instances: dict[str, Backend] = {}
+    _instances: dict[tuple[str, Numerics], Backend] = {}
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, numerics: Numerics | str = Numerics.GGML):
         if name not in NAMES:
             raise ValueError(f"unknown kernel backend {name!r}; expected one of {NAMES}")
+        numerics = Numerics(numerics)
         impl = importlib.import_module(_MODULES[name])
         object.__setattr__(self, "name", name)
+        object.__setattr__(self, "numerics", numerics)
+        takes = getattr(impl, "NUMERICS_OPS", ())
         for op in OPS:
             fn = getattr(impl, op)
             if isinstance(fn, types.ModuleType):  # a submodule of the same name (kernels/cpu/topk.py defines
                 fn = getattr(fn, op)  # `topk`): importing it directly rebinds the package's attribute
+            if op in takes:
+                fn = functools.partial(fn, numerics=numerics)
             object.__setattr__(self, op, fn)
 
     def __setattr__(self, key, value):
         raise AttributeError("a kernel Backend is immutable")
 
     def __repr__(self) -> str:
-        return f"Backend({self.name!r})"
+        return f"Backend({self.name!r}, numerics={self.numerics.value!r})"
 
     @classmethod
-    def for_device(cls, device: torch.device | str, name: str | None = None) -> Backend:
+    def for_device(cls, device: torch.device | str, name: str | None = None,
+                   numerics: Numerics | str | None = None) -> Backend:
         """The backend for tensors on `device`: `name` ("torch" | "cpu" | "triton") when given,
-        else (None or "auto") Triton for CUDA and the CPU backend otherwise."""
+        else (None or "auto") Triton for CUDA and the CPU backend otherwise; computing in
+        `numerics` (default `Numerics.GGML`)."""
         if name is None or name == "auto":
             import torch
 
             name = "triton" if torch.device(device).type == "cuda" else "cpu"
-        b = cls._instances.get(name)
+        key = (name, Numerics.GGML if numerics is None else Numerics(numerics))
+        b = cls._instances.get(key)
         if b is None:
-            b = cls._instances[name] = cls(name)
+            b = cls._instances[key] = cls(*key)
         return b
 
 

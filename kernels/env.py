@@ -6,10 +6,12 @@
 | `CC` | `kernels.cpu.native` | the C compiler (default: `gcc`, else `cc`, from PATH) |
 | `TRITIUM_CACHE` | `kernels.cpu.native` | where compiled kernels are kept (default `~/.cache/tritium`) |
 | `TRITIUM_CPU_ISA` | `kernels.cpu.isa` | force a level of the one ISA ladder of the C kernels (the float kernels' and qdot's builds): avx512vnni, avx512, avxvnni, avx2, vnni-emu (qdot's VNNI code paths emulated on AVX2, tests) or scalar (default: the best this CPU runs) |
-| `TRITIUM_FAST_NUMERICS` | `kernels.cpu.qdot`, `kernels.cpu.attention` | set (non-empty): the CPU kernels keep their own float order (faster on the quantized matmuls) instead of llama.cpp's, bit for bit (kernels/README.md, "Numerics") |
 | `TRITON_INTERPRET` | `kernels.triton` | Triton's interpreter is on (CPU tensors); read by triton itself at import too |
 
-Each is read when asked (not at import), so tests can set them with monkeypatch.
+Each is read when asked (not at import), so tests can set them with monkeypatch. The float order
+the CPU kernels compute in is no environment read: a `kernels.Numerics` fixed in a `Backend` when it
+is built (the engine reads `--numerics` / `TRITIUM_FAST_NUMERICS` once into its config:
+runtime/serving/bootstrap.resolve_config).
 """
 from __future__ import annotations
 
@@ -35,12 +37,6 @@ def cache_dir() -> Path:
 def cpu_isa() -> str:
     """TRITIUM_CPU_ISA, lower-cased ("" when unset)."""
     return os.environ.get("TRITIUM_CPU_ISA", "").strip().lower()
-
-
-def ggml_numerics() -> bool:
-    """Whether the CPU kernels compute llama.cpp's float32 arithmetic bit for bit where they can
-    (TRITIUM_FAST_NUMERICS unset; see kernels/README.md)."""
-    return not os.environ.get("TRITIUM_FAST_NUMERICS")
 
 
 def triton_interpreting() -> bool:

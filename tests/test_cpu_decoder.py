@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import Numerics
 from kernels.cpu import native, qdot
 from dataclasses import replace
 
@@ -34,10 +35,10 @@ CASES = {  # arch, weight type: qwen2 has q/k/v biases, qwen3 q/k norms, llama n
 }
 
 
-def _model(tmp_path_factory, key: str) -> Model:
+def _model(tmp_path_factory, key: str, numerics: Numerics = Numerics.GGML) -> Model:
     path = tmp_path_factory.mktemp("dec") / f"{key}.gguf"
     write_tiny_model(path, CASES[key])
-    return Model(load_model(path), "cpu")
+    return Model(load_model(path), "cpu", numerics=numerics)
 
 
 def _cache(m: Model, n_tokens: int, kv_dtype: torch.dtype, swa_pool: bool) -> KVCache:
@@ -96,15 +97,14 @@ def test_fused_decode_is_bit_identical_to_the_per_op_path(tmp_path_factory, key,
 
 @pytest.mark.parametrize("key,fast", [("qwen2-q4_k", True), ("gemma3-q8_0", False), ("gemma3-q8_0", True),
                                       ("phi3-q4_k", True)])
-def test_a_token_gets_the_same_logits_however_its_prompt_is_batched(tmp_path_factory, key, fast, monkeypatch):
+def test_a_token_gets_the_same_logits_however_its_prompt_is_batched(tmp_path_factory, key, fast):
     """The last prompt token's logits are the same bits for the prompt in one batch, after a cached
     prefix (through the fused decoder), in chunks, and beside another sequence's decode: with
     llama.cpp's numerics for the 32-block types (its Q4_K / Q6_K kernels take another float order
-    from 4 / 8 rows, and so does tritium there, kernels/README.md), with TRITIUM_FAST_NUMERICS for
-    every type."""
-    if fast:
-        monkeypatch.setenv("TRITIUM_FAST_NUMERICS", "1")
-    m = _model(tmp_path_factory, key)
+    from 4 / 8 rows, and so does tritium there, kernels/README.md), in the kernels' own numerics
+    (--numerics own, TRITIUM_FAST_NUMERICS) for every type."""
+    m = _model(tmp_path_factory, key, Numerics.OWN if fast else Numerics.GGML)
+    assert m.ops.numerics is (Numerics.OWN if fast else Numerics.GGML)
     g = torch.Generator().manual_seed(11)
     prompt = torch.randint(0, 300, (37,), generator=g).tolist()
     other = torch.randint(0, 300, (9,), generator=g).tolist()

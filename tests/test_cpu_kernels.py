@@ -158,17 +158,17 @@ def test_cpu_prompt_rows_are_decodes_of_their_positions(window, softcap, fast, m
     kernel run for its position alone (its key count, its sequence's table), so a token's attention
     does not depend on how its prompt was batched; and the numbers are the float64 oracle's (within
     float16 rounding where the rows take llama.cpp's flash attention: fattn.c, float16 accumulator;
-    float32's with TRITIUM_FAST_NUMERICS: attention.c)."""
+    float32's in the kernels' own numerics, a backend built with Numerics.OWN: attention.c)."""
     from kernels.cpu import attention as cpu_attention
 
-    if fast:
-        monkeypatch.setenv("TRITIUM_FAST_NUMERICS", "1")
+    numerics = kernels.Numerics.OWN if fast else kernels.Numerics.GGML
+    b = kernels.Backend.for_device("cpu", "cpu", numerics)
     # a prompt after a cached prefix, a decode row, a whole prompt, a one-row prompt chunk
     case = make_paged_case([7, 1, 40, 1], [30, 17, 40, 64], 8, 2, 40, 16, dtype=torch.float16)
     monkeypatch.setattr(cpu_attention, "_ROWS_SCRATCH_ELEMS", 8 * 60)  # several chunks of rows
     case.q = case.q.float()  # float32 activations, as the CPU model runs (float16 cache)
-    out = cpu.paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.cu_seqlens_q,
-                              case.kv_lens, 0.15, softcap, window=window)
+    out = b.paged_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.cu_seqlens_q,
+                            case.kv_lens, 0.15, softcap, window=window)
     expect = attention_oracle(case, 0.15, softcap, window)
     assert float((out.double() - expect).norm() / expect.norm()) < (1e-5 if fast else 2e-3)
     cu, lens = case.cu_seqlens_q.tolist(), case.kv_lens.tolist()
@@ -178,7 +178,7 @@ def test_cpu_prompt_rows_are_decodes_of_their_positions(window, softcap, fast, m
             row = cu[s] + j
             alone = cpu_attention.paged_decode(case.q[row:row + 1], case.k_cache, case.v_cache,
                                                case.block_tables[s:s + 1], [lens[s] - q_len + j + 1], 0.15,
-                                               softcap, window=window)
+                                               softcap, window=window, numerics=numerics)
             assert torch.equal(out[row:row + 1], alone), (s, j)
 
 

@@ -120,6 +120,12 @@ def test_exact_kernels_match_their_reference(isa, qtype, monkeypatch):
 
 
 def test_exact_is_the_default_and_fast_numerics_opt_out(monkeypatch):
+    """llama.cpp's order is the default; TRITIUM_FAST_NUMERICS, read once into the engine's config,
+    gives a backend in the kernels' own order, whose prepared weights keep it (no read per call)."""
+    import kernels
+    from runtime.serving import EngineConfig
+    from runtime.serving.bootstrap import resolve_config
+
     if qdot.lib() is None:
         pytest.skip("no C compiler")
     gen = torch.Generator().manual_seed(3)
@@ -127,8 +133,19 @@ def test_exact_is_the_default_and_fast_numerics_opt_out(monkeypatch):
     h = qdot.prepare(w.data, int(w.qtype), w.rows, w.cols)
     x = torch.randn(2, 256, generator=gen)
     assert torch.equal(qdot.matmul(x, h), qdot.matmul(x, h, exact=1))
+    monkeypatch.delenv("TRITIUM_FAST_NUMERICS", raising=False)
+    cfg = EngineConfig()
+    resolve_config(cfg)
+    ggml = kernels.Backend.for_device("cpu", numerics=cfg.numerics)
     monkeypatch.setenv("TRITIUM_FAST_NUMERICS", "1")
-    assert torch.equal(qdot.matmul(x, h), qdot.matmul(x, h, exact=0))
+    cfg = EngineConfig()
+    resolve_config(cfg)
+    own = kernels.Backend.for_device("cpu", numerics=cfg.numerics)
+    wo, wg = own.prepare_weight(w), ggml.prepare_weight(w)
+    monkeypatch.delenv("TRITIUM_FAST_NUMERICS")  # the backend's weights no longer look at it
+    assert torch.equal(own.qmatmul(x, wo), qdot.matmul(x, h, exact=0))
+    assert torch.equal(ggml.qmatmul(x, wg), qdot.matmul(x, h, exact=1))
+    assert not torch.equal(qdot.matmul(x, h, exact=0), qdot.matmul(x, h, exact=1))
 
 
 def test_checkpoint_resume_follows_llama_server():

@@ -169,8 +169,18 @@ def test_dispatch_by_device():
     cpu_b = kernels.Backend.for_device("cpu")
     assert cpu_b.name == "cpu" and cpu_b.qmatmul is cpu.qmatmul and cpu_b.silu_mul is cpu.silu_mul
     assert cpu_b.moe_route is ref.moe_route  # ops the CPU backend takes from the reference as they are
-    assert cpu_b.gelu_mul is cpu.gelu_mul and cpu_b.fused_decoder is cpu.fused_decoder
+    assert cpu_b.gelu_mul is cpu.gelu_mul
+    # the ops whose arithmetic depends on the numerics carry the backend's, fixed when it was built
+    assert cpu_b.numerics is kernels.Numerics.GGML
+    for op in cpu.NUMERICS_OPS:
+        fn = getattr(cpu_b, op)
+        assert fn.func is getattr(cpu, op) and fn.keywords == {"numerics": kernels.Numerics.GGML}, op
     assert kernels.Backend.for_device(torch.device("cpu"), "auto") is cpu_b  # one instance per name
+    assert kernels.Backend.for_device("cpu", numerics="ggml") is cpu_b
+    own = kernels.Backend.for_device("cpu", "cpu", kernels.Numerics.OWN)  # and per numerics
+    assert own is not cpu_b and own.numerics is kernels.Numerics.OWN and own.qmatmul is cpu.qmatmul
+    assert own.paged_attention.keywords == {"numerics": kernels.Numerics.OWN}
+    assert own is kernels.Backend.for_device("cpu", numerics="own")
     torch_b = kernels.Backend.for_device("cpu", "torch")
     assert torch_b.name == "torch" and torch_b.paged_attention is ref.paged_attention
     assert not torch_b.packs_quantized()

@@ -25,6 +25,9 @@ Nothing here imports triton.
 """
 import importlib
 
+# the ops whose arithmetic depends on the numerics (kernels.Numerics): they take it as a keyword,
+# which kernels.Backend binds to its own
+NUMERICS_OPS = ("prepare_weight", "prepare_weights", "prepare_experts", "paged_attention", "fused_decoder")
 # op -> the module defining it; imported when first asked for (PEP 562), so that `prepack.py`,
 # `qdot_lib.py` and `native.py` load without torch
 _OPS = {

@@ -9,14 +9,16 @@ bits on every instruction-set build), as llama.cpp takes its float32 tiles there
 the decode of its position (its own key count, the sequence's table): under 64 rows a token's
 attention gives the same bits whether its prompt ran in one batch, in chunks, or after a cached
 prefix, as llama.cpp's (a repeated greedy request with a cached prompt continued differently
-before). Without the compiled kernels, several decode sequences go through one padded torch gather
+before). In `Numerics.OWN` (the backend's, fixed when it is built) every row goes to attention.c.
+Without the compiled kernels, several decode sequences go through one padded torch gather
 while that stays small; everything else through the reference.
 """
 from __future__ import annotations
 
 import torch
 
-from .. import env, ref
+from .. import ref
+from ..numerics import Numerics
 from . import native
 
 # Batched decode attention pads every sequence to the longest; only do it while the padded KV
@@ -39,11 +41,12 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  kv_lens: list[int] | torch.Tensor, scale: float, softcap: float = 0.0,
                  n_threads: int | None = None, window: int = 0, team: bool = False,
-                 flash: bool | None = None) -> torch.Tensor:
+                 flash: bool | None = None, numerics: Numerics = Numerics.GGML) -> torch.Tensor:
     """q: [S, H, D]; caches [NB, BS, KVH, D]; block_tables [S, MAXB] int32; kv_lens: [S] (list or
     tensor) -> [S, H, D] float32. `n_threads`: threads (default torch's count); window > 0: only
     the last `window` keys of each sequence. `team`: on the OpenMP team instead of pool.c's
-    helpers (same bits), for callers between OpenMP regions whose threads still spin."""
+    helpers (same bits), for callers between OpenMP regions whose threads still spin. `flash`:
+    fattn.c or attention.c (default: `flash_rows(S, numerics)`)."""
     lib = native.lib()
     S, H, D = q.shape
     NB, BS, KVH, _ = k_cache.shape
@@ -52,7 +55,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         else block_tables.to(torch.int32).contiguous()
     lens = torch.as_tensor(kv_lens, dtype=torch.int32).contiguous()
     out = torch.empty((S, H, D), dtype=torch.float32)
-    if flash_rows(S) if flash is None else flash:
+    if flash_rows(S, numerics) if flash is None else flash:
         lib.fattn_rows(qf.data_ptr(), k_cache.data_ptr(), v_cache.contiguous().data_ptr(), bt.data_ptr(),
                        bt.shape[1], lens.data_ptr(), out.data_ptr(), S, H, KVH, D, BS, float(scale), float(softcap),
                        int(k_cache.dtype == torch.float16), n_threads or torch.get_num_threads(), int(window),
@@ -67,10 +70,10 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     return out
 
 
-def flash_rows(n_rows: int) -> bool:
+def flash_rows(n_rows: int, numerics: Numerics = Numerics.GGML) -> bool:
     """Whether a forward of `n_rows` query rows takes fattn.c (llama.cpp's row-by-row flash attention,
-    as llama-server does below FA_TILE_Q rows), unless TRITIUM_FAST_NUMERICS asks for qdot's own order."""
-    return n_rows < FA_TILE_Q and env.ggml_numerics()
+    as llama-server does below FA_TILE_Q rows): in llama.cpp's numerics only."""
+    return n_rows < FA_TILE_Q and numerics is Numerics.GGML
 
 
 def _decode_batched(q, k_cache, v_cache, block_tables, lens, scale, softcap, window=0):
@@ -99,7 +102,8 @@ def _decode_batched(q, k_cache, v_cache, block_tables, lens, scale, softcap, win
 
 
 def paged_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-               cu: list[int], lens: list[int], scale: float, softcap: float = 0.0, window: int = 0) -> torch.Tensor:
+               cu: list[int], lens: list[int], scale: float, softcap: float = 0.0, window: int = 0,
+               numerics: Numerics = Numerics.GGML) -> torch.Tensor:
     """Every query row as a decode item of `paged_decode`: row j of sequence s (rows cu[s]:cu[s+1])
     sits at position lens[s] - q_len + j and reads keys 0 .. that position through table s.
     q: [T, H, D] -> [T, H, D] float32 (rows past cu[-1]: zeros)."""
@@ -108,9 +112,9 @@ def paged_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
     qf = q.float().contiguous()
     out = torch.zeros((T, H, D), dtype=torch.float32)
     n = cu[S] - cu[0]
-    flash = flash_rows(n)  # llama.cpp's choice for the whole batch
-    if not flash and softcap == 0.0 and env.ggml_numerics() and _tiled(qf, k_cache, v_cache, block_tables, cu, lens,
-                                                                       scale, window, out):
+    flash = flash_rows(n, numerics)  # llama.cpp's choice for the whole batch
+    if not flash and softcap == 0.0 and numerics is Numerics.GGML and _tiled(qf, k_cache, v_cache, block_tables, cu,
+                                                                             lens, scale, window, out):
         return out
     q_lens = torch.tensor([cu[s + 1] - cu[s] for s in range(S)], dtype=torch.int64)
     seq = torch.repeat_interleave(torch.arange(S), q_lens)  # [T'] the sequence of each row
@@ -151,21 +155,23 @@ def _tiled(qf, k_cache, v_cache, block_tables, cu, lens, scale, window, out) -> 
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,
-                    max_q_len: int | None = None, window: int = 0) -> torch.Tensor:
-    """The contract of `kernels.ref.paged_attention`; the lengths are read on the host."""
+                    max_q_len: int | None = None, window: int = 0, numerics: Numerics = Numerics.GGML) -> torch.Tensor:
+    """The contract of `kernels.ref.paged_attention`; the lengths are read on the host; `numerics`:
+    the backend's (kernels.Backend binds it)."""
     cu = cu_seqlens_q.tolist()
     lens = kv_lens.tolist()
     S = len(lens)
     decode_only = S > 0 and all(cu[s + 1] - cu[s] == 1 for s in range(S)) and cu[0] == 0 and min(lens) > 0
     if not decode_only and S > 0 and supported(q, k_cache) and all(
             0 <= cu[s + 1] - cu[s] <= lens[s] for s in range(S)):  # prompt rows: each as its position's decode
-        return paged_rows(q, k_cache, v_cache, block_tables, cu, lens, scale, softcap, window).to(q.dtype)
+        return paged_rows(q, k_cache, v_cache, block_tables, cu, lens, scale, softcap, window, numerics).to(q.dtype)
     if decode_only and supported(q, k_cache):  # C kernel, reads the blocks in place
         if q.shape[0] == S and q.dtype == torch.float32:
-            return paged_decode(q, k_cache, v_cache, block_tables, kv_lens, scale, softcap, window=window)
+            return paged_decode(q, k_cache, v_cache, block_tables, kv_lens, scale, softcap, window=window,
+                                numerics=numerics)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         out[:S] = paged_decode(q[:S], k_cache, v_cache, block_tables, kv_lens, scale, softcap,
-                               window=window).to(q.dtype)
+                               window=window, numerics=numerics).to(q.dtype)
         return out
     if S > 1 and decode_only:
         NB, BS, KVH, D = k_cache.shape

@@ -25,6 +25,7 @@ import torch
 
 from .. import ref
 from ..decoder import DecoderLayer, DecoderShape
+from ..numerics import Numerics
 from ..qweight import QWeight
 from . import attention, gemv, native, pointwise
 from .matmul import _BGEMV_MT_MIN_ELEMS  # the per-op path's one-thread bound for float tiles
@@ -41,9 +42,11 @@ def _matmul_ok(w: QWeight, rows: int, cols: int) -> bool:
                                                                          and w.data.dtype in gemv._KERNELS))
 
 
-def fused_decoder(layers: list[DecoderLayer], shape: DecoderShape) -> "Decoder | None":
+def fused_decoder(layers: list[DecoderLayer], shape: DecoderShape,
+                  numerics: Numerics = Numerics.GGML) -> "Decoder | None":
     """The fused decode loop over `layers`, or None when this machine or these weights do not
-    qualify (no compiled kernels, a weight neither a qdot x8 group nor float tiles, odd shapes)."""
+    qualify (no compiled kernels, a weight neither a qdot x8 group nor float tiles, odd shapes).
+    `numerics`: its attention's (the backend's; its qdot groups carry theirs from their prepare)."""
     lib = native.lib()
     H, KVH, D, C, F = shape.n_head, shape.n_head_kv, shape.head_dim, shape.n_embd, shape.n_ff
     if lib is None or not layers or H % KVH or D > 1024 or shape.act not in ("silu", "gelu"):
@@ -58,7 +61,7 @@ def fused_decoder(layers: list[DecoderLayer], shape: DecoderShape) -> "Decoder |
                                                         (L.q_norm, D), (L.k_norm, D), (L.inv_freq, R),
                                                         (L.post_attn_norm, C), (L.post_ffn_norm, C)))):
             return None
-    return Decoder(lib, layers, shape)
+    return Decoder(lib, layers, shape, numerics)
 
 
 def _matmul(m: tuple, x: int, S: int, y: int, nt: int) -> None:
@@ -78,8 +81,9 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 class Decoder:
     """`decoder(h, k_caches, v_caches, pos, slots, tables, kv_lens)`: one query row per sequence."""
 
-    def __init__(self, lib, layers: list[DecoderLayer], shape: DecoderShape):
+    def __init__(self, lib, layers: list[DecoderLayer], shape: DecoderShape, numerics: Numerics = Numerics.GGML):
         self.shape = shape
+        self.numerics = numerics
         self._layers = layers  # keeps the tensors behind the pointers alive
         s = shape
         all_qdot = all(w.layout == "x8" for L in layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down))
@@ -166,7 +170,7 @@ class Decoder:
         qkv, q = torch.empty((S, nqkv), dtype=f32), torch.empty((S, H * D), dtype=f32)
         att, gu = torch.empty((S, H * D), dtype=f32), torch.empty((S, 2 * F), dtype=f32)
         a = torch.empty((S, F), dtype=f32)
-        flash, fattn, omp = attention.flash_rows(S), self._fattn, self._fattn_omp
+        flash, fattn, omp = attention.flash_rows(S, self.numerics), self._fattn, self._fattn_omp
         scratch = None if flash else torch.empty((S * KVH, H // KVH, max_l), dtype=f32)  # attend's scores
         px, phb, phn, pqkv, pq, patt, pgu, pa = (t.data_ptr() for t in (x, hb, hn, qkv, q, att, gu, a))
         pr = [t.data_ptr() for t in res]

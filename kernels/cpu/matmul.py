@@ -22,6 +22,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from .. import ref
+from ..numerics import Numerics
 from ..qweight import QWeight
 from . import gemv, qdot, qgemv
 
@@ -48,10 +49,11 @@ def _qdot_supports(w: QWeight) -> bool:
             and qdot.groupable([(w.qtype, w.cols)]))
 
 
-def _qdot_pack(ws: list[QWeight]) -> QWeight:
+def _qdot_pack(ws: list[QWeight], numerics: Numerics) -> QWeight:
     """Weights reading the same input -> one "x8" weight: their panels side by side in one buffer,
-    one `qdot.QdotGroup` over them: the panels `kernels.prepack_quantized` made of exactly this
-    group when the weights carry them, else repacked now (mapped sources dropped from memory)."""
+    one `qdot.QdotGroup` over them, computing in `numerics`: the panels `kernels.prepack_quantized`
+    made of exactly this group when the weights carry them, else repacked now (mapped sources
+    dropped from memory)."""
     sizes = [qdot.repacked_bytes(int(w.qtype), w.rows, w.cols) for w in ws]
     buf = _prepacked(ws, sizes)
     fresh = buf is None
@@ -65,7 +67,7 @@ def _qdot_pack(ws: list[QWeight]) -> QWeight:
         else:
             members.append(qdot.QdotWeight(buf[off:off + n], int(w.qtype), w.rows, w.cols))
         off += n
-    g = qdot.group(members)
+    g = qdot.group(members, numerics.qdot_exact)
     return QWeight(buf, ws[0].qtype, g.rows, ws[0].cols, "x8", kernel=g)
 
 
@@ -83,24 +85,26 @@ def _prepacked(ws: list[QWeight], sizes: list[int]) -> torch.Tensor | None:
     return torch.from_numpy(pre[0].buf)
 
 
-def prepare_weights(ws: list[QWeight], unpack_quantized: bool = False, pack_quantized: bool = True) -> list[QWeight]:
+def prepare_weights(ws: list[QWeight], unpack_quantized: bool = False, pack_quantized: bool = True,
+                    numerics: Numerics = Numerics.GGML) -> list[QWeight]:
     """Once at load, weights that read the same input (q/k/v, gate/up): one "x8" group when qdot
-    has all their types, else `ref.cat_rows` (one matrix where they share a type) and
-    `prepare_weight` each. Concatenating the `qmatmul` outputs of the result along dim 1 gives
-    x @ [W_0; W_1; ...]^T."""
+    has all their types (its matmuls in `numerics`, fixed here), else `ref.cat_rows` (one matrix
+    where they share a type) and `prepare_weight` each. Concatenating the `qmatmul` outputs of the
+    result along dim 1 gives x @ [W_0; W_1; ...]^T."""
     if (pack_quantized and all(map(_qdot_supports, ws)) and qdot.groupable([(w.qtype, w.cols) for w in ws])
             and qdot.available()):
-        return [_qdot_pack(ws)]
-    return [prepare_weight(w, unpack_quantized, pack_quantized) for w in ref.cat_rows(ws)]
+        return [_qdot_pack(ws, numerics)]
+    return [prepare_weight(w, unpack_quantized, pack_quantized, numerics) for w in ref.cat_rows(ws)]
 
 
-def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: bool = True) -> QWeight:
-    """Once at load, the layout of the module docstring. Weights not on the CPU are returned as
-    they are."""
+def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: bool = True,
+                   numerics: Numerics = Numerics.GGML) -> QWeight:
+    """Once at load, the layout of the module docstring (a qdot group's matmuls in `numerics`).
+    Weights not on the CPU are returned as they are."""
     if w.layout != "rows" or w.data.device.type != "cpu":
         return w
     if pack_quantized and _qdot_supports(w) and qdot.available():
-        return _qdot_pack([w])
+        return _qdot_pack([w], numerics)
     if not w.is_float and pack_quantized and qgemv.supports(w) and qgemv.available():
         return qgemv.pack(w)
     if not w.is_float:

@@ -9,21 +9,23 @@ from __future__ import annotations
 import torch
 
 from .. import ref
+from ..numerics import Numerics
 from ..qweight import Experts, QWeight
 from .matmul import prepare_weight, prepare_weights, qmatmul
 
 
 def prepare_experts(gate: QWeight, up: QWeight, down: QWeight, n_expert: int, unpack_quantized: bool = False,
-                    pack_quantized: bool = True) -> Experts:
-    """Once at load: every expert's weights split out of the stacked tensors and prepared."""
+                    pack_quantized: bool = True, numerics: Numerics = Numerics.GGML) -> Experts:
+    """Once at load: every expert's weights split out of the stacked tensors and prepared (their
+    qdot groups in `numerics`)."""
     if gate.data.device.type != "cpu":
         return ref.prepare_experts(gate, up, down, n_expert, unpack_quantized, pack_quantized)
     n_ff, n_embd = gate.rows // n_expert, gate.cols
     split = []
     for e in range(n_expert):
         gu = prepare_weights([Experts.rows_of(gate, e, n_ff), Experts.rows_of(up, e, n_ff)],
-                             unpack_quantized, pack_quantized)
-        split.append((gu, prepare_weight(Experts.rows_of(down, e, n_embd), unpack_quantized, pack_quantized)))
+                             unpack_quantized, pack_quantized, numerics)
+        split.append((gu, prepare_weight(Experts.rows_of(down, e, n_embd), unpack_quantized, pack_quantized, numerics)))
     return Experts(n_expert, n_ff, n_embd, None, None, None, split)
 
 

@@ -40,7 +40,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import env
 from .qdot_lib import (GROUP_MAX, ISA_FLAGS, TYPES, _GroupStruct, _lib, act_kind, available, build,  # noqa: F401
                        current_isa, groupable, lib, library, repacked_bytes, supported_isas)
 
@@ -164,9 +163,11 @@ class QdotGroup:
     """Weights that read the same input (q/k/v, gate/up): `matmul_group` quantizes the input once
     and runs all of them in one call (one parallel region, threads split by weight bytes); the
     outputs are the column blocks of one [T, sum(rows)] tensor, in order. Bound to the ISA build
-    current when it is created."""
+    current when it is created, and to its numerics: `exact` 1 llama.cpp's float order for the types
+    that have it (qdot_exact.c; `Numerics.GGML`, the default), 0 qdot's own (`Numerics.OWN`), 2
+    llama.cpp's through the portable reference kernels (tests)."""
 
-    def __init__(self, weights: list[QdotWeight]):
+    def __init__(self, weights: list[QdotWeight], exact: int = 1):
         if not 1 <= len(weights) <= GROUP_MAX:
             raise ValueError(f"qdot: a group holds 1..{GROUP_MAX} weights")
         K = weights[0].cols
@@ -178,7 +179,7 @@ class QdotGroup:
         self.splits = [w.rows for w in weights]
         st = _GroupStruct()
         st.nw, st.K = len(weights), K
-        st.exact = int(env.ggml_numerics())
+        st.exact = _exact(exact)
         for i, w in enumerate(weights):
             st.types[i], st.Ns[i], st.Ws[i] = w.qtype, w.rows, w.data.data_ptr()
         self._struct = st
@@ -186,8 +187,14 @@ class QdotGroup:
         self._fn = _lib().qd_group_run
 
 
-def group(weights: list[QdotWeight]) -> QdotGroup:
-    return QdotGroup(weights)
+def group(weights: list[QdotWeight], exact: int = 1) -> QdotGroup:
+    return QdotGroup(weights, exact)
+
+
+def _exact(exact: int) -> int:
+    if int(exact) not in (0, 1, 2):
+        raise ValueError(f"qdot: exact must be 0, 1 or 2, not {exact!r}")
+    return int(exact)
 
 
 def matmul_group(x: torch.Tensor, g: QdotGroup, out: torch.Tensor | None = None,
@@ -195,7 +202,7 @@ def matmul_group(x: torch.Tensor, g: QdotGroup, out: torch.Tensor | None = None,
     """x float32 [T, K] (rows may be strided) -> y float32 [T, sum(rows)]; `out` may be given
     (float32 [T, sum(rows)], unit column stride). `exact`: 1 llama.cpp's float order for the types
     that have it (qdot_exact.c), 2 the same through its portable reference, 0 qdot's own order;
-    default the group's (from kernels.env.ggml_numerics when it was made)."""
+    default the group's (fixed when it was made)."""
     if x.dtype is not torch.float32 or x.stride(-1) != 1:
         x = x.float().contiguous()
     M, K = x.shape
@@ -207,7 +214,7 @@ def matmul_group(x: torch.Tensor, g: QdotGroup, out: torch.Tensor | None = None,
         raise ValueError("qdot: out must be float32 [T, rows] with unit column stride")
     st, keep = g._struct, g._struct.exact
     if exact is not None:
-        st.exact = int(exact)
+        st.exact = _exact(exact)
     try:
         if g._fn(g._ptr, x.data_ptr(), x.stride(0), M, out.data_ptr(), out.stride(0), n_threads or torch.get_num_threads()):
             raise RuntimeError("qdot: matmul failed")
@@ -220,12 +227,13 @@ def matmul(x: torch.Tensor | QActs, w: QdotWeight, n_threads: int | None = None,
            out: torch.Tensor | None = None, exact: int | None = None) -> torch.Tensor:
     """x float32 [T, cols] (or its `quantize_activations` of kind `w.act_kind`) times the weight:
     y float32 [T, rows]. `out` may be a float32 [T, rows] view with unit column stride (e.g. a
-    column slice of a fused q/k/v output). A float x is quantized inside the same C call."""
+    column slice of a fused q/k/v output). A float x is quantized inside the same C call. `exact`
+    as `QdotGroup`'s (default 1, llama.cpp's order)."""
     if not isinstance(x, QActs):
         g = w._group
         if g is None:
             g = w._group = QdotGroup([w])
-        return matmul_group(x, g, out, n_threads, exact if exact is not None else int(env.ggml_numerics()))
+        return matmul_group(x, g, out, n_threads, exact)
     if x.kind != w.act_kind:
         raise ValueError(f"qdot: a {w.act_kind} weight got {x.kind} activations")
     M, K = x.q.shape
@@ -241,7 +249,7 @@ def matmul(x: torch.Tensor | QActs, w: QdotWeight, n_threads: int | None = None,
     bsum = x.sums.data_ptr() if x.kind == "q8_K" else None
     rc = _lib().qd_matmul(w.qtype, w.data.data_ptr(), w.rows, w.cols, x.q.data_ptr(), x.d.data_ptr(), xs, bsum, M,
                           out.data_ptr(), out.stride(0), _threads(n_threads),
-                          int(env.ggml_numerics()) if exact is None else int(exact))
+                          1 if exact is None else _exact(exact))
     if rc != 0:
         raise RuntimeError("qdot: matmul failed")
     return out

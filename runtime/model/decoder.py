@@ -190,7 +190,7 @@ def _physical_memory() -> int:
 class Model:
     def __init__(self, loaded, device: str | torch.device = "cpu", unpack_budget: int | None = None,
                  pack_quantized: bool | None = None, backend: str | None = None, tp=None,
-                 act_dtype: torch.dtype | None = None):
+                 act_dtype: torch.dtype | None = None, numerics: kernels.Numerics | None = None):
         """On the CPU, quantized weights are repacked into exact integer tiles (`pack_quantized`,
         default: when the backend has that kernel). Otherwise they are dequantized once at load
         when their float32 size fits `unpack_budget` bytes (default: half the physical memory),
@@ -199,12 +199,13 @@ class Model:
         `runtime.parallel.shard.TPShard` when `loaded` holds one shard of a tensor-parallel model.
         `act_dtype`: the residual stream and matmul inputs (default bfloat16 on CUDA: half the
         traffic of float32 and exact tensor-core products, float32 elsewhere); the output head
-        runs in float32."""
+        runs in float32. `numerics`: the CPU kernels' float order, fixed in the backend (default
+        `kernels.Numerics.GGML`, llama.cpp's; the engine passes its config's)."""
         cfg = loaded.config
         self.tp = tp
         self.cfg = cfg
         self.device = torch.device(device)
-        self.ops = ops = kernels.Backend.for_device(self.device, backend)
+        self.ops = ops = kernels.Backend.for_device(self.device, backend, numerics)
         self.act_dtype = act_dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         w = loaded.weights
         dev = self.device

@@ -55,13 +55,17 @@ def model_pooling(metadata: Any, arch: str) -> str:
 
 def resolve_config(cfg: EngineConfig) -> None:
     """Settle what the config leaves to the machine or the environment: the device for "auto",
-    and the CUDA graph mode from TRITIUM_CUDA_GRAPHS when the config does not set it."""
+    the CUDA graph mode from TRITIUM_CUDA_GRAPHS and the numerics from TRITIUM_FAST_NUMERICS when
+    the config does not set them (the one read of each)."""
     if cfg.device == "auto":
         cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
     if cfg.cuda_graphs is None:
         cfg.cuda_graphs = os.environ.get("TRITIUM_CUDA_GRAPHS", "1")
     if cfg.default_model is None:
         cfg.default_model = os.environ.get("TRITIUM_DEFAULT_MODEL") or "real"
+    if cfg.numerics is None:
+        cfg.numerics = kernels.Numerics.OWN if os.environ.get("TRITIUM_FAST_NUMERICS") else kernels.Numerics.GGML
+    cfg.numerics = kernels.Numerics(cfg.numerics)
 
 
 def slot_layout(cfg: EngineConfig, n_ctx_train: int) -> tuple[int, int, bool, int]:
@@ -127,10 +131,10 @@ def _load_model(cfg: EngineConfig, log: Log, on_read: Callable[[Any], None] | No
     if on_read is not None:
         on_read(lm)
     if group is None:
-        return lm, Model(lm, device)
+        return lm, Model(lm, device, numerics=cfg.numerics)
     full = lm
     lm, shard = shard_loaded(lm, group)
-    model = Model(lm, device, tp=shard)
+    model = Model(lm, device, tp=shard, numerics=cfg.numerics)
     log("I", f"srv    load_model: tensor parallel rank {group.rank} of {group.world} ({group.backend}): "
              f"query heads {shard.heads.q}, KV heads {shard.heads.kv}, vocabulary rows {shard.vocab}")
     return full, model
@@ -252,11 +256,10 @@ CPU_UBATCH_BYTES_PER_ROW = 2 << 20
 
 def runner_ubatch(cfg: EngineConfig, model: Model, weight_bytes: int) -> int:
     """Rows per forward of the model runner: -ub, capped on the CPU by the model's size (above)
-    unless the CPU computes llama.cpp's numerics (kernels/README.md): then llama.cpp's -ub, whose
-    row counts its float order depends on (Q4_K's gemm groups of 4, its flash attention's tiles)."""
-    from kernels import env
-
-    if model.device.type != "cpu" or env.ggml_numerics():
+    unless the CPU computes llama.cpp's numerics (the model's kernel backend's, kernels/README.md):
+    then llama.cpp's -ub, whose row counts its float order depends on (Q4_K's gemm groups of 4, its
+    flash attention's tiles)."""
+    if model.device.type != "cpu" or model.ops.numerics is kernels.Numerics.GGML:
         return cfg.n_ubatch
     return min(cfg.n_ubatch, max(CPU_UBATCH_MIN, weight_bytes // CPU_UBATCH_BYTES_PER_ROW // 64 * 64))
 

@@ -1,13 +1,15 @@
 """`EngineConfig`: everything the serving room is told at start-up (the CLI builds it from flags).
 
 Environment variables that change how the engine runs are read into it once, by
-`bootstrap.resolve_config` (`cuda_graphs` from `TRITIUM_CUDA_GRAPHS`), never deep in the load.
+`bootstrap.resolve_config` (`cuda_graphs` from `TRITIUM_CUDA_GRAPHS`, `numerics` from
+`TRITIUM_FAST_NUMERICS`), never deep in the load or in a kernel.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from kernels import Numerics
 from runtime.tasks import SamplingParams
 
 
@@ -49,5 +51,9 @@ class EngineConfig:
     # without a model path: "real" serves the Gemma 3 270M of the `[model]` extra when installed,
     # "builtin" always the random-weight model (TRITIUM_DEFAULT_MODEL; the tests set "builtin")
     default_model: str | None = None
+    # the float order of the CPU kernels (--numerics): GGML, llama.cpp's bit for bit where they have
+    # it, or OWN, theirs (faster); None = OWN when TRITIUM_FAST_NUMERICS is set, else GGML, read by
+    # bootstrap.resolve_config; fixed in the model's kernel backend when it is built
+    numerics: Numerics | None = None
     # the CLI's read of model_path started before its imports (runtime.launch.preload.Preload), taken once by the load
     preload: Any = None
