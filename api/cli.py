@@ -217,7 +217,8 @@ def engine_config(args: argparse.Namespace, scfg: ServerConfig, preload: Preload
         chat_template=args.chat_template, chat_template_file=args.chat_template_file,
         verbosity=verbosity(args), n_batch=max(1, args.batch_size), n_ubatch=max(1, args.ubatch_size), kv_dtype=_kv_dtype(args), warmup=args.warmup,
         config_overrides=_rope_overrides(args), lora=lora_adapters(args),
-        lora_init_without_apply=args.lora_init_without_apply, preload=preload)
+        lora_init_without_apply=args.lora_init_without_apply, preload=preload,
+        numerics=args.numerics)  # None: TRITIUM_FAST_NUMERICS decides (bootstrap.resolve_config)
 
 
 def start_preload(args: argparse.Namespace) -> Preload | None:

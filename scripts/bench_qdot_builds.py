@@ -2,7 +2,7 @@
 """Builds of the qdot kernels against each other on one decode step's matmuls, interleaved.
 
 Every build compiles kernels/cpu/qdot_*.c with its own `-D` defines (the tuning knobs of
-qdot_gemm.c: QD_PF, QD_PF_MR, QD_CHUNK_BYTES, ...), runs the matmuls of one decode step of MODEL
+qdot_mk_avx2.h, qdot_gemm.c: QD_PF, QD_PF_MR, QD_CHUNK_BYTES, ...), runs the matmuls of one decode step of MODEL
 (per layer the q/k/v group, o, the gate/up group, down; then the head; the groups the server uses)
 at batch M, and the builds take turns rep by rep, so that a shared machine's swings in memory
 bandwidth (+-15 % here from one minute to the next) hit them alike. Every build must give the same
@@ -46,7 +46,7 @@ FLAGS = ["-O3", "-mtune=native", "-std=gnu11", "-ffp-contract=off", *qdot_lib.IS
 
 def build(name: str, defines: list[str]) -> ctypes.CDLL:
     sources = [SRC / s for s in qdot_lib._SOURCES]
-    text = " ".join(defines) + "".join(p.read_text() for p in [*sources, SRC / "qdot.h"])
+    text = " ".join(defines) + "".join(p.read_text() for p in [*sources, *sorted(SRC.glob("*.h"))])
     cache = Path(os.environ.get("TRITIUM_CACHE", Path.home() / ".cache" / "tritium"))
     out = cache / f"qdot-build-{name}-{hashlib.sha1(text.encode()).hexdigest()[:12]}.so"
     if not out.exists():

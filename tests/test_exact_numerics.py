@@ -176,6 +176,28 @@ def test_ctx_checkpoints_flag():
     assert cfg("--swa-checkpoints", "4").ctx_checkpoints == 4 and cfg("-ctxcp", "2").ctx_checkpoints == 2
 
 
+def test_numerics_flag_reaches_the_kernel_backend(monkeypatch):
+    """--numerics own|ggml -> EngineConfig -> resolve_config -> the model's backend; without it
+    TRITIUM_FAST_NUMERICS decides, and the flag wins over it."""
+    import kernels
+    from api.cli import build_parser, engine_config, server_config
+    from runtime.serving.bootstrap import resolve_config
+
+    def numerics(*argv):
+        args = build_parser().parse_args(list(argv))
+        cfg = engine_config(args, server_config(args))
+        resolve_config(cfg)
+        return cfg.numerics
+
+    monkeypatch.delenv("TRITIUM_FAST_NUMERICS", raising=False)
+    assert numerics() is kernels.Numerics.GGML
+    assert numerics("--numerics", "own") is kernels.Numerics.OWN
+    monkeypatch.setenv("TRITIUM_FAST_NUMERICS", "1")
+    assert numerics() is kernels.Numerics.OWN
+    assert numerics("--numerics", "ggml") is kernels.Numerics.GGML
+    assert kernels.Backend.for_device("cpu", "cpu", kernels.Numerics.OWN).numerics is kernels.Numerics.OWN
+
+
 def test_user_message_starts_are_where_the_user_turns_begin():
     """api/chat_task.user_starts: the positions llama-server's user delimiter finds (the ChatML
     fallback of the template-less Gemma file: "<|im_start|>user")."""
