@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         scfg = server_config(args)
         n_ranks = tp_size(args)
+        cpus = _cpu_set(args)
     except ArgError as e:
         print(str(e), file=sys.stderr, flush=True)
         return 1
@@ -282,11 +283,6 @@ def main(argv: list[str] | None = None) -> int:
 
     def say(level: str, msg: str) -> None:
         log.srv(level, "llama_server", msg)
-    try:
-        cpus = _cpu_set(args)
-    except ArgError as e:
-        print(str(e), file=sys.stderr, flush=True)
-        return 1
     launch.pin_process(cpus, args.prio, say)
     _speculative_warning(args, log)
     if args.hf_repo:
@@ -299,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         gc.enable()
         ecfg = engine_config(args, scfg)
         ecfg.log = log.raw
-        launch.serve_rank(ecfg, lambda level, msg: log.raw(level, msg))
+        launch.serve_rank(ecfg, log.raw)
         return 0
     if n_ranks > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         launch.start_ranks(n_ranks, list(sys.argv[1:] if argv is None else argv), say)

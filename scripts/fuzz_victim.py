@@ -3,24 +3,24 @@
 server (`-np 2`, a tiny generated model unless --model) while a greedy victim stream runs in slot 0
 and /health is polled; prints the invariants' measurements and exits 1 when one fails.
 
-    python scripts/fuzz_victim.py [--examples 5000] [--seed random|N] [--model F.gguf] [--port 8395]
+    python scripts/fuzz_victim.py [--examples 5000] [--seed random|N] [--model F.gguf]
 """
 from __future__ import annotations
 
 import argparse
 import collections
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from runtime.model.tiny_model import spec_with, write_tiny_model  # noqa: E402
+from tests.conftest import ServerProcess  # noqa: E402
+from tests.health_probe import p99  # noqa: E402
 from tests.test_fuzz_victim import PYTHON_WORDS, RSS_GROWTH_MB, Watch, fuzz, rss_mb, victim  # noqa: E402
 
 
@@ -29,24 +29,16 @@ def main() -> int:
     ap.add_argument("--examples", type=int, default=5000)
     ap.add_argument("--seed", default="random")
     ap.add_argument("--model", default="")
-    ap.add_argument("--port", type=int, default=8395)
     a = ap.parse_args()
     model = a.model or str(Path(tempfile.gettempdir()) / "fuzz-victim-tiny.gguf")
     if not a.model:
         write_tiny_model(model, spec_with(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=2048,
                                           name="fuzz-victim-tiny", seed=7), vocab="builtin")
-    url = f"http://127.0.0.1:{a.port}"
-    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "-m", model, "-c", "2048", "-np", "2", "--port",
-                             str(a.port), "--metrics", "--slots"], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT)
+    server = ServerProcess(["-m", model, "-c", "2048", "-np", "2", "--metrics", "--slots"],
+                           Path(tempfile.gettempdir()) / "fuzz-victim-server.log")
+    url, proc = server.url, server.proc
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        server.wait_ready(120)
         alone = victim(url)
         fuzz(url, 20, "1")
         rss0 = rss_mb(proc.pid)
@@ -59,11 +51,11 @@ def main() -> int:
         finally:
             watch.finish()
         rss1 = rss_mb(proc.pid)
-        lat = sorted(watch.health)
+        lat = watch.health
         leaked = sorted({m[:200] for m in messages if PYTHON_WORDS.search(m)})
         print(f"{a.examples} bodies in {time.monotonic() - t0:.0f} s; victims {watch.victims} "
-              f"(wrong: {len(watch.wrong)}); /health n={len(lat)} p99={lat[int(len(lat) * 0.99)] * 1e3:.0f} ms "
-              f"max={lat[-1] * 1e3:.0f} ms, not 200: {len(watch.bad_health)}; RSS {rss0:.0f} -> {rss1:.0f} MB; "
+              f"(wrong: {len(watch.wrong)}); /health n={len(lat)} p99={p99(lat) * 1e3:.0f} ms "
+              f"max={max(lat) * 1e3:.0f} ms, not 200: {len(watch.bad_health)}; RSS {rss0:.0f} -> {rss1:.0f} MB; "
               f"{len(set(messages))} distinct error messages, {len(leaked)} naming Python")
         for (path, code), n in sorted((k, v) for k, v in statuses.items() if k[0] != "5xx"):
             print(f"  {path} {code}: {n}")
@@ -74,8 +66,7 @@ def main() -> int:
         ok = not watch.wrong and not watch.bad_health and not leaked and rss1 - rss0 < RSS_GROWTH_MB
         return 0 if ok else 1
     finally:
-        proc.terminate()
-        proc.wait(30)
+        server.stop()
 
 
 if __name__ == "__main__":
