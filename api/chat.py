@@ -63,6 +63,8 @@ class ChatPrep:
     # the rendered conversation before each of the last user messages (their token positions are
     # where llama-server's context checkpoints may end a prompt batch: chat_task.user_starts)
     user_prefixes: list[str] = field(default_factory=list)
+    files: list[bytes] = field(default_factory=list)  # the media parts' files, one per media marker in `prompt`
+    media: list[Any] = field(default_factory=list)  # their chunks once tokenized (CompletionTask.media)
 
 
 def _tool_choice(raw: Any) -> str:
@@ -94,7 +96,9 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         raise ApiError("'messages' is required")
     if not isinstance(messages, list):
         raise ApiError("Expected 'messages' to be an array")
-    check_message_shapes(messages)  # b1's checks, its messages and statuses (api/chat_checks.py)
+    # b1's checks, its messages and statuses (api/chat_checks.py); with --mmproj the media parts'
+    # files are loaded and the parts become media markers
+    messages, files = check_message_shapes(messages, media_options(server))
     parse_messages(messages)
     parse_tools(body.get("tools"))
     continuation = _continuation(body.get("continue_final_message"))
@@ -216,7 +220,15 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
                     # b1-0c1e570's default: whether the template can render several calls
                     f.boolean("parallel_tool_calls", caps.get("supports_parallel_tool_calls", False)),
                     include_usage, ChatFormat.PEG_NATIVE if cfg.jinja else ChatFormat.CONTENT_ONLY, grammar_prefix,
-                    gen_prompt + prefill, user_prefixes)
+                    gen_prompt + prefill, user_prefixes, files)
+
+
+def media_options(server: Any) -> dict[str, Any] | None:
+    """What a chat request's media parts need (api/media.py), or None without --mmproj."""
+    mods = getattr(server.engine, "modalities", None) or {}
+    if not any(mods.values()):
+        return None
+    return {"modalities": mods, "media_path": getattr(server.cfg, "media_path", ""), "marker": server.media_marker}
 
 
 # ------------------------------------------------------------------------------------------

@@ -12,9 +12,7 @@ import json
 from typing import Any
 
 from api.errors import ApiError, dumps, json_type_name
-
-
-_MEDIA_PARTS = {"image_url": "image", "input_audio": "audio", "input_video": "video", "video_url": "video"}
+from api.media import MEDIA_KINDS, content_load_media
 
 
 def _dump2(v: Any) -> str:
@@ -35,9 +33,14 @@ def _at(obj: dict, key: str) -> Any:
     return obj[key]
 
 
-def check_message_shapes(messages: list) -> None:
-    """oaicompat_chat_params_parse's pass over the messages (400s; a media part, 500)."""
+def check_message_shapes(messages: list, media: dict | None = None) -> tuple[list, list[bytes]]:
+    """oaicompat_chat_params_parse's pass over the messages (400s; a media part the server cannot
+    take, 500). `media` (a server with --mmproj): {"modalities", "media_path", "marker"}; each
+    media part's file is loaded (api/media.py) and the part becomes a media marker. Returns the
+    messages (copies where a part was replaced) and the files, in order."""
+    out, files = [], []
     for m in messages:
+        out.append(m)
         role = m.get("role") if isinstance(m, dict) and isinstance(m.get("role"), str) else ""
         has = isinstance(m, dict)
         if role != "assistant" and not (has and "content" in m):
@@ -52,13 +55,19 @@ def check_message_shapes(messages: list) -> None:
             continue
         if not isinstance(content, list):
             raise ApiError("Expected 'content' to be a string or an array")
+        if media is not None:  # oaicompat_content_load_media
+            parts = content_load_media(content, media["modalities"], media["media_path"], files, media["marker"])
+            if any(p is not q for p, q in zip(parts, content)):
+                out[-1] = dict(m, content=parts)
+            continue
         for p in content:  # oaicompat_content_load_media: no projector here, so a media part is its 500
             kind = p.get("type") if isinstance(p, dict) and isinstance(p.get("type"), str) else ""
-            if kind in _MEDIA_PARTS:
-                raise ApiError(f"{_MEDIA_PARTS[kind]} input is not supported - hint: if this is unexpected, "
+            if kind in MEDIA_KINDS:
+                raise ApiError(f"{MEDIA_KINDS[kind]} input is not supported - hint: if this is unexpected, "
                                "you may need to provide the mmproj", "server_error", 500)
             if kind != "text":
                 raise ApiError("unsupported content[].type")
+    return out, files
 
 
 def _function_of(entry: Any, what: str) -> Any:

@@ -9,6 +9,7 @@ from typing import Any
 
 from api import chat as chat_api
 from api.context import ApiContext
+from api.errors import ApiError
 from api.inputs import check_context, off_loop
 from api.params import parse_sampling, parse_task
 from runtime.tasks import CompletionTask, SamplingParams
@@ -16,7 +17,22 @@ from runtime.tasks import CompletionTask, SamplingParams
 
 async def prompt_tokens(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.ChatPrep, list[int]]:
     prep = await off_loop(chat_api.prepare, ctx, body)  # renders the template: 100k messages take seconds
+    if prep.files:  # images / audio: the runtime decodes and tokenizes them (mtmd_tokenize)
+        mp = await media_prompt(ctx, prep.prompt, prep.files)
+        prep.media = mp.chunks
+        return prep, list(mp.tokens)
     return prep, list(await off_loop(ctx.tokenizer.encode, prep.prompt, add_special=True, parse_special=True))
+
+
+async def media_prompt(ctx: ApiContext, prompt: str, files: list[bytes]) -> Any:
+    """`engine.tokenize_media` off the event loop; a file that is no usable media is llama-server's
+    500 "Failed to load image or audio file" (its other refusals keep their words)."""
+    from runtime.vision import MediaError
+
+    try:
+        return await off_loop(ctx.engine.tokenize_media, prompt, files, ctx.media_marker)
+    except MediaError as e:
+        raise ApiError(str(e), "server_error", 500) from None
 
 
 async def chat_task(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.ChatPrep, CompletionTask, SamplingParams]:
@@ -27,6 +43,7 @@ async def chat_task(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.Cha
     params = await off_loop(parse_sampling, prep.body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
     await off_loop(chat_api.apply_grammar, ctx, prep, params)  # parses the grammar
     task = parse_task(prep.body, toks, params, cfg.n_predict, openai=True)
+    task.media = list(prep.media)
     task.chat_format, task.grammar_prefix = prep.echo_format, prep.grammar_prefix
     task.generation_prompt = prep.generation_prompt
     task.user_starts = await off_loop(user_starts, ctx, prep, toks)

@@ -197,7 +197,16 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         embd_normalize=args.embd_normalize, jinja=args.jinja, reasoning_format=args.reasoning_format,
         reasoning_budget=args.reasoning_budget, enable_thinking={"on": True, "off": False}.get(args.reasoning or ""),
         n_predict=args.n_predict, defaults=defaults, ui=args.ui, public_path=args.public_path,
-        verbose=args.verbose or args.verbosity > 9)
+        verbose=args.verbose or args.verbosity > 9, media_path=_media_path(args),
+        media_marker=os.environ.get("LLAMA_MEDIA_MARKER", ""))  # llama-server's: a fixed marker
+
+
+def _media_path(args: argparse.Namespace) -> str:
+    """--media-path: a folder (llama-server's "not a directory"), with a trailing separator."""
+    path = args.media_path or ""
+    if path and not os.path.isdir(path):
+        raise ArgError("--media-path", f"not a directory: {path}")
+    return path if not path or path.endswith(os.sep) else path + os.sep
 
 
 def engine_config(args: argparse.Namespace, scfg: ServerConfig, preload: Preload | None = None):
@@ -218,7 +227,9 @@ def engine_config(args: argparse.Namespace, scfg: ServerConfig, preload: Preload
         verbosity=verbosity(args), n_batch=max(1, args.batch_size), n_ubatch=max(1, args.ubatch_size), kv_dtype=_kv_dtype(args), warmup=args.warmup,
         config_overrides=_rope_overrides(args), lora=lora_adapters(args),
         lora_init_without_apply=args.lora_init_without_apply, preload=preload,
-        numerics=args.numerics)  # None: TRITIUM_FAST_NUMERICS decides (bootstrap.resolve_config)
+        numerics=args.numerics,  # None: TRITIUM_FAST_NUMERICS decides (bootstrap.resolve_config)
+        mmproj=args.mmproj, mmproj_offload=args.mmproj_offload and (args.mmproj_device or "").lower() != "none",
+        image_min_tokens=args.image_min_tokens, image_max_tokens=args.image_max_tokens)
 
 
 def start_preload(args: argparse.Namespace) -> Preload | None:

@@ -257,10 +257,38 @@ def _add_llama_server_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--yarn-beta-fast", type=float, default=None, metavar="N")
     g.add_argument("--log-disable", action="store_true", help="no log output")
     g.add_argument("--log-file", default=None, metavar="FNAME", help="also write the log to this file")
+    _add_multimodal_flags(p)
     for prefix, table in (("_noeffect_", _NO_EFFECT), ("_spec_", _SPECULATIVE), ("_unsupported_", _UNSUPPORTED)):
         for names, value in table:
             kw = {} if value else {"action": "store_const", "const": True}
             g.add_argument(*names, dest=_dest(prefix, names), default=None, help=argparse.SUPPRESS, **kw)
+
+
+def _add_multimodal_flags(p: argparse.ArgumentParser) -> None:
+    """llama-server's multimodal flags (runtime/vision)."""
+    g = p.add_argument_group("multimodal")
+    g.add_argument("-mm", "--mmproj", default=None, metavar="FILE",
+                   help="path to a multimodal projector file (images / audio in prompts)")
+    g.add_argument("-mmu", "--mmproj-url", default=None, metavar="URL",
+                   help="URL to a multimodal projector file (downloaded into the cache)")
+    g.add_argument("--mmproj-auto", dest="mmproj_auto", action="store_true", default=True,
+                   help="use the multimodal projector of a -hf repository when it has one")
+    g.add_argument("--no-mmproj", "--no-mmproj-auto", dest="mmproj_auto", action="store_false")
+    g.add_argument("--mmproj-offload", dest="mmproj_offload", action="store_true", default=True,
+                   help="run the multimodal projector on the model's device (--no-mmproj-offload: the CPU)")
+    g.add_argument("--no-mmproj-offload", dest="mmproj_offload", action="store_false")
+    g.add_argument("-mmdev", "--mmproj-device", default=None, metavar="DEVICE",
+                   help="device of the multimodal projector (none = the CPU; default: the model's)")
+    g.add_argument("--image-min-tokens", type=int, default=-1, metavar="N",
+                   help="minimum number of tokens each image can take (dynamic-resolution vision models; "
+                        "default: read from the model)")
+    g.add_argument("--image-max-tokens", type=int, default=-1, metavar="N",
+                   help="maximum number of tokens each image can take (default: read from the model)")
+    g.add_argument("--media-path", default="", metavar="PATH",
+                   help="folder that file:// media URLs may name (default: file:// URLs are refused)")
+    for names in (("--mtmd-batch-max-tokens",), ("--video-fps",), ("--video-timestamp-interval",),
+                  ("--video-ffmpeg-dir",)):  # batching and video: nothing to change here
+        g.add_argument(*names, dest=_dest("_noeffect_", names), default=None, help=argparse.SUPPRESS)
 
 
 def _dest(prefix: str, names: tuple[str, ...]) -> str:

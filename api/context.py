@@ -53,6 +53,8 @@ class ServerConfig:
     n_predict: int = -1
     ui: bool = True  # the web chat page at / (api/routes/ui.py)
     public_path: str = ""  # --path: static files served instead of the built-in page (api/routes/ui.py)
+    media_path: str = ""  # --media-path: the folder file:// media URLs may name ("": refused)
+    media_marker: str = ""  # LLAMA_MEDIA_MARKER: the media marker ("": drawn at random per app)
     verbose: bool = False  # a request's default "verbose" (its __verbose field): log verbosity > 9, as -v sets
     defaults: SamplingParams = field(default_factory=SamplingParams)
 
@@ -79,9 +81,9 @@ class ApiContext:
         self._engine = engine
         self.log = log
         self.ready = False
-        # llama-server draws a random marker for media placeholders in prompts once per server
-        # (tritium takes no media, but clients read the field in /props)
-        self.media_marker = "<__media_" + random_id() + "__>"
+        # llama-server draws a random marker for media placeholders in prompts once per server (the
+        # text a chat's image / audio part becomes; /completion's multimodal_data prompts name it)
+        self.media_marker = cfg.media_marker or "<__media_" + random_id() + "__>"
 
     @property
     def engine(self) -> EngineAPI:

@@ -107,6 +107,17 @@ class EngineAPI(Protocol):
 
     def submit(self, task: CompletionTask | EmbeddingTask) -> TaskHandleAPI: ...
 
+    @property
+    def modalities(self) -> dict[str, bool]:
+        """/props `modalities`: {"vision": ..., "audio": ...} of the --mmproj file (both False without)."""
+        ...
+
+    def tokenize_media(self, text: str, files: list[bytes], marker: str) -> Any:
+        """Thread-safe (run it off the event loop): a prompt with `marker`s and one file (bytes) per
+        marker -> `runtime.vision.MediaPrompt` (`tokens`, `chunks` for CompletionTask.media);
+        raises `runtime.vision.MediaError` (the request's fault) or ValueError without --mmproj."""
+        ...
+
     def idle_slot_available(self) -> bool: ...
 
     def slots_info(self) -> list[dict[str, Any]]:

@@ -95,6 +95,30 @@ def tokenize_prompt(tok: TokenizerAPI, prompt: Any) -> list[int]:
     return toks
 
 
+async def prompt_with_media(ctx: Any, prompt: Any) -> tuple[list[int], list[Any]]:
+    """One prompt of /completion or /v1/completions: its token ids and media chunks. A prompt object
+    with `multimodal_data` (base64 files, one per media marker in its `prompt_string`) on a server
+    with --mmproj is tokenized by the runtime (`engine.tokenize_media`); any other, `tokenize_prompt`."""
+    mods = getattr(ctx.engine, "modalities", None) or {}
+    if isinstance(prompt, dict) and "prompt_string" in prompt and "multimodal_data" in prompt and any(mods.values()):
+        from api.chat_task import media_prompt
+        from api.media import base64_decode
+
+        data, text = prompt["multimodal_data"], prompt["prompt_string"]
+        entries = data if isinstance(data, list) else [] if data is None else [data]
+        for v in [*entries, text]:
+            if not isinstance(v, str):
+                raise ApiError(f"[json.exception.type_error.302] type must be string, but is {json_type_name(v)}")
+        mp = await media_prompt(ctx, text, [base64_decode(v) for v in entries])
+        return list(mp.tokens), list(mp.chunks)
+    return await off_loop(tokenize_prompt, ctx.tokenizer, prompt), []
+
+
+def text_tokens(toks: list[int]) -> list[int]:
+    """A prompt's token ids without its media rows (negative ids): what llama-server detokenizes."""
+    return [t for t in toks if t >= 0]
+
+
 def split_prompts(prompt: Any) -> list[Any]:
     """A `prompt` field -> its prompts: a list without integers (strings, token lists, prompt
     objects) holds one prompt per element (llama-server's tokenize_input_prompts)."""

@@ -56,10 +56,10 @@ _MODULES = {"torch": "kernels.ref", "cpu": "kernels.cpu", "triton": "kernels.tri
 OPS = (
     "prepare_weight", "prepare_weights", "packs_quantized", "dequantize", "qmatmul", "embedding", "rms_norm",
     "add_rms_norm", "rope", "silu_mul", "gelu_mul", "write_kv", "paged_attention", "topk", "prepare_topk_head",
-    "topk_logits", "moe_route", "prepare_experts", "moe_ffn", "fused_decoder",
+    "topk_logits", "moe_route", "prepare_experts", "moe_ffn", "fused_decoder", "layer_norm", "dense_attention",
 )
 __all__ = ["Backend", "DecoderLayer", "DecoderShape", "Experts", "QWeight", "NAMES", "Numerics", "OPS", "PackMatrix",
-           "prepack_quantized", *OPS]
+           "prepack_quantized", "decode_image", *OPS]
 
 
 class Backend:
@@ -202,6 +202,18 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, sc
                                          softcap, max_q_len, window)
 
 
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """(x[T, C] - mean) / sqrt(var + eps) * weight[C] + bias[C] (LayerNorm; weight/bias may be None), in x.dtype."""
+    return _on(x.device).layer_norm(x, weight, bias, eps)
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                    mask: torch.Tensor | None = None, softcap: float = 0.0) -> torch.Tensor:
+    """Dense attention q[T, H, D] over k/v[S, KVH, D] -> [T, H, D]: keys hidden where mask[T, S] is
+    False (none without a mask), optional tanh soft-cap, float32 softmax (`ref.dense_attention`)."""
+    return _on(q.device).dense_attention(q, k, v, scale, mask, softcap)
+
+
 def topk(row: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, indices) of the k largest entries of a row [V], values descending (torch.topk's
     contract; ties may be ordered differently)."""
@@ -246,6 +258,15 @@ def fused_decoder(layers: list[DecoderLayer], shape: DecoderShape):
     `decoder.supports(k_caches, v_caches)`), bit-identical to the per-op path; None where the
     backend has none or the layers do not qualify (the reference and Triton: always None)."""
     return _on(layers[0].attn_norm.device).fused_decoder(layers, shape)
+
+
+def decode_image(data: bytes, max_pixels: int) -> tuple[int, int, bytes] | None:
+    """(width, height, 8-bit RGB bytes) of an encoded image as llama.cpp's mtmd decodes it
+    (stb_image; `kernels.cpu.image`), None when it is not an image; `kernels.cpu.image.ImageTooLarge`
+    beyond `max_pixels`. Device-independent: no torch."""
+    from .cpu.image import decode_image as decode
+
+    return decode(data, max_pixels)
 
 
 def tune(backend: Backend, weights: list[QWeight], dtype: torch.dtype, max_rows: int,

@@ -112,6 +112,21 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     return rms_norm(s, weight, eps), s
 
 
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """(x[T, C] - mean) * rsqrt(var + eps) * weight[C] + bias[C] (either may be None), as ggml_norm
+    computes it: the mean and the variance summed in float64, the rest in float32; in x.dtype."""
+    xf = x.float()
+    mean = xf.double().mean(dim=-1, keepdim=True).float()
+    d = xf - mean
+    var = d.double().pow(2).mean(dim=-1, keepdim=True).float()
+    y = d * torch.rsqrt(var + eps)
+    if weight is not None:
+        y = y * weight.float()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
 def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor, theta_scale: float = 0.0) -> torch.Tensor:
     """[T, R] float32 angles: positions[T] * inv_freq[R]; with theta_scale > 0 as ggml's CPU rope
     chains them (ggml_rope_cache_init): t = position, t *= theta_scale per pair, rounded each step,
@@ -317,6 +332,31 @@ def paged_attention(
             o = _attend_sdpa(qs, k, v, scale, L - (q1 - q0))
         out[q0:q1] = o.to(q.dtype)
     return out
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                    mask: torch.Tensor | None = None, softcap: float = 0.0) -> torch.Tensor:
+    """Dense attention q[T, H, D] over k/v[S, KVH, D] -> [T, H, D] in q.dtype: softmax(scale q.k
+    (tanh soft-capped when softcap > 0), keys where mask[T, S] (bool) is False hidden) @ v, every
+    key visible without a mask; GQA: query head h reads KV head h // (H // KVH). Float32 math from
+    the inputs as they are (the vision encoder and the image spans of a prompt)."""
+    T, H, D = q.shape
+    S, KVH, _ = k.shape
+    G = H // KVH
+    qh = q.float().reshape(T, KVH, G, D).permute(1, 2, 0, 3)  # [KVH, G, T, D]
+    kh = k.float().permute(1, 0, 2)[:, None]  # [KVH, 1, S, D]
+    vh = v.float().permute(1, 0, 2)[:, None]
+    out = torch.empty(KVH, G, T, D, dtype=torch.float32, device=q.device)
+    step = max(1, _SCORE_CHUNK_ELEMS // max(1, KVH * G * S))
+    for c0 in range(0, T, step):
+        c1 = min(T, c0 + step)
+        s = (qh[:, :, c0:c1] @ kh.transpose(-1, -2)) * scale  # [KVH, G, c, S]
+        if softcap > 0.0:
+            s = softcap * torch.tanh(s / softcap)
+        if mask is not None:
+            s = s.masked_fill(~mask[c0:c1].to(device=q.device, dtype=torch.bool), float("-inf"))
+        out[:, :, c0:c1] = torch.softmax(s, dim=-1) @ vh
+    return out.permute(2, 0, 1, 3).reshape(T, H, D).to(q.dtype)
 
 
 def topk(row: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

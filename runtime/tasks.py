@@ -79,6 +79,9 @@ class CompletionTask:
     chat_format: str = "Content-only"  # echoed in generation_settings: llama.cpp's name of the parser format
     user_starts: list[int] = field(default_factory=list)  # chat: token positions where user messages begin
     infill: bool = False  # an /infill task: like llama-server's, it never saves to or loads from --cache-ram
+    # images / audio clips of the prompt (runtime.vision.media.MediaChunk: where their tokens sit in
+    # prompt_tokens, which are negative ids there; their preprocessed inputs, opaque to api/)
+    media: list[Any] = field(default_factory=list)
 
 
 @dataclass

@@ -15,7 +15,8 @@ from api import infill as infill_api
 from api.choices import n_choices, with_children
 from api.context import ApiContext, Ctx
 from api.errors import ApiError, answer
-from api.inputs import check_context, check_task_count, off_loop, read_json, split_prompts, tokenize_prompt
+from api.inputs import (check_context, check_task_count, off_loop, prompt_with_media, read_json, split_prompts,
+                        text_tokens)
 from api.params import Fields, parse_sampling, parse_task, reasoning_format_name, sampling_settings
 from api.results import NativeRequest, collect_all, completion_final_json, partial_json, probs_json, with_progress
 from api.sse import Stream, stream_many
@@ -37,7 +38,7 @@ def native_request(ctx: ApiContext, body: dict[str, Any], prompt_tokens: list[in
                                  timings_per_token=f.boolean("timings_per_token", False),
                                  post_sampling_probs=f.boolean("post_sampling_probs", False))
     settings["lora"] = [{"id": i, "scale": s} for i, s in sorted((task.lora or {}).items())]
-    return NativeRequest(task, settings, ctx.tokenizer.decode(prompt_tokens), params.n_probs,
+    return NativeRequest(task, settings, ctx.tokenizer.decode(text_tokens(prompt_tokens)), params.n_probs,
                          f.boolean("post_sampling_probs", False), index)
 
 
@@ -68,10 +69,11 @@ async def completion(ctx: Ctx, request: Request) -> Response:
     check_task_count(len(prompts) * n)
     reqs, leads = [], []
     for i, p in enumerate(prompts):  # each prompt, then its n - 1 children; indexes run over all of them
-        toks = await off_loop(tokenize_prompt, ctx.tokenizer, p)
+        toks, media = await prompt_with_media(ctx, p)
         check_context(len(toks), ctx.engine.n_ctx_slot)
         # off the loop: decodes the prompt, and the first prompt's parses the sampling fields (compiles the grammar)
         first = await off_loop(native_request, ctx, body, toks, 0, reqs[0].task.params if reqs else None)
+        first.task.media = media
         for j, task in enumerate(with_children(first.task, n)):
             reqs.append(dataclasses.replace(first, task=task, index=len(reqs)))
             # b1 streams each further prompt's "processing started" signal as `data: null`

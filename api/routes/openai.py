@@ -15,7 +15,8 @@ from api.chat_task import chat_task
 from api.choices import n_choices, with_children
 from api.context import BUILD_INFO, ApiContext, Ctx, random_id
 from api.errors import ApiError, answer
-from api.inputs import check_context, check_task_count, off_loop, read_json, split_prompts, tokenize_prompt
+from api.inputs import (check_context, check_task_count, off_loop, prompt_with_media, read_json, split_prompts,
+                        text_tokens)
 from api.params import Fields, parse_sampling, parse_task, reasoning_format_name, sampling_settings
 from api.results import (NativeRequest, collect_all, completion_final_json, finish_reason, partial_json, probs_json,
                          usage_json, with_progress)
@@ -41,11 +42,13 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
     prompts = split_prompts(body["prompt"])
     check_task_count(len(prompts) * n)
     for i, p in enumerate(prompts):  # each prompt, then its n - 1 children
-        toks = await off_loop(tokenize_prompt, ctx.tokenizer, p)
+        toks, media = await prompt_with_media(ctx, p)
         check_context(len(toks), ctx.engine.n_ctx_slot)
         if params is None:  # the same for every prompt: parsed (and its grammar compiled) once
             params = await off_loop(parse_sampling, body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
-        tasks.extend(with_children(parse_task(body, toks, params, cfg.n_predict, openai=True), n))
+        task = parse_task(body, toks, params, cfg.n_predict, openai=True)
+        task.media = media
+        tasks.extend(with_children(task, n))
         leads.extend([b"data: null\n\n" if i > 0 else b""] + [b""] * (n - 1))
     cmpl_id = "chatcmpl-" + random_id()
     model = cfg.model_name
@@ -68,7 +71,7 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
         d["choices"] = choices
         d["usage"] = usage_json(res)
         if verbose:
-            d["__verbose"] = verbose_json(ctx, tasks[0], ctx.tokenizer.decode(tasks[0].prompt_tokens), res, toks_out)
+            d["__verbose"] = verbose_json(ctx, tasks[0], ctx.tokenizer.decode(text_tokens(tasks[0].prompt_tokens)), res, toks_out)
         d["timings"] = res.timings.as_dict()
         keys = ("choices", "created", "model", "system_fingerprint", "object", "usage", "id", "__verbose", "timings")
         return await answer({k: d[k] for k in keys if k in d})
@@ -97,7 +100,7 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
             cid = d.pop("id")
             d["usage"], d["id"] = usage_json(res), cid
             if verbose:
-                d["__verbose"] = verbose_json(ctx, task, ctx.tokenizer.decode(task.prompt_tokens), res, [])
+                d["__verbose"] = verbose_json(ctx, task, ctx.tokenizer.decode(text_tokens(task.prompt_tokens)), res, [])
             d["timings"] = res.timings.as_dict()
             return [d]
 

@@ -39,10 +39,11 @@ async def models(ctx: Ctx) -> Response:
     }
     if "ftype" in info:
         meta["ftype"] = info["ftype"]
+    caps = ["completion", "multimodal"] if any(modalities(ctx).values()) else ["completion"]
     return json_response({
         "models": [{
             "name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
-            "description": "", "tags": [""], "capabilities": ["completion"], "parameters": "",
+            "description": "", "tags": [""], "capabilities": caps, "parameters": "",
             "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
                         "parameter_size": "", "quantization_level": ""},
         }],
@@ -52,6 +53,11 @@ async def models(ctx: Ctx) -> Response:
             "owned_by": "llamacpp", "meta": meta,
         }],
     })
+
+
+def modalities(ctx) -> dict[str, bool]:
+    """What the --mmproj file encodes (both False without one)."""
+    return dict({"vision": False, "audio": False}, **(getattr(ctx.engine, "modalities", None) or {}))
 
 
 @router.get("/props")
@@ -64,7 +70,7 @@ async def props(ctx: Ctx) -> Response:
         "model_alias": cfg.model_name,
         "model_ftype": ctx.engine.model_info.get("ftype", ""),
         "model_path": cfg.model_path,
-        "modalities": {"vision": False, "video": False, "audio": False},
+        "modalities": {"vision": modalities(ctx)["vision"], "video": False, "audio": modalities(ctx)["audio"]},
         "media_marker": ctx.media_marker,
         "endpoint_slots": cfg.slots,
         "endpoint_props": cfg.props,

@@ -31,7 +31,7 @@ NUMERICS_OPS = ("prepare_weight", "prepare_weights", "prepare_experts", "paged_a
 # op -> the module defining it; imported when first asked for (PEP 562), so that `prepack.py`,
 # `qdot_lib.py` and `native.py` load without torch
 _OPS = {
-    "moe_route": "..ref",
+    **dict.fromkeys(("dense_attention", "layer_norm", "moe_route"), "..ref"),
     **dict.fromkeys(("add_rms_norm", "gelu_mul", "rms_norm", "rope", "silu_mul", "write_kv"), ".pointwise"),
     "paged_attention": ".attention",
     "fused_decoder": ".decoder",

@@ -19,6 +19,8 @@ autotune configs beside it:
 | `silu_mul.py` | `_silu_mul_kernel` |
 | `write_kv.py` | `_write_kv_kernel` |
 | `moe_gemm.py` | `_moe_gemm_kernel`: `moe_ffn` (tokens grouped by expert, dequantizing grouped GEMM, SwiGLU fused) |
+| `dense_attention.py` | `_dense_attention_kernel`: `dense_attention` (contiguous keys, optional mask: the vision encoder, image spans) |
+| `layer_norm.py` | `_layer_norm_kernel`: `layer_norm` |
 
 plus the device functions they share: `gguf_tl.py` (GGUF blocks dequantized in registers) and
 `attend_tile.py` (one online-softmax step); `tuning.py` (the matmul launch configs, timed at
@@ -35,7 +37,9 @@ from ..ref import cat_rows, gelu_mul, moe_route, packs_quantized, prepare_topk_h
 from ..ref import prepare_experts  # noqa: F401  (the stacked GGUF layout, as the kernels read it)
 from ..ref import fused_decoder  # noqa: F401  (none: CUDA graphs cut the per-op cost instead)
 from .moe_gemm import moe_ffn  # noqa: F401
+from .dense_attention import dense_attention  # noqa: F401
 from .dequant import dequantize, embedding  # noqa: F401
+from .layer_norm import layer_norm  # noqa: F401
 from .norm import add_rms_norm, rms_norm  # noqa: F401
 from .paged_decode import paged_decode
 from .paged_prefill import paged_prefill

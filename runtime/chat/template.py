@@ -87,16 +87,28 @@ def _make_env() -> ImmutableSandboxedEnvironment:
 # message normalization (llama.cpp common_chat_msgs_parse_oaicompat + to_json_oaicompat)
 
 def _content_to_string(content: Any) -> str | None:
+    """Content parts joined as llama.cpp joins them: text parts with "\\n" between them, media
+    markers (the parts a request's images and audio clips became) without one before or after."""
     if content is None or isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = []
+        text, last_marker = "", False
         for part in content:
+            if isinstance(part, dict) and part.get("type") == "media_marker":
+                text += str(part.get("text", ""))
+                last_marker = True
+                continue
             if isinstance(part, dict) and part.get("type") == "text":
-                texts.append(str(part.get("text", "")))
+                s = str(part.get("text", ""))
             elif isinstance(part, str):
-                texts.append(part)
-        return "\n".join(texts)
+                s = part
+            else:
+                continue
+            if not last_marker and text:
+                text += "\n"
+            text += s
+            last_marker = False
+        return text
     return str(content)
 
 

@@ -53,6 +53,11 @@ class ModelConfig:
     n_ff_exp: int = 0
     expert_weights_norm: bool = False
     expert_weights_scale: float = 0.0
+    # M-RoPE (qwen2vl / qwen3vl, runtime/model/arch/qwenvl.py): the rotary pairs of each position
+    # section (t, h, w, e), interleaved (qwen3vl) or not; deepstack layers (qwen3vl's wider inputs)
+    rope_sections: list[int] | None = None
+    rope_imrope: bool = False
+    n_deepstack: int = 0
     # float32 [n_rot/2] divisors of the rope frequencies (llama3 rope) == weights["rope_freqs.weight"]
     rope_freq_factors: torch.Tensor | None = None
 

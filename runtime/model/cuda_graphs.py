@@ -79,7 +79,7 @@ class DecodeGraphs:
         tables[:B] = 0
         for i, b in enumerate(batch):
             meta[0, i] = b.tokens[0]
-            meta[1, i] = b.n_past
+            meta[1, i] = b.n_past if b.pos is None else b.pos[0]
             meta[2, i] = self.kv.slot_mapping(b.seq, b.n_past, b.n_past + 1)[0]
             meta[3, i] = b.n_past + 1
             tables[i, : len(b.seq.blocks)] = torch.tensor(b.seq.blocks, dtype=torch.int32)

@@ -25,6 +25,8 @@ import kernels
 from kernels.qweight import QWeight
 from runtime.model.arch import spec_for
 from runtime.model.arch.qwen3moe import MoeFFN
+from runtime.model.arch.qwenvl import mrope, pair_sections
+from runtime.model import media as mm
 from runtime.kv_cache import KVCache, SeqKV
 from runtime.model.lora import RowLora
 
@@ -42,6 +44,8 @@ class SeqBatch:
     topk: int = 0
     banned: tuple[int, ...] = ()
     lora: tuple[float, ...] = ()  # this sequence's scale per loaded LoRA adapter (runtime/model/lora.py)
+    pos: list[int] | None = None  # each new token's rope position (None: its KV index, n_past + j)
+    embd: tuple = ()  # `runtime.model.media.EmbdSpan`s: rows taking media embeddings (their tokens < 0)
 
 
 @dataclass
@@ -59,6 +63,7 @@ class StepTensors:
     need_hidden: bool
     swa_slots: torch.Tensor | None = None  # [T]: the sliding-window layers' slots in the SWA pool
     swa_tables: torch.Tensor | None = None  # [S, max_blocks] int32: their block tables (kv_cache.py)
+    media: mm.StepMedia | None = None  # rows taking media embeddings (runtime/model/media.py)
 
 
 @dataclass
@@ -270,6 +275,9 @@ class Model:
         self._topk_head = ops.prepare_topk_head(self.output) if tp is None else None
         self.n_vocab = self.output.rows if tp is None else tp.n_vocab
         self.n_embd = cfg.n_embd
+        self.n_deepstack = getattr(cfg, "n_deepstack", 0)
+        secs = getattr(cfg, "rope_sections", None)  # M-RoPE (runtime/model/arch/qwenvl.py)
+        self.rope_pairs = None if secs is None else pair_sections(secs, self.inv_freq.shape[0], cfg.rope_imrope)
         self.adapters: list = []  # LoRA adapters (runtime.model.lora.LoraAdapter), attached at load
         self.decoder = self._fused_decoder()  # the CPU's one-loop decode step, where the model qualifies
 
@@ -309,13 +317,15 @@ class Model:
     def _layers(self, kv: KVCache, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
                 tables: torch.Tensor, cu: torch.Tensor, kv_lens_t: torch.Tensor,
                 max_q_len: int | None, lora: RowLora | None = None,
-                swa_slot_t: torch.Tensor | None = None, swa_tables: torch.Tensor | None = None) -> torch.Tensor:
+                swa_slot_t: torch.Tensor | None = None, swa_tables: torch.Tensor | None = None,
+                media: mm.StepMedia | None = None) -> torch.Tensor:
         """Embedding and every layer for T new tokens (device tensors: ids/pos/slot [T], tables
         [S, max_blocks] int32, cu [S + 1] int32, kv_lens [S] int32); new K/V are written to their
         slots (negative: skipped). Returns the final residual stream [T, C]. With `max_q_len`
         given, no op waits on the device (what a CUDA graph capture needs). `swa_slot_t` /
         `swa_tables`: the slots and block tables of the sliding-window layers when the cache
-        keeps them in its SWA pool (None: every layer uses `slot_t` / `tables`)."""
+        keeps them in its SWA pool (None: every layer uses `slot_t` / `tables`). `media`: rows taking
+        media embeddings (runtime/model/media.py)."""
         T = ids_t.shape[0]
         H, KVH, D = self.n_head, self.n_head_kv, self.head_dim
         ops = self.ops
@@ -323,8 +333,10 @@ class Model:
         if self.spec.embed_scale != 1.0:
             h = h * self.spec.embed_scale
         h = h.to(self.act_dtype)
+        if media is not None:
+            h = mm.put_embeddings(h, media, self.n_embd)
         dec = self.decoder  # one query per sequence: the fused loop (same bits, kernels/cpu/decoder.py)
-        if (dec is not None and lora is None and max_q_len == 1 and T == cu.shape[0] - 1
+        if (dec is not None and lora is None and media is None and max_q_len == 1 and T == cu.shape[0] - 1
                 and (dec.max_rows is None or T <= dec.max_rows) and dec.supports(kv.k, kv.v)):
             return dec(h, kv.k, kv.v, pos_t, slot_t, tables, kv_lens_t, kv.is_swa if swa_tables is not None else None,
                        swa_slot_t, swa_tables)
@@ -349,8 +361,12 @@ class Model:
             if L.q_norm is not None:
                 q = ops.rms_norm(q.reshape(T * H, D), L.q_norm, self.eps).view(T, H, D)
                 k = ops.rms_norm(k.reshape(T * KVH, D), L.k_norm, self.eps).view(T, KVH, D)
-            q = ops.rope(q, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
-            k = ops.rope(k, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
+            if media is not None and media.pos4 is not None:
+                q = mrope(ops, q, media.pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs)
+                k = mrope(ops, k, media.pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs)
+            else:
+                q = ops.rope(q, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
+                k = ops.rope(k, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
             own = swa_tables is not None and kv.is_swa[li]
             ops.write_kv(k, v, kv.k[li], kv.v[li], swa_slot_t if own else slot_t)
             if self.spec.prescale_q:  # llama.cpp's gemma graphs: ggml_scale(q), then attention at scale 1
@@ -358,6 +374,10 @@ class Model:
             attn = ops.paged_attention(q, kv.k[li], kv.v[li], swa_tables if own else tables, cu, kv_lens_t,
                                        1.0 if self.spec.prescale_q else self.scale,
                                        self.spec.attn_softcap, max_q_len=max_q_len, window=L.window)
+            if media is not None and media.spans:  # media rows seeing their whole chunk
+                attn = mm.bidirectional_attention(ops, attn, q, kv.k[li], kv.v[li], swa_tables if own else tables, cu,
+                                                  kv_lens_t, media, 1.0 if self.spec.prescale_q else self.scale,
+                                                  self.spec.attn_softcap, L.window)
             attn = attn.reshape(T, H * D)
             h = ops.qmatmul(attn, L.wo)
             if lora is not None:
@@ -382,7 +402,10 @@ class Model:
                     self.tp.group.all_reduce(h)
             if L.post_ffn_norm is not None:
                 h = ops.rms_norm(h, L.post_ffn_norm, self.eps)
-        return h + residual  # [T, C] final residual stream
+            if media is not None and li < self.n_deepstack:  # qwen3vl: the layer's output plus its deepstack input
+                h, residual = h + residual, None
+                h[media.rows] += mm.deepstack_rows(media, li, self.n_embd).to(h.dtype)
+        return h if residual is None else h + residual  # [T, C] final residual stream
 
     def decode_logits(self, kv: KVCache, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
                       tables: torch.Tensor, cu: torch.Tensor, kv_lens_t: torch.Tensor,
@@ -426,7 +449,8 @@ class Model:
         for b in batch:
             n = len(b.tokens)
             ids.extend(b.tokens)
-            pos.append(torch.arange(b.n_past, b.n_past + n, dtype=torch.int64))
+            pos.append(torch.arange(b.n_past, b.n_past + n, dtype=torch.int64) if b.pos is None
+                       else torch.tensor(b.pos, dtype=torch.int64))
             slots.append(kv.slot_mapping(b.seq, b.n_past, b.n_past + n))
             q_lens.append(n)
             kv_lens.append(b.n_past + n)
@@ -438,10 +462,12 @@ class Model:
         cu = torch.zeros(len(batch) + 1, dtype=torch.int32)
         cu[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int32), 0)
         ends = cu[1:].tolist()
-        step = StepTensors(torch.tensor(ids, dtype=torch.int64), torch.cat(pos), torch.cat(slots), tables, cu,
+        pos_t = torch.cat(pos)
+        step = StepTensors(torch.tensor(ids, dtype=torch.int64).clamp_(min=0), pos_t, torch.cat(slots), tables, cu,
                            torch.tensor(kv_lens, dtype=torch.int32), max(q_lens),
                            rows=[e - 1 for b, e in zip(batch, ends) if b.logits],
-                           need_hidden=any(b.hidden for b in batch), swa_slots=swa_slots, swa_tables=swa_tables)
+                           need_hidden=any(b.hidden for b in batch), swa_slots=swa_slots, swa_tables=swa_tables,
+                           media=mm.step_media(batch, pos_t, self.rope_pairs is not None))
         if self.tp is not None:
             self.tp.group.send(("forward", step))  # the other ranks run the same step on their shards
         wants = [b for b in batch if b.logits]
@@ -465,7 +491,8 @@ class Model:
         h = self._layers(kv, step.ids.to(dev), step.pos.to(dev), step.slots.to(dev), step.tables.to(dev),
                          step.cu.to(dev), step.kv_lens.to(dev), step.max_q_len, lora,
                          None if step.swa_slots is None else step.swa_slots.to(dev),
-                         None if step.swa_tables is None else step.swa_tables.to(dev))
+                         None if step.swa_tables is None else step.swa_tables.to(dev),
+                         None if step.media is None else step.media.to(dev))
         logits = None
         if step.rows:
             hs = h[torch.tensor(step.rows, device=dev)] if len(step.rows) != T else h

@@ -72,6 +72,8 @@ class TinyModelSpec:
     sliding_window: int = 0  # phi3 / gemma3: written as attention.sliding_window when > 0
     rope_freq_base_swa: float = 0.0  # gemma3: rope.freq_base_swa when > 0 (local layers' RoPE base)
     norm_std: float = 0.0  # > 0: norm weights 1 + N(0, norm_std) (0: ones)
+    rope_sections: tuple[int, ...] = ()  # qwen2vl / qwen3vl: rope.dimension_sections (M-RoPE, 4 entries)
+    n_deepstack: int = 0  # qwen3vl: n_deepstack_layers (vision features added after the first layers)
 
 
 BUILTIN_SPEC = TinyModelSpec(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=352,
@@ -95,7 +97,7 @@ GEMMA3_SPEC = TinyModelSpec(arch="gemma3", n_layer=6, n_embd=128, n_head=4, n_he
                             n_ctx=512, head_dim=64, rope_freq_base=1e6, rms_eps=1e-6,
                             name="tiny-random-gemma3", seed=7, init_std=0.02, tie_embeddings=True,
                             sliding_window=8, norm_std=0.3)
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "qwen2vl", "qwen3vl")
 _BUILTIN_VERSION = 1  # bump when the built-in vocab/spec changes (cache file name)
 
 
@@ -270,10 +272,10 @@ def tensor_shapes(spec: TinyModelSpec, n_vocab: int) -> list[tuple[str, tuple[in
             out.append((p + "attn_q.weight", (q_dim, spec.n_embd)))
             out.append((p + "attn_k.weight", (kv_dim, spec.n_embd)))
             out.append((p + "attn_v.weight", (kv_dim, spec.n_embd)))
-        if spec.arch == "qwen2":
+        if spec.arch in ("qwen2", "qwen2vl"):
             out += [(p + "attn_q.bias", (q_dim,)), (p + "attn_k.bias", (kv_dim,)),
                     (p + "attn_v.bias", (kv_dim,))]
-        if spec.arch in ("qwen3", "qwen3moe", "gemma3"):
+        if spec.arch in ("qwen3", "qwen3moe", "gemma3", "qwen3vl"):
             out += [(p + "attn_q_norm.weight", (hd,)), (p + "attn_k_norm.weight", (hd,))]
         out.append((p + "attn_output.weight", (spec.n_embd, q_dim)))
         if spec.arch == "gemma3":
@@ -343,7 +345,12 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
         w.add_sliding_window(spec.sliding_window)
     if spec.rope_freq_base_swa > 0:
         w.add_key_value(f"{spec.arch}.rope.freq_base_swa", float(spec.rope_freq_base_swa), GGUFValueType.FLOAT32)
-    if spec.head_dim is not None or spec.arch in ("qwen3", "qwen3moe", "gemma3"):
+    if spec.rope_sections:
+        w.add_key_value(f"{spec.arch}.rope.dimension_sections", list(spec.rope_sections), GGUFValueType.ARRAY,
+                        sub_type=GGUFValueType.INT32)
+    if spec.n_deepstack:
+        w.add_key_value(f"{spec.arch}.n_deepstack_layers", spec.n_deepstack, GGUFValueType.UINT32)
+    if spec.head_dim is not None or spec.arch in ("qwen3", "qwen3moe", "gemma3", "qwen3vl"):
         w.add_key_length(hd)
         w.add_value_length(hd)
     w.add_vocab_size(n_vocab)

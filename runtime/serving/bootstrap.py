@@ -42,6 +42,7 @@ class Loaded:
     n_ctx_slot: int
     kv_unified: bool
     model_info: dict[str, Any]
+    mm: Any = None  # runtime.vision.Multimodal (--mmproj)
 
 
 POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # llama_pooling_type
@@ -236,9 +237,26 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
         "path": path,
         "pooling": model_pooling(lm.gguf_metadata, c.arch),
     }
+    mm = load_mmproj(cfg, c, model, tk, log) if cfg.mmproj else None
     trim_heap()  # the tokenizer's build and the repack leave freed heap pages behind (~33 MiB for Gemma 3)
     return Loaded(model, kv, runner, tk, chat_template, vocab, prompt_cache, n_ctx, n_slots, n_ctx_slot, unified,
-                  model_info)
+                  model_info, mm)
+
+
+def load_mmproj(cfg: EngineConfig, c, model: Model, tk, log: Log):
+    """The multimodal projector (--mmproj) on the model's device (the CPU with --no-mmproj-offload),
+    checked against the text model as mtmd checks it; --cache-reuse is off with it (llama-server)."""
+    from runtime.vision import Multimodal
+
+    device = model.device if cfg.mmproj_offload else "cpu"
+    n_embd_inp = c.n_embd * (1 + getattr(c, "n_deepstack", 0))
+    mm = Multimodal(cfg.mmproj, tk, n_embd_inp, c.rope_sections is not None, device,
+                    cfg.image_min_tokens, cfg.image_max_tokens, cfg.media_marker)
+    log("I", f"srv    load_model: loaded multimodal model, '{cfg.mmproj}'")
+    if cfg.cache_reuse:
+        cfg.cache_reuse = 0
+        log("W", "srv    load_model: cache_reuse is not supported by multimodal, it will be disabled")
+    return mm
 
 
 # On the CPU a prompt is computed in micro-batches of at most max(256, one row per 2 MiB of weights)

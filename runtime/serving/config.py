@@ -55,5 +55,12 @@ class EngineConfig:
     # it, or OWN, theirs (faster); None = OWN when TRITIUM_FAST_NUMERICS is set, else GGML, read by
     # bootstrap.resolve_config; fixed in the model's kernel backend when it is built
     numerics: Numerics | None = None
+    # a multimodal projector (--mmproj, runtime/vision): its file, on the model's device unless
+    # --no-mmproj-offload, the dynamic-size images' token bounds (-1: the file's), the media marker
+    mmproj: str | None = None
+    mmproj_offload: bool = True
+    image_min_tokens: int = -1
+    image_max_tokens: int = -1
+    media_marker: str = "<__media__>"
     # the CLI's read of model_path started before its imports (runtime.launch.preload.Preload), taken once by the load
     preload: Any = None

@@ -46,6 +46,7 @@ class Engine:
         self.loaded = False
         # set by load()
         self.model = self.kv = self.runner = self.tokenizer = self.chat_template = None
+        self.mm = None  # runtime.vision.Multimodal (--mmproj)
         self.prompt_cache = None
         self.scheduler: Scheduler | None = None
         self.model_info: dict[str, Any] = {}
@@ -83,10 +84,10 @@ class Engine:
         self.model, self.kv, self.runner = b.model, b.kv, b.runner
         self.tokenizer, self.chat_template, self.model_info = b.tokenizer, b.chat_template, b.model_info
         self.n_ctx, self.n_slots, self.n_ctx_slot, self.kv_unified = b.n_ctx, b.n_slots, b.n_ctx_slot, b.kv_unified
-        self.prompt_cache, self.vocab = b.prompt_cache, b.vocab
+        self.prompt_cache, self.vocab, self.mm = b.prompt_cache, b.vocab, b.mm
         self.slots = new_slots(b.n_slots, b.n_ctx_slot)
         self.scheduler = Scheduler(self.cfg, self.slots, b.kv, b.model, b.vocab, b.prompt_cache, self._metrics,
-                                   self._log, b.kv_unified)
+                                   self._log, b.kv_unified, b.mm)
         if self.cfg.cache_idle_slots and not self.sleeping:
             if self.prompt_cache is None:
                 self._log("W", "srv          init: --cache-idle-slots requires --cache-ram, disabling")
@@ -142,6 +143,19 @@ class Engine:
         for f in pending:
             f.add_done_callback(done)
         return h
+
+    @property
+    def modalities(self) -> dict[str, bool]:
+        """/props `modalities`: what the --mmproj file encodes."""
+        mm = self.mm
+        return {"vision": bool(mm is not None and mm.has_vision), "audio": bool(mm is not None and mm.has_audio)}
+
+    def tokenize_media(self, text: str, files: list[bytes], marker: str):
+        """Thread-safe: a prompt with media markers and its files -> `runtime.vision.MediaPrompt`
+        (tokens, media chunks); raises `runtime.vision.MediaError` for a file that is no usable media."""
+        if self.mm is None:
+            raise ValueError("Multimodal data provided, but model does not support multimodal requests.")
+        return self.mm.tokenize(text, files, marker)
 
     def run_on_loop(self, fn: Callable[[], Any], timeout: float = 600) -> Any:
         """Run fn on the engine thread between steps and return its result."""

@@ -90,6 +90,8 @@ def plan_step(slots: list[Slot], n_batch: int, n_prefill_chunk: int) -> StepPlan
         r = s.req
         n = min(len(r.prompt) - r.n_past, budget, chunk_cap)
         n = next((e - r.n_past for e in r.prompt_breaks if r.n_past < e < r.n_past + n), n)
+        if r.media:  # text stops before a media chunk, which goes alone and whole (media_rows.py)
+            n = r.media.cut(r.n_past, n)
         last = r.n_past + n == len(r.prompt)
         sample = last and not r.embedding
         k, banned = topk_needed(r.sampler) if sample else (0, ())

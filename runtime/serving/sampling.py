@@ -74,7 +74,7 @@ class Vocabulary:
         if p.dry_multiplier > 0:
             req.sampler.dry_breakers = (p.dry_breaker_ids if p.dry_breaker_ids is not None
                                         else dry_breaker_ids(self.tokenizer, p.dry_sequence_breakers))
-        req.sampler.history.extend(req.prompt)
+        req.sampler.history.extend(t for t in req.prompt if t >= 0)  # (media rows are no tokens)
         if not p.grammar:
             return
         try:

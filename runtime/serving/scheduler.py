@@ -25,6 +25,7 @@ from runtime.sampling.sampler import Sampled
 from runtime.serving.config import EngineConfig
 from runtime.serving.failures import client_message, log_failure
 from runtime.serving.handle import TaskHandle
+from runtime.serving.media_rows import PromptMedia
 from runtime.serving.metrics import Metrics
 from runtime.serving.plan import StepPlan, checkpoint_resume, plan_step, prompt_breaks
 from runtime.serving.prompt_cache import PromptCache, cache_idle_slot, reusable_prefix, swap_with_ram_cache
@@ -57,8 +58,9 @@ def send_progress(r: Request) -> None:
 class Scheduler:
     def __init__(self, cfg: EngineConfig, slots: list[Slot], kv: KVCache, model: Model, vocab: Vocabulary,
                  prompt_cache: PromptCache | None, metrics: Metrics, log: Callable[[str, str], None],
-                 kv_unified: bool = False):
+                 kv_unified: bool = False, mm=None):
         self.cfg, self.slots, self.kv, self.model, self.vocab = cfg, slots, kv, model, vocab
+        self.mm = mm  # runtime.vision.Multimodal (--mmproj): encodes a media chunk when it is first planned
         self.kv_unified = kv_unified  # one KV pool for all slots: clearing an idle slot frees room
         self.prompt_cache, self.metrics, self.log = prompt_cache, metrics, log
         self.waiting: list[TaskHandle] = []
@@ -105,6 +107,8 @@ class Scheduler:
         embedding = isinstance(task, EmbeddingTask)
         r = s.req = Request(h, list(task.prompt_tokens), embedding, t_start=time.perf_counter())
         prompt = r.prompt
+        if getattr(task, "media", None):
+            r.media = PromptMedia(task.media)
         r.lora = self._lora(task)
         if s.lora != r.lora:  # the cached tokens were computed with other adapters
             self.kv.clear(s.seq)
@@ -135,6 +139,8 @@ class Scheduler:
             n_past, s.checkpoints = checkpoint_resume(n_past, len(prompt), s.checkpoints, self.n_swa)
         if n_past >= len(prompt):
             n_past = len(prompt) - 1  # the last prompt token is always evaluated (its logits are needed)
+        if r.media:
+            n_past = r.media.align(n_past)  # a cached prefix holds whole media chunks
         if n_past > 0 and not self.kv.window_ok(s.seq, n_past):  # the sliding-window layers dropped it
             self.log("W", f"slot update_slots: id {s.id:2d} | task {h.id} | forcing full prompt re-processing due to "
                           "lack of cache data (likely due to SWA or hybrid/recurrent memory, see "
@@ -177,6 +183,8 @@ class Scheduler:
             if s.busy and s.req.handle.abandoned():
                 self._release(s)
         plan = plan_step(self.slots, self.cfg.n_batch, self.cfg.n_prefill_chunk)
+        if any(s.req.media for s in plan.slots):
+            plan = self._media_rows(plan)
         for b, s in zip(plan.batch, plan.slots):
             if self.swa_checkpoints:
                 self._checkpoint(s, b.n_past, b.n_past + len(b.tokens))
@@ -186,6 +194,30 @@ class Scheduler:
                 self._context_exceeded()
                 return plan.keep([False] * len(plan.slots))
         return plan
+
+    def _media_rows(self, plan: StepPlan) -> StepPlan:
+        """Rope positions and media embeddings of the rows of requests with media
+        (runtime/serving/media_rows.py); a chunk that cannot be encoded ends its task with
+        llama-server's 500."""
+        keep = []
+        for b, s in zip(plan.batch, plan.slots):
+            m = s.req.media
+            keep.append(True)
+            if not m:
+                continue
+            if s.state is SlotState.GENERATING:
+                if m.total_shift:
+                    b.pos = [b.n_past - m.total_shift]
+                continue
+            e = b.n_past + len(b.tokens)
+            try:
+                b.pos = m.positions(b.n_past, e)
+                b.embd = m.rows(b.n_past, e, self.mm.encode)
+            except Exception as ex:  # noqa: BLE001 - this task alone fails
+                log_failure(self.log, f"slot {s.id}", ex)
+                self.fail(s, 500, "failed to process mtmd chunk", "server_error")
+                keep[-1] = False
+        return plan.keep(keep)
 
     def _checkpoint(self, s: Slot, start: int, end: int) -> None:
         """llama-server saves a context checkpoint before a completion's prompt batch that starts

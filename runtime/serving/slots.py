@@ -68,6 +68,7 @@ class Request:
     lazy_scan: Any = None  # stop_match.StopScan over lazy_triggers
     lora: tuple[float, ...] = ()  # scale per loaded LoRA adapter for this task
     prompt_breaks: tuple[int, ...] = ()  # prompt positions where a prompt batch ends (`plan.prompt_breaks`)
+    media: Any = None  # the prompt's media chunks (runtime.serving.media_rows.PromptMedia), or None
 
     @property
     def task(self):

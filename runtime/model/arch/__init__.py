@@ -3,7 +3,8 @@
 `runtime.model.decoder.Model` runs one decoder loop for every supported architecture; an `ArchSpec`
 says what varies: the embedding scale, the FFN activation, the extra norms, the attention scale
 and soft-caps, and per layer the sliding window and the RoPE base. The architecture modules
-(`runtime/model/arch/gemma.py`, `runtime/model/arch/qwen3moe.py`, `runtime/model/arch/phi3.py`) read their GGUF keys
+(`runtime/model/arch/gemma.py`, `runtime/model/arch/qwen3moe.py`, `runtime/model/arch/phi3.py`,
+`runtime/model/arch/qwenvl.py`: M-RoPE and deepstack inputs) read their GGUF keys
 into `ModelConfig` (`configure`) and derive the spec (`spec_for`); llama / mistral / qwen2 / qwen3 /
 phi3 use the default spec. `moe`: the FFN of every layer is a mixture of experts
 (`qwen3moe.MoeFFN`). `split_weights`: the loader's hook that turns an architecture's fused tensors
@@ -14,12 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import gemma, phi3, qwen3moe
+from . import gemma, phi3, qwen3moe, qwenvl
 
 # arch -> NEOX rope (half-split pairs) or the "normal" pairwise rope (GGUF llama weights are
 # permuted for it); the loader accepts exactly these
 ROPE_NEOX = {"llama": False, "mistral": False, "qwen2": True, "qwen3": True,
-             **{a: True for a in gemma.ARCHS}, **{a: True for a in qwen3moe.ARCHS}, **{a: True for a in phi3.ARCHS}}
+             **{a: True for a in gemma.ARCHS}, **{a: True for a in qwen3moe.ARCHS}, **{a: True for a in phi3.ARCHS},
+             **{a: True for a in qwenvl.ARCHS}}
 
 
 @dataclass
@@ -49,6 +51,8 @@ def configure(md: dict[str, Any], cfg) -> None:
         qwen3moe.configure(md, cfg)
     elif cfg.arch in phi3.ARCHS:
         phi3.configure(md, cfg)
+    elif cfg.arch in qwenvl.ARCHS:
+        qwenvl.configure(md, cfg)
 
 
 def split_weights(cfg, weights: dict[str, Any]) -> None:
