@@ -13,7 +13,12 @@
   let controller = null;      // AbortController of the running generation
   let generatingIn = null;    // id of the conversation being generated into
   let modelName = "";
-  const save = () => localStorage.setItem(STORE, JSON.stringify(conversations));
+  let modalities = { vision: false, audio: false };  // what the server's --mmproj takes (GET /props)
+  let attachments = [];       // files of the message being written: {kind: "image"|"audio", url, name}
+  const save = () => {
+    try { localStorage.setItem(STORE, JSON.stringify(conversations)); }
+    catch (e) { $("status").textContent = "not saved: " + (e.message || e); }  // quota (large images)
+  };
   const current = () => conversations.find((c) => c.id === currentId) || null;
 
   // ---------------------------------------------------------------- Markdown -> DOM
@@ -152,9 +157,67 @@
       $("model-name").textContent = modelName.split(/[\\/]/).pop() || "model";
       $("model-name").title = modelName;
       if ($("status").textContent === "loading model…") $("status").textContent = "";
+      const p = await api("props");
+      if (p.ok) modalities = Object.assign({ vision: false, audio: false }, (await p.json()).modalities || {});
+      renderAttachments();
     } catch (e) {
       $("status").textContent = String(e.message || e);
     }
+  }
+
+  // ---------------------------------------------------------------- attachments (images, audio)
+  // only data: URLs of the kinds the server takes are kept and shown (never a remote URL)
+  const isImageUrl = (u) => typeof u === "string" && u.startsWith("data:image/");
+  const isAudioUrl = (u) => typeof u === "string" && u.startsWith("data:audio/");
+
+  function accepts(file) {
+    return (modalities.vision && file.type.startsWith("image/")) || (modalities.audio && file.type.startsWith("audio/"));
+  }
+
+  function addFiles(files) {
+    for (const f of files) {
+      if (!accepts(f)) {
+        $("status").textContent = f.type.startsWith("image/") || f.type.startsWith("audio/")
+          ? "this model takes no " + f.type.split("/")[0] + " input" : "not an image: " + (f.name || f.type);
+        continue;
+      }
+      const r = new FileReader();
+      r.onload = () => {
+        attachments.push({ kind: f.type.startsWith("image/") ? "image" : "audio", url: String(r.result), name: f.name || "" });
+        renderAttachments();
+      };
+      r.readAsDataURL(f);
+    }
+  }
+
+  function renderAttachments() {
+    const box = $("attachments");
+    box.replaceChildren();
+    attachments.forEach((a, i) => {
+      const item = el("div", "attachment");
+      if (a.kind === "image" && isImageUrl(a.url)) { const img = el("img"); img.src = a.url; img.alt = a.name; item.append(img); }
+      else item.append(el("span", null, a.name || a.kind));
+      const x = el("button", "remove", "×");
+      x.type = "button"; x.title = "remove";
+      x.addEventListener("click", () => { attachments.splice(i, 1); renderAttachments(); });
+      item.append(x);
+      box.append(item);
+    });
+    box.hidden = !attachments.length;
+    $("attach").hidden = !(modalities.vision || modalities.audio);
+    $("file").accept = [modalities.vision ? "image/*" : "", modalities.audio ? "audio/*" : ""].filter(Boolean).join(",");
+  }
+
+  // content parts of a user message (OpenAI's: text, image_url, input_audio)
+  function userContent(m) {
+    const media = (m.media || []).filter((a) => isImageUrl(a.url) || isAudioUrl(a.url));
+    if (!media.length) return m.content;
+    const parts = media.map((a) => a.kind === "image"
+      ? { type: "image_url", image_url: { url: a.url } }
+      : { type: "input_audio", input_audio: { data: a.url.slice(a.url.indexOf(",") + 1),
+                                              format: (a.url.match(/^data:audio\/(?:x-)?(\w+)/) || [])[1] || "wav" } });
+    if (m.content) parts.push({ type: "text", text: m.content });
+    return parts;
   }
 
   // ---------------------------------------------------------------- conversations
@@ -195,6 +258,10 @@
     div.dataset.state = m.state || "done";
     div.append(el("div", "role", m.role === "user" ? "You" : "Assistant"));
     if (m.role === "user") {
+      for (const a of m.media || []) {
+        if (a.kind === "image" && isImageUrl(a.url)) { const img = el("img", "media"); img.src = a.url; img.alt = a.name || ""; div.append(img); }
+        else if (isAudioUrl(a.url)) div.append(el("div", "media", "🔊 " + (a.name || "audio")));
+      }
       div.append(m.content);
       return div;
     }
@@ -248,7 +315,7 @@
     const out = [];
     if (settings.system.trim()) out.push({ role: "system", content: settings.system });
     for (const m of conv.messages) {
-      if (m.role === "user") out.push({ role: "user", content: m.content });
+      if (m.role === "user") out.push({ role: "user", content: userContent(m) });
       else if (m.content) out.push({ role: "assistant", content: m.content });
     }
     return out;
@@ -323,10 +390,14 @@
 
   function send() {
     const text = $("input").value;
-    if (!text.trim() || controller) return;
+    if ((!text.trim() && !attachments.length) || controller) return;
     const conv = current() || newConversation();
-    if (!conv.messages.length) conv.title = text.trim().slice(0, 40);
-    conv.messages.push({ role: "user", content: text });
+    if (!conv.messages.length) conv.title = (text.trim() || attachments.map((a) => a.name || a.kind).join(", ")).slice(0, 40);
+    const m = { role: "user", content: text };
+    if (attachments.length) m.media = attachments;
+    conv.messages.push(m);
+    attachments = [];
+    renderAttachments();
     $("input").value = "";
     save();
     generate(conv);
@@ -363,6 +434,18 @@
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); }
   });
   $("stop").addEventListener("click", stop);
+  $("attach").addEventListener("click", () => $("file").click());
+  $("file").addEventListener("change", () => { addFiles($("file").files); $("file").value = ""; });
+  $("input").addEventListener("paste", (e) => {
+    const files = [...(e.clipboardData ? e.clipboardData.files : [])];
+    if (files.length && (modalities.vision || modalities.audio)) { e.preventDefault(); addFiles(files); }
+  });
+  $("composer").addEventListener("dragover", (e) => { if (modalities.vision || modalities.audio) e.preventDefault(); });
+  $("composer").addEventListener("drop", (e) => {
+    if (!(modalities.vision || modalities.audio)) return;
+    e.preventDefault();
+    addFiles([...(e.dataTransfer ? e.dataTransfer.files : [])]);
+  });
   $("new-chat").addEventListener("click", () => { if (!controller) newConversation(); });
   $("open-settings").addEventListener("click", openSettings);
 

@@ -278,6 +278,8 @@ class Model:
         self.n_deepstack = getattr(cfg, "n_deepstack", 0)
         secs = getattr(cfg, "rope_sections", None)  # M-RoPE (runtime/model/arch/qwenvl.py)
         self.rope_pairs = None if secs is None else pair_sections(secs, self.inv_freq.shape[0], cfg.rope_imrope)
+        # pairs turned by the 4th position, which is 0 for text tokens too (llama.cpp): M-RoPE on every row
+        self.rope_e = self.rope_pairs is not None and bool((self.rope_pairs == 3).any())
         self.adapters: list = []  # LoRA adapters (runtime.model.lora.LoraAdapter), attached at load
         self.decoder = self._fused_decoder()  # the CPU's one-loop decode step, where the model qualifies
 
@@ -285,7 +287,7 @@ class Model:
         """`kernels.fused_decoder` on the CPU for the layers' decode steps (not with -tp or experts;
         LoRA steps take the per-op path), else None."""
         s = self.spec
-        if self.device.type != "cpu" or self.tp is not None or s.moe or self.act_dtype != torch.float32:
+        if self.device.type != "cpu" or self.tp is not None or s.moe or self.act_dtype != torch.float32 or self.rope_e:
             return None
         if any(len(L.wqkv) != 1 or len(L.w_gate_up) != 1 for L in self.layers):
             return None
@@ -341,6 +343,9 @@ class Model:
             return dec(h, kv.k, kv.v, pos_t, slot_t, tables, kv_lens_t, kv.is_swa if swa_tables is not None else None,
                        swa_slot_t, swa_tables)
         act = ops.gelu_mul if self.spec.act == "gelu" else ops.silu_mul
+        pos4 = media.pos4 if media is not None else None
+        if pos4 is None and self.rope_e:  # text rows: (p, p, p, 0), as llama.cpp's M-RoPE input
+            pos4 = torch.stack([pos_t, pos_t, pos_t, torch.zeros_like(pos_t)])
         residual = None
         for li, L in enumerate(self.layers):
             if residual is None:
@@ -361,9 +366,9 @@ class Model:
             if L.q_norm is not None:
                 q = ops.rms_norm(q.reshape(T * H, D), L.q_norm, self.eps).view(T, H, D)
                 k = ops.rms_norm(k.reshape(T * KVH, D), L.k_norm, self.eps).view(T, KVH, D)
-            if media is not None and media.pos4 is not None:
-                q = mrope(ops, q, media.pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs)
-                k = mrope(ops, k, media.pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs)
+            if pos4 is not None:
+                q = mrope(ops, q, pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs)
+                k = mrope(ops, k, pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs)
             else:
                 q = ops.rope(q, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
                 k = ops.rope(k, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)

@@ -50,6 +50,8 @@ def step_media(batch, pos: torch.Tensor, mrope: bool) -> StepMedia | None:
         return None
     rows, embd, spans = [], [], []
     pos4 = pos[None, :].repeat(4, 1) if mrope else None
+    if pos4 is not None:
+        pos4[3] = 0  # llama.cpp gives every row a 4th position of 0 (text tokens too)
     r0 = 0
     for si, b in enumerate(batch):
         for sp in b.embd:
@@ -62,11 +64,21 @@ def step_media(batch, pos: torch.Tensor, mrope: bool) -> StepMedia | None:
                 if sp.nx > 0:
                     pos4[1, a:a + sp.n] = t + idx // sp.nx
                     pos4[2, a:a + sp.n] = t + idx % sp.nx
-                    pos4[3, a:a + sp.n] = 0
             if sp.bidirectional:
                 spans.append((a, a + sp.n, si, min(sp.kv_end, b.n_past + len(b.tokens))))
         r0 += len(b.tokens)
     return StepMedia(torch.cat(rows), torch.cat(embd).to(embd[0].device), pos4, spans)
+
+
+def slice_spans(spans: tuple, a: int, e: int) -> tuple:
+    """The spans of rows a..e-1 of a SeqBatch, for the SeqBatch of those rows alone."""
+    out = []
+    for sp in spans:
+        lo, hi = max(a, sp.start), min(e, sp.start + sp.n)
+        if lo < hi:
+            out.append(EmbdSpan(lo - a, hi - lo, sp.embd, sp.offset + lo - sp.start, sp.nx, sp.bidirectional,
+                                sp.kv_end))
+    return tuple(out)
 
 
 def put_embeddings(h: torch.Tensor, media: StepMedia, n_embd: int) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 from runtime.model.cuda_graphs import DecodeGraphs
 from runtime.kv_cache import KVCache
 from runtime.model.decoder import Model, SeqBatch
+from runtime.model.media import slice_spans
 from runtime.serving.plan import StepPlan
 
 
@@ -61,9 +62,11 @@ class ModelRunner:
         for i, b in enumerate(batch):
             for a in range(0, len(b.tokens), self.n_ubatch):
                 last = a + self.n_ubatch >= len(b.tokens)
+                e = a + self.n_ubatch
                 pieces.append((i, dataclasses.replace(
-                    b, tokens=b.tokens[a:a + self.n_ubatch], n_past=b.n_past + a, logits=b.logits and last,
-                    topk=b.topk if last else 0, banned=b.banned if last else ())))
+                    b, tokens=b.tokens[a:e], n_past=b.n_past + a, logits=b.logits and last,
+                    topk=b.topk if last else 0, banned=b.banned if last else (),
+                    pos=None if b.pos is None else b.pos[a:e], embd=slice_spans(b.embd, a, e))))
         logits: list[torch.Tensor] = []
         hidden: list[list[torch.Tensor]] = [[] for _ in batch]
         start = 0

@@ -42,12 +42,13 @@ def vision_positions(ph: int, pw: int) -> tuple[np.ndarray, np.ndarray]:
     return order // pw, order % pw
 
 
-def window_index(ph: int, pw: int, patch_size: int, window: int) -> tuple[np.ndarray, np.ndarray]:
-    """Qwen2.5-VL's window grouping over the merged grid (ph/2 x pw/2 cells): (idx, mask) with
-    idx[src] = the cell's place once the cells of each window are made contiguous, and mask
-    [n, n] bool (True: visible) over the 4 patches per cell, in that windowed order."""
+def window_index(ph: int, pw: int, patch_size: int, window: int = 112) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen2.5-VL's window grouping over the merged grid (ph/2 x pw/2 cells, windows of `window`
+    pixels: clip.cpp's 112, whatever the file says): (idx, mask) with idx[src] = the cell's place
+    once the cells of each window are made contiguous, and mask [n, n] bool (True: visible) over
+    the 4 patches per cell, in that windowed order."""
     mh, mw = ph // 2, pw // 2
-    grid = (window if window > 0 else 112) // patch_size // 2
+    grid = max(1, window // patch_size // 2)
     idx = np.zeros(mh * mw, dtype=np.int64)
     n = ph * pw
     mask = np.zeros((n, n), dtype=bool)
@@ -251,7 +252,7 @@ class VisionEncoder:
         mask = None
         windowed = c.proj is ProjectorType.QWEN25VL and c.n_wa_pattern > 0
         if windowed:
-            idx, wmask = window_index(ph, pw, p, c.attn_window_size)
+            idx, wmask = window_index(ph, pw, p)
             inv = np.argsort(idx)
             rows = (inv[:, None] * 4 + np.arange(4)[None, :]).reshape(-1)
             rows_t = torch.from_numpy(rows).to(self.device)

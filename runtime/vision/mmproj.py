@@ -10,7 +10,6 @@ types tritium runs (`ProjectorType`); any other type is refused with clip.cpp's 
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,8 +77,7 @@ class ClipConfig:
     resize_algo: ResizeAlgo = ResizeAlgo.BICUBIC
     image_min_pixels: int = -1
     image_max_pixels: int = -1
-    n_wa_pattern: int = 0  # qwen2.5-vl: every n-th layer attends globally, the others per window
-    attn_window_size: int = 0  # qwen2.5-vl window in pixels (0: 112)
+    n_wa_pattern: int = 0  # qwen2.5-vl: every n-th layer attends globally, the others per 112-pixel window
     n_mel_bins: int = 0  # audio
     proj_stack_factor: int = 0  # audio
     n_embd_out: int = 0  # width of one output embedding (the language model's input width)
@@ -158,7 +156,6 @@ def _config(md: dict, modality: Modality, min_tokens: int, max_tokens: int) -> C
             cfg.n_merge = int(_get(md, "clip.vision.spatial_merge_size", 2))
             cfg.resize_algo = ResizeAlgo.BICUBIC
             cfg.n_wa_pattern = int(_get(md, "clip.vision.n_wa_pattern", 0, required=proj is ProjectorType.QWEN25VL))
-            cfg.attn_window_size = int(_get(md, "clip.vision.window_size", 0))
             _limit_tokens(cfg, 8, 4096, min_tokens, max_tokens)
     else:
         if proj is not ProjectorType.QWEN2A:
@@ -222,14 +219,3 @@ def _n_embd_out(cfg: ClipConfig, w: dict) -> int:
     return out
 
 
-def n_patches_side(cfg: ClipConfig) -> int:
-    return cfg.image_size // cfg.patch_size
-
-
-def gemma3_tokens(cfg: ClipConfig) -> int:
-    """Output tokens of a Gemma 3 image: (patches per side / n_merge)^2."""
-    return (n_patches_side(cfg) // cfg.n_merge) ** 2
-
-
-def isqrt(n: int) -> int:
-    return math.isqrt(n)

@@ -6,8 +6,9 @@ enough for tests, that llama-server b1-0c1e570 loads with `-m MODEL --mmproj MMP
 
 - "gemma3": a 6-layer gemma3 text model (sliding window 8) with a SigLIP encoder (64 px images,
   8 px patches, 2 layers, 2x2 average pool: 16 tokens per image);
-- "qwen25vl": a qwen2vl text model (M-RoPE sections 2/3/3/0) with a Qwen2.5-VL encoder (RMSNorm,
-  SiLU-gated FFN, window attention every other layer with 32 px windows; dynamic image size);
+- "qwen25vl": a qwen2vl text model (M-RoPE sections 2/3/3/0) with a Qwen2.5-VL encoder (14 px
+  patches, RMSNorm, SiLU-gated FFN, window attention every other layer in clip.cpp's 112 px
+  windows; dynamic image size);
 - "qwen3vl": a qwen3vl text model (interleaved M-RoPE 3/1/1/0, one deepstack layer) with a
   Qwen3-VL encoder (fused qkv, learned position embeddings on an 8x8 grid, a deepstack layer).
 
@@ -48,8 +49,7 @@ class MmprojSpec:
     patch_size: int = 8
     n_embd_text: int = 64
     scale_factor: int = 0  # gemma3: clip.vision.projector.scale_factor (0: not written, llama.cpp's 4)
-    n_wa_pattern: int = 0  # qwen2.5vl
-    window_size: int = 0  # qwen2.5vl: clip.vision.window_size (0: not written, llama.cpp's 112)
+    n_wa_pattern: int = 0  # qwen2.5vl (windows of 112 pixels: clip.cpp reads no window size for it)
     deepstack_layers: tuple[int, ...] = ()  # qwen3vl
     pos_grid: int = 8  # qwen3vl: learned position embeddings on a pos_grid x pos_grid grid
     eps: float = 1e-6
@@ -143,8 +143,6 @@ def write_mmproj(path: str | Path, spec: MmprojSpec) -> Path:
         w.add_key_value("clip.vision.projector.scale_factor", spec.scale_factor, u32)
     if spec.proj == "qwen2.5vl_merger":
         w.add_key_value("clip.vision.n_wa_pattern", spec.n_wa_pattern, u32)
-        if spec.window_size:
-            w.add_key_value("clip.vision.window_size", spec.window_size, u32)
     rng = np.random.default_rng(spec.seed)
     qt = GGMLQuantizationType.F16 if spec.wtype == "f16" else GGMLQuantizationType.F32
     for name, shape in _tensors(spec):
@@ -167,10 +165,13 @@ def write_mmproj(path: str | Path, spec: MmprojSpec) -> Path:
 
 
 def _text_spec(kind: str, seed: int) -> TinyModelSpec:
+    """The text model of a pair: weights larger than the other tiny models' (qwen: init_std 0.12), so that
+    greedy choices are clear-cut (a random model's next-token distribution is otherwise nearly flat,
+    and float noise of 1e-4 flips near-ties)."""
     if kind == "gemma3":
-        return replace(GEMMA3_SPEC, name="tiny-random-gemma3-vision", seed=seed + 11)
+        return replace(GEMMA3_SPEC, name="tiny-random-gemma3-vision", seed=seed + 11, init_std=0.05)
     base = TinyModelSpec(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=1024, head_dim=16,
-                         rope_freq_base=10000.0, rms_eps=1e-6, seed=seed + 11, init_std=0.05)
+                         rope_freq_base=10000.0, rms_eps=1e-6, seed=seed + 11, init_std=0.12)
     if kind == "qwen25vl":
         return replace(base, arch="qwen2vl", name="tiny-random-qwen2.5-vl", rope_sections=(2, 3, 3, 0))
     return replace(base, arch="qwen3vl", name="tiny-random-qwen3-vl", rope_sections=(3, 1, 1, 0), n_deepstack=1)
@@ -180,7 +181,7 @@ def _mmproj_spec(kind: str, n_embd_text: int, seed: int, wtype: str) -> MmprojSp
     if kind == "gemma3":
         return MmprojSpec("gemma3", n_embd_text=n_embd_text, scale_factor=2, seed=seed, wtype=wtype)
     if kind == "qwen25vl":
-        return MmprojSpec("qwen2.5vl_merger", n_embd_text=n_embd_text, n_wa_pattern=2, window_size=32,
+        return MmprojSpec("qwen2.5vl_merger", n_embd_text=n_embd_text, n_wa_pattern=2, patch_size=14, image_size=56,
                           seed=seed, wtype=wtype)
     return MmprojSpec("qwen3vl_merger", n_embd_text=n_embd_text, deepstack_layers=(0,), seed=seed, wtype=wtype)
 
