@@ -25,14 +25,16 @@ async def prompt_tokens(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api
 
 
 async def media_prompt(ctx: ApiContext, prompt: str, files: list[bytes]) -> Any:
-    """`engine.tokenize_media` off the event loop; a file that is no usable media is llama-server's
-    500 "Failed to load image or audio file" (its other refusals keep their words)."""
+    """`engine.tokenize_media` off the event loop; a file that is no usable media, or markers that do
+    not match the files, are llama-server's 400s ("Failed to load image or audio file", "Failed to
+    tokenize prompt"; the reason goes to the log)."""
     from runtime.vision import MediaError
 
     try:
         return await off_loop(ctx.engine.tokenize_media, prompt, files, ctx.media_marker)
     except MediaError as e:
-        raise ApiError(str(e), "server_error", 500) from None
+        ctx.log.srv("W", "process_mtmd_prompt", str(e))
+        raise ApiError(e.public) from None
 
 
 async def chat_task(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.ChatPrep, CompletionTask, SamplingParams]:

@@ -4,8 +4,9 @@ part of a chat message, the part replaced by a `media_marker` text part; `multim
 `/completion` prompt object. Bytes only: decoding and resizing pixels is the runtime's.
 
 - `data:image/...;base64,...` (also `data:audio/`, `data:video/`): base64 after the comma;
-- `http...`: fetched by llama-server (10 MB at most, 10 s); tritium refuses them with the 500 that
-  llama-server answers when the download fails ("Failed to download image"): it fetches nothing;
+- `http://...`: fetched as llama-server fetches it (10 MB at most, 10 s, redirects followed; a
+  failed connection is its 500 "error: cannot make GET request", another status than 2xx its
+  "Failed to download image"); `https://...` is the 500 of the reference build, which has no TLS;
 - `file://...`: only with `--media-path` (a 400 otherwise), a file name inside that folder;
 - anything else: raw base64 (a 500 "Invalid base64 value" when it decodes to nothing).
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import os
 import string
+import urllib.error
+import urllib.request
 from typing import Any
 
 from api.errors import ApiError
@@ -23,6 +26,9 @@ MEDIA_KINDS = {"image_url": "image", "input_audio": "audio", "input_video": "vid
 _B64 = string.ascii_uppercase + string.ascii_lowercase + string.digits + "+/"
 _B64_INDEX = {c: i for i, c in enumerate(_B64)}
 _MAX_MEDIA_FILE = 64 << 20  # a local file read with --media-path (the body limit bounds the rest)
+_MAX_DOWNLOAD, _DOWNLOAD_TIMEOUT = 10 << 20, 10.0  # llama-server's common_remote_params for media
+_NO_TLS = ("HTTPS is not supported. Please rebuild with one of:\n  -DLLAMA_BUILD_BORINGSSL=ON\n"
+           "  -DLLAMA_BUILD_LIBRESSL=ON\n  -DLLAMA_OPENSSL=ON (default, requires OpenSSL dev files installed)")
 
 
 def base64_decode(s: str) -> bytes:
@@ -59,10 +65,44 @@ def _valid_file_name(name: str) -> bool:
     return all(part not in ("", ".", "..") for part in name.replace("\\", "/").split("/"))
 
 
+def _server_error(message: str) -> ApiError:
+    return ApiError(message, "server_error", 500)
+
+
+def download(url: str) -> bytes:
+    """common_remote_get_content(url) for a media part (common/http.h's URL rules and messages)."""
+    scheme_end = url.find("://")
+    if scheme_end < 0:
+        raise _server_error("invalid URL: no scheme")
+    scheme = url[:scheme_end]
+    if scheme not in ("http", "https"):
+        raise _server_error(f"unsupported URL scheme: {scheme}")
+    rest = url[scheme_end + 3:]
+    host = rest.split("/", 1)[0].rsplit("@", 1)[-1]
+    if not host or host.startswith(":"):
+        raise _server_error("error: invalid URL format")
+    if scheme == "https":
+        raise _server_error(_NO_TLS)
+    try:
+        req = urllib.request.Request(url, headers={"User-Agent": "llama-cpp/b1-tritium"})
+        with urllib.request.urlopen(req, timeout=_DOWNLOAD_TIMEOUT) as r:
+            status = r.status
+            data = r.read(_MAX_DOWNLOAD + 1)
+    except urllib.error.HTTPError as e:
+        status, data = e.code, b""
+    except (OSError, ValueError):
+        raise _server_error("error: cannot make GET request") from None
+    if len(data) > _MAX_DOWNLOAD:  # llama-server's receiver stops the transfer: no response
+        raise _server_error("error: cannot make GET request")
+    if not 200 <= status < 300:
+        raise _server_error("Failed to download image")
+    return data
+
+
 def load_url(url: str, media_path: str = "") -> bytes:
     """handle_media: the bytes a part's URL names (see the module docstring)."""
     if url.startswith("http"):
-        raise ApiError("Failed to download image", "server_error", 500)
+        return download(url)
     if url.startswith("file://"):
         if not media_path:
             raise ApiError("file:// URLs are not allowed unless --media-path is specified")
@@ -118,16 +158,19 @@ def content_load_media(content: list, modalities: dict[str, bool], media_path: s
                                "provide the mmproj", "server_error", 500)
             inp = _value(p, "input_audio", {})
             url = _value(inp, "data", _value(inp, "url", ""))
-        elif kind in ("input_video", "video_url"):
-            raise ApiError("video input is not supported - hint: if this is unexpected, you may need to "
-                           "provide the mmproj", "server_error", 500)
+        elif kind in ("input_video", "video_url"):  # decoded as llama-server decodes any file (an image, or
+            if not modalities.get("video"):  # a video it cannot decode here: "Failed to load image or audio file")
+                raise ApiError("video input is not supported - hint: if this is unexpected, you may need to "
+                               "provide the mmproj", "server_error", 500)
+            inp = _value(p, kind, {})
+            url = _value(inp, "data", _value(inp, "url", ""))
         elif kind != "text":
             raise ApiError("unsupported content[].type")
         else:
             out.append(p)
             continue
         files.append(load_url(url, media_path))
-        q = {k: v for k, v in p.items() if k not in ("image_url", "input_audio")}
+        q = {k: v for k, v in p.items() if k not in ("image_url", "input_audio", "input_video", "video_url")}
         q.update({"type": "media_marker", "text": marker})
         out.append(q)
     return out

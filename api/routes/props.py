@@ -57,7 +57,7 @@ async def models(ctx: Ctx) -> Response:
 
 def modalities(ctx) -> dict[str, bool]:
     """What the --mmproj file encodes (both False without one)."""
-    return dict({"vision": False, "audio": False}, **(getattr(ctx.engine, "modalities", None) or {}))
+    return dict({"vision": False, "video": False, "audio": False}, **(getattr(ctx.engine, "modalities", None) or {}))
 
 
 @router.get("/props")
@@ -70,7 +70,7 @@ async def props(ctx: Ctx) -> Response:
         "model_alias": cfg.model_name,
         "model_ftype": ctx.engine.model_info.get("ftype", ""),
         "model_path": cfg.model_path,
-        "modalities": {"vision": modalities(ctx)["vision"], "video": False, "audio": modalities(ctx)["audio"]},
+        "modalities": {k: modalities(ctx)[k] for k in ("vision", "video", "audio")},
         "media_marker": ctx.media_marker,
         "endpoint_slots": cfg.slots,
         "endpoint_props": cfg.props,

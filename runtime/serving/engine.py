@@ -148,7 +148,8 @@ class Engine:
     def modalities(self) -> dict[str, bool]:
         """/props `modalities`: what the --mmproj file encodes."""
         mm = self.mm
-        return {"vision": bool(mm is not None and mm.has_vision), "audio": bool(mm is not None and mm.has_audio)}
+        vision = bool(mm is not None and mm.has_vision)  # video: llama-server's build decodes videos with
+        return {"vision": vision, "video": vision, "audio": bool(mm is not None and mm.has_audio)}  # ffmpeg
 
     def tokenize_media(self, text: str, files: list[bytes], marker: str):
         """Thread-safe: a prompt with media markers and its files -> `runtime.vision.MediaPrompt`

@@ -33,6 +33,11 @@ class PromptMedia:
     def __bool__(self) -> bool:
         return bool(self.chunks)
 
+    def touches(self, start: int) -> bool:
+        """Whether a prompt batch starting at `start` is a media chunk or the text right after one:
+        llama-server saves no context checkpoint before those ("do not checkpoint after mtmd chunks")."""
+        return self._containing(start) is not None or (start > 0 and self._containing(start - 1) is not None)
+
     def _containing(self, i: int) -> MediaChunk | None:
         k = bisect.bisect_right(self._starts, i) - 1
         return self.chunks[k] if k >= 0 and i < self.chunks[k].end else None

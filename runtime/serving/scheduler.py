@@ -225,6 +225,8 @@ class Scheduler:
         r = s.req
         if s.state is not SlotState.PROMPT or r.embedding or r.task.infill or start <= 0:
             return
+        if r.media and r.media.touches(start):
+            return
         n = len(r.prompt)
         users = getattr(r.task, "user_starts", ())
         near = end == n or n < end + self.cfg.n_ubatch

@@ -27,7 +27,14 @@ f32 = np.float32
 
 
 class MediaError(ValueError):
-    """A media file that cannot be used (the request's error, not the server's)."""
+    """A prompt's media that cannot be used (the request's error, not the server's): `public` is
+    llama-server's message for it, str(e) the reason (for the log)."""
+    public = "Failed to load image or audio file"
+
+
+class MediaTokenizeError(MediaError):
+    """The media and the prompt's markers do not fit together (mtmd_tokenize failed)."""
+    public = "Failed to tokenize prompt"
 
 
 def decode(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:

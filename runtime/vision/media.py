@@ -16,10 +16,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from runtime.vision.image import MediaError, decode, preprocess, target_size
-from runtime.vision.mmproj import MROPE_PROJECTORS, ClipConfig, ProjectorType
+from runtime.vision.image import MediaError, MediaTokenizeError, decode, preprocess, target_size
+from runtime.vision.mmproj import ClipConfig, ProjectorType
 
 __all__ = ["MediaKind", "MediaChunk", "MediaPrompt", "tokenize_media", "media_token", "MEDIA_DELIMS",
            "MAX_MEDIA_TOKENS"]
@@ -98,7 +96,7 @@ def tokenize_media(tokenizer, text: str, files: list[bytes], marker: str, vision
     markers and the files do not match in number."""
     parts = text.split(marker) if marker else [text]
     if len(parts) - 1 != len(files):
-        raise MediaError(f"number of media markers in text ({len(parts) - 1}) does not match number of "
+        raise MediaTokenizeError(f"number of media markers in text ({len(parts) - 1}) does not match number of "
                          f"bitmaps ({len(files)})")
     tokens: list[int] = []
     chunks: list[MediaChunk] = []
@@ -115,15 +113,15 @@ def tokenize_media(tokenizer, text: str, files: list[bytes], marker: str, vision
         fid = hashlib.sha256(data).hexdigest()
         if _is_audio(data):
             if audio is None:
-                raise MediaError("audio input is not supported by this model")
+                raise MediaError("This model does not support audio input")
             from runtime.vision.audio import audio_chunk
             cfg, chunk = audio.cfg, audio_chunk(audio, data, fid)
         else:
             if vision is None:
-                raise MediaError("image input is not supported by this model")
+                raise MediaTokenizeError("model does not support vision input")
             cfg, chunk = vision, _image_chunk(vision, data, fid, mrope)
         if not 0 < chunk.n_tokens <= MAX_MEDIA_TOKENS:
-            raise MediaError(f"a media chunk of {chunk.n_tokens} tokens is not supported")
+            raise MediaTokenizeError(f"a media chunk of {chunk.n_tokens} tokens is not supported")
         beg, end = MEDIA_DELIMS.get(cfg.proj, ("", ""))
         add_text(beg)
         chunk.start = len(tokens)
@@ -147,9 +145,3 @@ def _is_audio(data: bytes) -> bool:
     mp3 = data[:3] == b"ID3" or (data[0] == 0xFF and (data[1] & 0xE0) == 0xE0)
     return wav or mp3 or data[:4] == b"fLaC"
 
-
-def pixels_of(chunk: MediaChunk) -> np.ndarray:
-    return chunk.data
-
-
-MROPE = MROPE_PROJECTORS

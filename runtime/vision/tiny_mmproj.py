@@ -4,7 +4,7 @@ enough for tests, that llama-server b1-0c1e570 loads with `-m MODEL --mmproj MMP
 
 `write_pair(out_dir, kind, seed=0, wtype="f16") -> (model_path, mmproj_path)` for `kind` in `KINDS`:
 
-- "gemma3": a 6-layer gemma3 text model (sliding window 8) with a SigLIP encoder (64 px images,
+- "gemma3": a 6-layer gemma3 text model (sliding window 512) with a SigLIP encoder (64 px images,
   8 px patches, 2 layers, 2x2 average pool: 16 tokens per image);
 - "qwen25vl": a qwen2vl text model (M-RoPE sections 2/3/3/0) with a Qwen2.5-VL encoder (14 px
   patches, RMSNorm, SiLU-gated FFN, window attention every other layer in clip.cpp's 112 px
@@ -169,7 +169,10 @@ def _text_spec(kind: str, seed: int) -> TinyModelSpec:
     greedy choices are clear-cut (a random model's next-token distribution is otherwise nearly flat,
     and float noise of 1e-4 flips near-ties)."""
     if kind == "gemma3":
-        return replace(GEMMA3_SPEC, name="tiny-random-gemma3-vision", seed=seed + 11, init_std=0.05)
+        # its sliding window holds the whole context, as a real Gemma 3's (512 / 1024) holds a chat
+        # with an image (256 tokens): a reused prompt is then the prompt cache's business alone
+        return replace(GEMMA3_SPEC, name="tiny-random-gemma3-vision", seed=seed + 11, init_std=0.05,
+                       sliding_window=512)
     base = TinyModelSpec(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=1024, head_dim=16,
                          rope_freq_base=10000.0, rms_eps=1e-6, seed=seed + 11, init_std=0.12)
     if kind == "qwen25vl":
