@@ -226,3 +226,79 @@ def test_model_text_is_never_html(ui_server, browser):
     assert details.find_element("css selector", ".reasoning").get_attribute("textContent") == "thinking <b>hard</b>"
     assert box.find_element("css selector", ".tool-call").text == 'tool call: get_weather({"city":"<Paris>"})'
     assert d.find_element("css selector", "#messages .msg.user").text.endswith("<i>user html</i>")
+
+
+# ---- images (a server with --mmproj) ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def vision_server(start_server, tmp_path_factory):
+    from runtime.vision.tiny_mmproj import write_pair
+
+    model, mmproj = write_pair(tmp_path_factory.mktemp("ui-vision"), "qwen25vl")
+    return start_server("-m", str(model), "--mmproj", str(mmproj), "-c", "2048", "-np", "1", "--ignore-eos",
+                        "--no-warmup")
+
+
+# a File in a DataTransfer, pasted into the text box or dropped on the composer (what a browser
+# hands the page when an image is pasted from the clipboard or dragged from the desktop)
+GIVE = """const [how, b64, name] = arguments;
+const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+const dt = new DataTransfer();
+dt.items.add(new File([bytes], name, {type: "image/png"}));
+if (how === "paste") document.getElementById('input').dispatchEvent(new ClipboardEvent('paste', {clipboardData: dt, bubbles: true, cancelable: true}));
+else document.getElementById('composer').dispatchEvent(new DragEvent('drop', {dataTransfer: dt, bubbles: true, cancelable: true}));"""
+SPY = """window.__bodies = [];
+const f = window.fetch;
+window.fetch = (u, o) => { if (o && o.body) window.__bodies.push(String(o.body)); return f(u, o); };"""
+
+
+def test_images_in_browser(vision_server, browser):
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    d = browser
+    d.get(vision_server.url + "/")
+    wait_for(lambda: d.find_element("id", "model-name").text == "tiny-qwen25vl-model.gguf", 20, "the model name")
+    wait_for(lambda: d.find_element("id", "attach").get_attribute("hidden") is None, 10, "the attach button")
+    d.execute_script(SPY)
+    b = io.BytesIO()
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (40, 60, 3), dtype=np.uint8)).save(b, "PNG")
+    png = base64.b64encode(b.getvalue()).decode()
+    set_settings(d, max_tokens=3, temperature=0)
+
+    d.execute_script(GIVE, "paste", png, "pasted.png")
+    d.execute_script(GIVE, "drop", png, "dropped.png")
+    thumbs = wait_for(lambda: d.find_elements("css selector", "#attachments img") if len(
+        d.find_elements("css selector", "#attachments img")) == 2 else None, 10, "two thumbnails")
+    assert all(t.get_attribute("src").startswith("data:image/png;base64,") for t in thumbs)
+    d.find_elements("css selector", "#attachments .remove")[1].click()  # the dropped one goes again
+    assert len(d.find_elements("css selector", "#attachments img")) == 1
+    send(d, "What is this?")
+    a = wait_for(lambda: (x := last_answer(d)) and x["state"] == "done" and x, 120, "an answer about the image")
+    assert a["tokens"].startswith("3 tokens") and not d.find_elements("css selector", "#messages .error")
+    body = json.loads(d.execute_script("return window.__bodies.filter((b) => b.includes('messages')).pop()"))
+    parts = body["messages"][-1]["content"]
+    assert parts == [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + png}},
+                     {"type": "text", "text": "What is this?"}]
+    # the message shows its image; the attachment row is empty again; an image alone can be sent
+    assert d.find_element("css selector", "#messages .msg.user img.media").get_attribute("src").endswith(png[-16:])
+    assert d.find_element("id", "attachments").get_attribute("hidden") is not None
+    d.execute_script(GIVE, "paste", png, "again.png")
+    wait_for(lambda: d.find_elements("css selector", "#attachments img"), 10, "the thumbnail")
+    d.find_element("id", "send").click()
+    wait_for(lambda: (x := last_answer(d)) and x["n"] == 2 and x["state"] == "done", 120, "the second answer")
+
+
+def test_no_attachments_without_mmproj(ui_server, browser):
+    d = browser
+    d.get(ui_server.url + "/")
+    d.execute_script("localStorage.setItem('tritium.apiKey', arguments[0])", KEY)
+    d.refresh()
+    wait_for(lambda: d.find_element("id", "model-name").text == "ui-tiny.gguf", 20, "the model name")
+    time.sleep(0.5)
+    assert d.find_element("id", "attach").get_attribute("hidden") is not None
+    d.execute_script(GIVE, "paste", "iVBORw0KGgo=", "x.png")
+    assert d.find_elements("css selector", "#attachments img") == []

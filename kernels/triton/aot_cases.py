@@ -232,6 +232,27 @@ def moe_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
                         lambda x=x, ex=ex, w=w, ids=ids: moe_ffn(x, ex, w, ids))
 
 
+# vision encoders (runtime/vision): (name, width, heads, head dim, patches of a large image)
+VISION_SHAPES = (("siglip-so400m", 1152, 16, 72, 4096), ("qwen2.5-vl-vit", 1280, 16, 80, 4096))
+
+
+def vision_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
+    """The vision encoders' dense attention (float16 q/k/v as clip.cpp's flash attention, with and
+    without Qwen2.5-VL's window mask; float32 for an image span of a prompt) and LayerNorm."""
+    from . import dense_attention, layer_norm
+
+    for name, C, H, D, n in VISION_SHAPES[:1] if sc.quick else VISION_SHAPES:
+        for dt in (torch.float16,) if sc.quick else (torch.float16, torch.float32):
+            q = torch.empty(n, H, D, dtype=dt)
+            for masked in (False, True):
+                mask = torch.ones(n, n, dtype=torch.bool) if masked else None
+                yield f"dense_attention {name} {dt} mask={masked}", (
+                    lambda q=q, mask=mask: dense_attention(q, q, q, 0.125, mask))
+        x = torch.empty(n, C, dtype=torch.float32)
+        w = torch.empty(C)
+        yield f"layer_norm {name}", (lambda x=x, w=w: layer_norm(x, w, w, 1e-6))
+
+
 # op family -> its cases; extend here when a kernel is added
 CASES: dict[str, Callable[[Scope], Iterator[tuple[str, Case]]]] = {
     "qmatmul": qmatmul_cases,
@@ -239,6 +260,7 @@ CASES: dict[str, Callable[[Scope], Iterator[tuple[str, Case]]]] = {
     "attention": attention_cases,
     "small": small_cases,
     "moe": moe_cases,
+    "vision": vision_cases,
 }
 
 

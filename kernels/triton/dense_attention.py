@@ -67,12 +67,16 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     v = v.to(k.dtype).contiguous()
     m = mask.to(device=q.device, dtype=torch.int8).contiguous() if mask is not None else k
     BLOCK_D = max(16, triton.next_power_of_2(D))
-    BLOCK_M, BLOCK_N = (64, 64) if BLOCK_D <= 128 else (32, 32)
+    # tiles within the registers and shared memory of sm_80 / sm_90 (scripts/aot_compile.py: no spills)
+    if k.dtype == torch.float32:
+        BLOCK_M, BLOCK_N = 32, 16
+    else:
+        BLOCK_M, BLOCK_N = (32, 32) if BLOCK_D > 128 else (64, 32)
     grid = (triton.cdiv(T, BLOCK_M), H)
     _dense_attention_kernel[grid](
         q, k, v, m, out, T, S, H // KVH, D, float(scale), float(softcap),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         m.stride(0) if mask is not None else 0, out.stride(0), out.stride(1),
         HAS_MASK=mask is not None, SOFTCAP=softcap > 0.0,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=4)
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=4 if BLOCK_M <= 32 else 8, num_stages=2)
     return out
