@@ -302,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         args.model = scfg.model_path = path
         scfg.alias = scfg.alias or args.hf_repo
+    if args.mmproj_url and not args.mmproj:  # -mmu
+        args.mmproj = launch.fetch_url(args.mmproj_url, args.offline, say)
+        if args.mmproj is None:
+            return 1
     if n_ranks > 1 and int(os.environ.get("RANK", "0")) > 0:
         gc.enable()
         ecfg = engine_config(args, scfg)

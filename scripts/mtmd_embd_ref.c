@@ -1,4 +1,4 @@
-// The image embeddings of the reference build's libmtmd (llama.cpp b1-0c1e570) for tests: each
+// The image (and audio) embeddings of the reference build's libmtmd (llama.cpp b1-0c1e570) for tests: each
 // image file is tokenized with the default media marker (mtmd_tokenize, add_special and
 // parse_special as llama-server) and its image chunk encoded (mtmd_encode_chunk), with
 // llama-server's mtmd parameters (flash attention auto, n_threads 2, the given token bounds).
@@ -6,7 +6,7 @@
 //   mtmd_embd_ref MODEL MMPROJ MIN_TOKENS MAX_TOKENS OUT IMAGE...
 // OUT receives per image: int32 n_text_before, the text tokens before the image chunk, int32 nx,
 // int32 ny, int32 n_tokens, int32 n_pos, int32 n_embd, then n_tokens * n_embd float32, then int32
-// n_text_after and those tokens.
+// n_text_after and those tokens (a file with several media chunks: use short audio clips, one chunk).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,10 +54,10 @@ int main(int argc, char ** argv) {
                 for (size_t j = 0; j < n; ++j) put_i32(out, t[j]);
                 continue;
             }
-            const mtmd_image_tokens * it = mtmd_input_chunk_get_tokens_image(c);
+            const mtmd_image_tokens * it = mtmd_input_chunk_get_tokens_image(c);  // NULL: audio
             const int n_tok = (int) mtmd_input_chunk_get_n_tokens(c);
-            put_i32(out, (int) mtmd_image_tokens_get_nx(it));
-            put_i32(out, (int) mtmd_image_tokens_get_ny(it));
+            put_i32(out, it ? (int) mtmd_image_tokens_get_nx(it) : n_tok);
+            put_i32(out, it ? (int) mtmd_image_tokens_get_ny(it) : 1);
             put_i32(out, n_tok);
             put_i32(out, (int) mtmd_input_chunk_get_n_pos(c));
             put_i32(out, n_embd);

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Records llama.cpp b1-0c1e570's image embeddings and llama-server's greedy answers with images on
-the tiny vision pairs of runtime.vision.tiny_mmproj (gemma3, qwen25vl, qwen3vl) into
+the tiny pairs of runtime.vision.tiny_mmproj (gemma3, qwen25vl, qwen3vl; qwen25o with audio) into
 tests/data/vision/ (tests/test_vision_reference.py compares tritium's with them).
 
 The pairs are generated here, deterministically, so that the tests regenerate the very same files
@@ -42,6 +42,12 @@ from runtime.vision.tiny_mmproj import KINDS, write_pair  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "vision"
 IMAGES = ["small.png", "small.jpg", "wide.jpg", "tall.png", "gray.png"]
+AUDIO = ["tone.wav"]  # the audio kind's (qwen25o) clips
+
+
+def media_of(kind: str) -> list[str]:
+    """The files whose embeddings are recorded for `kind`."""
+    return AUDIO + IMAGES[:2] if kind == "qwen25o" else IMAGES
 MARKER = "<__media__>"
 MARGIN = 0.01
 N_PREDICT = 8
@@ -56,8 +62,10 @@ def data_url(name: str) -> str:
     return f"data:image/{kind};base64," + base64.b64encode((DATA / name).read_bytes()).decode()
 
 
-def requests_for() -> list[dict]:
-    """The recorded requests: (path, body) of each case, by name."""
+def requests_for(kind: str = "") -> list[dict]:
+    """The recorded requests of `kind`: path and body of each case, by name."""
+    if kind == "qwen25o":
+        return audio_requests()
     out = []
     for name in IMAGES:
         out.append({"name": f"chat-{name}", "path": "/v1/chat/completions", "body": {
@@ -79,6 +87,24 @@ def requests_for() -> list[dict]:
                            {"role": "user", "content": "How?"}]
     out.append({"name": "chat-follow-up", "path": "/v1/chat/completions", "body": follow})
     return out
+
+
+def audio_requests() -> list[dict]:
+    """Audio clips (input_audio parts, multimodal_data), alone and beside an image, and again."""
+    wav = base64.b64encode((DATA / AUDIO[0]).read_bytes()).decode()
+    chat = {"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}, {"type": "text", "text": "What is this?"}]}],
+        "max_tokens": N_PREDICT, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    both = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Listen"}, {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}},
+        {"type": "text", "text": "and look"}, {"type": "image_url", "image_url": {"url": data_url("small.png")}}]}],
+        "max_tokens": N_PREDICT, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    return [{"name": "chat-audio", "path": "/v1/chat/completions", "body": chat},
+            {"name": "completion-audio", "path": "/completion", "body": {
+                "prompt": {"prompt_string": f"Hear {MARKER} now:", "multimodal_data": [wav]},
+                "n_predict": N_PREDICT, "temperature": 0, "n_probs": 2, "return_tokens": True}},
+            {"name": "chat-audio-and-image", "path": "/v1/chat/completions", "body": both},
+            {"name": "chat-audio-again", "path": "/v1/chat/completions", "body": chat}]
 
 
 def answer_record(path: str, res: dict) -> dict:
@@ -125,7 +151,7 @@ def record_answers(server: str, kind: str, model: Path, mmproj: Path) -> dict:
                     break
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.2)
-        return {r["name"]: answer_record(r["path"], post(port, r["path"], r["body"])) for r in requests_for()}
+        return {r["name"]: answer_record(r["path"], post(port, r["path"], r["body"])) for r in requests_for(kind)}
     finally:
         p.terminate()
         p.wait()
@@ -159,7 +185,7 @@ def main() -> int:
     root = Path(os.environ.get("LLAMA_CPP", "/work/lsb/src/llama_cpp_python-0.3.36/vendor/llama.cpp"))
     out: dict = {"recorded_with": "python scripts/record_vision_reference.py (llama-server and libmtmd of "
                                   "llama.cpp b1-0c1e570)", "marker": MARKER, "margin": MARGIN, "images": IMAGES,
-                 "requests": {r["name"]: {"path": r["path"]} for r in requests_for()}, "kinds": {}}
+                 "kinds": {}}
     arrays = {}
     with tempfile.TemporaryDirectory() as d:
         exe = Path(d) / "mtmd_embd_ref"
@@ -171,9 +197,9 @@ def main() -> int:
             model, mmproj = write_pair(d, kind)
             emb_file = Path(d) / f"{kind}.bin"
             subprocess.run([str(exe), str(model), str(mmproj), "-1", "-1", str(emb_file),
-                            *[str(DATA / n) for n in IMAGES]], check=True)
+                            *[str(DATA / n) for n in media_of(kind)]], check=True)
             images = {}
-            for name, r in zip(IMAGES, read_embeddings(emb_file, len(IMAGES))):
+            for name, r in zip(media_of(kind), read_embeddings(emb_file, len(media_of(kind)))):
                 arrays[f"{kind}/{name}"] = r.pop("embd").astype(np.float16)
                 images[name] = r
             answers = record_answers(a.server, kind, model, mmproj)

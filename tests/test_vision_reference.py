@@ -41,6 +41,7 @@ def pairs(tmp_path_factory):
 @pytest.mark.parametrize("kind", KINDS)
 def test_embeddings_equal_libmtmd(pairs, kind):
     from runtime.tokenizer import load_tokenizer
+    from runtime.vision.audio import AudioEncoder
     from runtime.vision.encoder import VisionEncoder
     from runtime.vision.media import tokenize_media
     from runtime.vision.mmproj import read_mmproj
@@ -48,18 +49,19 @@ def test_embeddings_equal_libmtmd(pairs, kind):
     model, mmproj = pairs[kind]
     mm = read_mmproj(mmproj)
     enc = VisionEncoder(mm)
+    audio = AudioEncoder(mm) if mm.audio is not None else None
     tok = load_tokenizer(str(model))
     ref = np.load(DATA / "embeddings.npz")
     for name, rec in REF["kinds"][kind]["images"].items():
-        mp = tokenize_media(tok, REF["marker"], [(DATA / name).read_bytes()], REF["marker"], mm.vision,
+        mp = tokenize_media(tok, REF["marker"], [(DATA / name).read_bytes()], REF["marker"], mm.vision, audio,
                             mrope=kind != "gemma3")
         c = mp.chunks[0]
         assert mp.tokens[:c.start] == rec["before"] and mp.tokens[c.end:] == rec["after"], name
         assert (c.n_tokens, c.n_pos) == (rec["n_tokens"], rec["n_pos"]), name
-        if kind != "gemma3":  # M-RoPE grids (gemma3's chunk is 1-D: mtmd says nx = n_tokens, ny = 1)
+        if kind != "gemma3" and c.kind == "image":  # M-RoPE grids (1-D chunks: mtmd says nx = n_tokens, ny = 1)
             assert (c.nx, c.ny) == (rec["nx"], rec["ny"]), name
         want = ref[f"{kind}/{name}"].astype(np.float32)
-        got = enc.encode(c.data).numpy()
+        got = (audio if c.kind == "audio" else enc).encode(c.data).numpy()
         assert got.shape == want.shape, name
         # float16 rounding where ggml rounds (weights, im2col, flash attention) and in the record
         np.testing.assert_allclose(got, want, atol=2e-3 + 2e-3 * float(np.abs(want).max()), rtol=0, err_msg=name)
@@ -96,11 +98,11 @@ def test_answers_equal_llama_server(pairs, kind, api_client):
     try:
         c = api_client(e, media_marker=REF["marker"])
         props = c.get("/props").json()
-        assert props["modalities"] == {"vision": True, "video": True, "audio": False}
+        assert props["modalities"] == {"vision": True, "video": True, "audio": kind == "qwen25o"}
         assert props["media_marker"] == REF["marker"]
         assert c.get("/v1/models").json()["models"][0]["capabilities"] == ["completion", "multimodal"]
         compared = total = 0
-        for r in requests_for():  # in order: the later ones reuse the cached prompt
+        for r in requests_for(kind):  # in order: the later ones reuse the cached prompt
             res = c.post(r["path"], json=r["body"])
             assert res.status_code == 200, (r["name"], res.text)
             rec = REF["kinds"][kind]["answers"][r["name"]]

@@ -261,3 +261,52 @@ def test_vision_encoder_triton_matches_cpu(tmp_path):
         want = VisionEncoder(mm, backend="cpu").encode(px)
         got = VisionEncoder(mm, backend="triton").encode(px)
         torch.testing.assert_close(got, want, atol=5e-3, rtol=5e-3)
+
+
+# ---- flags ----------------------------------------------------------------------------------------
+
+def test_media_flags(tmp_path):
+    from api.cli import build_parser, engine_config, server_config
+    from api.cli_args import ArgError
+
+    args = build_parser().parse_args(["-mm", "p.gguf", "--no-mmproj-offload", "--image-min-tokens", "64",
+                                      "--image-max-tokens", "256", "--media-path", str(tmp_path),
+                                      "--mtmd-batch-max-tokens", "512", "--video-fps", "2", "--no-mmproj"])
+    scfg = server_config(args)
+    assert scfg.media_path == str(tmp_path) + "/"
+    e = engine_config(args, scfg)
+    assert (e.mmproj, e.mmproj_offload, e.image_min_tokens, e.image_max_tokens) == ("p.gguf", False, 64, 256)
+    e = engine_config(build_parser().parse_args(["--mmproj", "q.gguf", "-mmdev", "none"]), scfg)
+    assert (e.mmproj, e.mmproj_offload) == ("q.gguf", False)
+    assert engine_config(build_parser().parse_args([]), scfg).mmproj is None
+    with pytest.raises(ArgError, match="not a directory"):
+        server_config(build_parser().parse_args(["--media-path", str(tmp_path / "missing")]))
+
+
+def test_mmproj_url_is_downloaded_once(tmp_path, monkeypatch):
+    from runtime.launch.start import fetch_url
+
+    monkeypatch.setenv("TRITIUM_CACHE", str(tmp_path))
+    served = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            served.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"GGUF bytes")
+
+        def log_message(self, *a):
+            pass
+    srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/repo/mmproj-f16.gguf"
+    try:
+        path = fetch_url(url, False, lambda lvl, m: None)
+        assert path.endswith("mmproj-f16.gguf") and open(path, "rb").read() == b"GGUF bytes"
+        assert fetch_url(url, False, lambda lvl, m: None) == path and served == ["/repo/mmproj-f16.gguf"]
+    finally:
+        srv.shutdown()
+    said = []
+    assert fetch_url(url + "?v=2", True, lambda lvl, m: said.append(m)) is None  # offline, not cached
+    assert "offline" in said[0]

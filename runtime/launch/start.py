@@ -70,6 +70,40 @@ def fetch_hf(repo: str, file: str | None, token: str | None, offline: bool, say:
     return str(path)
 
 
+def fetch_url(url: str, offline: bool, say: Say) -> str | None:
+    """-mmu URL: the file downloaded once into $TRITIUM_CACHE/downloads (named by the URL's last path
+    component and its hash), reused afterwards; with --offline only the cached copy; None (reported)
+    when it cannot be had."""
+    import hashlib
+    import tempfile
+    import urllib.request
+
+    from runtime.model.model_files import cache_root
+
+    name = os.path.basename(url.split("?", 1)[0].rstrip("/")) or "download"
+    target = cache_root() / "downloads" / f"{hashlib.sha256(url.encode()).hexdigest()[:12]}-{name}"
+    if target.exists():
+        return str(target)
+    if offline:
+        say("E", f"required file is not available in cache (offline mode): {target}")
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    say("I", f"downloading {url} to {target}")
+    tmp = ""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".part-")
+        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=60) as r:
+            while chunk := r.read(1 << 20):
+                f.write(chunk)
+        os.replace(tmp, target)
+    except (OSError, ValueError) as e:
+        say("E", f"failed to download {url}: {e}")
+        if tmp and os.path.exists(tmp):
+            os.unlink(tmp)
+        return None
+    return str(target)
+
+
 def start_ranks(n: int, argv: list[str], say: Say) -> None:
     """`-tp N` without torchrun: this process becomes rank 0 and starts ranks 1..N-1 with the same
     arguments; when one of them ends, the server ends with an error (a tensor-parallel model cannot

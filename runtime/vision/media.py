@@ -114,19 +114,22 @@ def tokenize_media(tokenizer, text: str, files: list[bytes], marker: str, vision
         if _is_audio(data):
             if audio is None:
                 raise MediaError("This model does not support audio input")
-            from runtime.vision.audio import audio_chunk
-            cfg, chunk = audio.cfg, audio_chunk(audio, data, fid)
+            from runtime.vision.audio import audio_chunks
+            cfg, new = audio.cfg, audio_chunks(audio, data, fid)
         else:
             if vision is None:
                 raise MediaTokenizeError("model does not support vision input")
-            cfg, chunk = vision, _image_chunk(vision, data, fid, mrope)
-        if not 0 < chunk.n_tokens <= MAX_MEDIA_TOKENS:
-            raise MediaTokenizeError(f"a media chunk of {chunk.n_tokens} tokens is not supported")
+            cfg, new = vision, [_image_chunk(vision, data, fid, mrope)]
         beg, end = MEDIA_DELIMS.get(cfg.proj, ("", ""))
         add_text(beg)
-        chunk.start = len(tokens)
-        tokens.extend(media_token(fid, j) for j in range(chunk.n_tokens))
-        chunks.append(chunk)
+        first = 0  # the chunks of one file (audio: one per 30 s) number their tokens on
+        for chunk in new:
+            if not 0 < chunk.n_tokens <= MAX_MEDIA_TOKENS:
+                raise MediaTokenizeError(f"a media chunk of {chunk.n_tokens} tokens is not supported")
+            chunk.start = len(tokens)
+            tokens.extend(media_token(fid, first + j) for j in range(chunk.n_tokens))
+            first += chunk.n_tokens
+            chunks.append(chunk)
         add_text(end)
     if add_special and tokenizer.add_bos and tokenizer.bos_id >= 0:
         tokens.insert(0, tokenizer.bos_id)

@@ -10,7 +10,9 @@ enough for tests, that llama-server b1-0c1e570 loads with `-m MODEL --mmproj MMP
   patches, RMSNorm, SiLU-gated FFN, window attention every other layer in clip.cpp's 112 px
   windows; dynamic image size);
 - "qwen3vl": a qwen3vl text model (interleaved M-RoPE 3/1/1/0, one deepstack layer) with a
-  Qwen3-VL encoder (fused qkv, learned position embeddings on an 8x8 grid, a deepstack layer).
+  Qwen3-VL encoder (fused qkv, learned position embeddings on an 8x8 grid, a deepstack layer);
+- "qwen25o": Qwen2.5-Omni's layout: "qwen25vl"'s text model and vision encoder in a `qwen2.5o`
+  file that also holds a Qwen2-Audio encoder (32 mel bins, 1 layer: 750 tokens per 30 s).
 
 The text models use the built-in byte-level vocabulary plus the image (and audio) delimiter tokens
 of their family (`<start_of_image>`/`<end_of_image>`, `<|vision_start|>`/`<|vision_end|>`); the
@@ -29,11 +31,12 @@ from runtime.tokenizer.builtin_vocab import builtin_vocab
 
 __all__ = ["KINDS", "MmprojSpec", "write_mmproj", "write_pair", "vocab_with"]
 
-KINDS = ("gemma3", "qwen25vl", "qwen3vl")
+KINDS = ("gemma3", "qwen25vl", "qwen3vl", "qwen25o")
 _SPECIALS = {
     "gemma3": ["<start_of_image>", "<end_of_image>"],
     "qwen25vl": ["<|vision_start|>", "<|vision_end|>", "<|vision_pad|>"],
     "qwen3vl": ["<|vision_start|>", "<|vision_end|>", "<|vision_pad|>"],
+    "qwen25o": ["<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|audio_bos|>", "<|audio_eos|>"],
 }
 _CLIP_MEAN, _CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 
@@ -53,6 +56,12 @@ class MmprojSpec:
     deepstack_layers: tuple[int, ...] = ()  # qwen3vl
     pos_grid: int = 8  # qwen3vl: learned position embeddings on a pos_grid x pos_grid grid
     eps: float = 1e-6
+    audio: bool = False  # qwen2.5o: an audio encoder too (Whisper-style, qwen2a)
+    a_n_embd: int = 32
+    a_n_ff: int = 64
+    a_n_head: int = 2
+    a_n_layer: int = 1
+    a_n_mel: int = 32
     wtype: str = "f16"
     seed: int = 0
     std: float = 0.05
@@ -71,6 +80,23 @@ def vocab_with(extra: list[str]) -> list:
     return out
 
 
+def _audio_tensors(spec: MmprojSpec) -> list[tuple[str, tuple[int, ...]]]:
+    """Qwen2-Audio's encoder (clip.cpp's qwen2a): two convolutions, 1500 positions, the blocks (no k
+    bias), the post-norm and the projection."""
+    C, F = spec.a_n_embd, spec.a_n_ff
+    out = [("a.conv1d.1.weight", (C, spec.a_n_mel, 3)), ("a.conv1d.1.bias", (C, 1)),  # biases [1, C] in GGML
+           ("a.conv1d.2.weight", (C, C, 3)), ("a.conv1d.2.bias", (C, 1)), ("a.position_embd.weight", (1500, C))]
+    for i in range(spec.a_n_layer):
+        b = f"a.blk.{i}."
+        out += [(b + "attn_q.weight", (C, C)), (b + "attn_q.bias", (C,)), (b + "attn_k.weight", (C, C)),
+                (b + "attn_v.weight", (C, C)), (b + "attn_v.bias", (C,)), (b + "attn_out.weight", (C, C)),
+                (b + "attn_out.bias", (C,)), (b + "ln1.weight", (C,)), (b + "ln1.bias", (C,)),
+                (b + "ln2.weight", (C,)), (b + "ln2.bias", (C,)), (b + "ffn_up.weight", (F, C)),
+                (b + "ffn_up.bias", (F,)), (b + "ffn_down.weight", (C, F)), (b + "ffn_down.bias", (C,))]
+    return out + [("a.post_ln.weight", (C,)), ("a.post_ln.bias", (C,)),
+                  ("mm.a.fc.weight", (spec.n_embd_text, C)), ("mm.a.fc.bias", (spec.n_embd_text,))]
+
+
 def _tensors(spec: MmprojSpec) -> list[tuple[str, tuple[int, ...]]]:
     """(name, numpy shape) of every tensor of the file, in order."""
     C, F, p = spec.n_embd, spec.n_ff, spec.patch_size
@@ -84,7 +110,7 @@ def _tensors(spec: MmprojSpec) -> list[tuple[str, tuple[int, ...]]]:
         out.append(("v.position_embd.weight", ((spec.image_size // p) ** 2, C)))
     if spec.proj == "qwen3vl_merger":
         out.append(("v.position_embd.weight", (spec.pos_grid ** 2, C)))
-    rms = spec.proj == "qwen2.5vl_merger"
+    rms = spec.proj in ("qwen2.5vl_merger", "qwen2.5o")
     for i in range(spec.n_layer):
         b = f"v.blk.{i}."
         if spec.proj == "qwen3vl_merger":
@@ -114,7 +140,7 @@ def _tensors(spec: MmprojSpec) -> list[tuple[str, tuple[int, ...]]]:
     else:
         out += [("mm.0.weight", (4 * C, 4 * C)), ("mm.0.bias", (4 * C,)),
                 ("mm.2.weight", (spec.n_embd_text, 4 * C)), ("mm.2.bias", (spec.n_embd_text,))]
-    return out
+    return out + (_audio_tensors(spec) if spec.audio else [])
 
 
 def write_mmproj(path: str | Path, spec: MmprojSpec) -> Path:
@@ -125,8 +151,16 @@ def write_mmproj(path: str | Path, spec: MmprojSpec) -> Path:
     w.add_file_type(1 if spec.wtype == "f16" else 0)
     w.add_key_value("clip.projector_type", spec.proj, GGUFValueType.STRING)
     w.add_key_value("clip.has_vision_encoder", True, GGUFValueType.BOOL)
-    act = {"gemma3": "clip.use_gelu", "qwen2.5vl_merger": "clip.use_silu", "qwen3vl_merger": "clip.use_gelu"}
+    act = {"gemma3": "clip.use_gelu", "qwen2.5vl_merger": "clip.use_silu", "qwen3vl_merger": "clip.use_gelu",
+           "qwen2.5o": "clip.use_silu"}
     w.add_key_value(act[spec.proj], True, GGUFValueType.BOOL)
+    if spec.audio:
+        w.add_key_value("clip.has_audio_encoder", True, GGUFValueType.BOOL)
+        for key, val in (("embedding_length", spec.a_n_embd), ("feed_forward_length", spec.a_n_ff),
+                         ("block_count", spec.a_n_layer), ("attention.head_count", spec.a_n_head),
+                         ("projection_dim", spec.n_embd_text), ("num_mel_bins", spec.a_n_mel)):
+            w.add_key_value(f"clip.audio.{key}", val, GGUFValueType.UINT32)
+        w.add_key_value("clip.audio.attention.layer_norm_epsilon", 1e-5, GGUFValueType.FLOAT32)
     u32 = GGUFValueType.UINT32
     for key, val in (("embedding_length", spec.n_embd), ("feed_forward_length", spec.n_ff),
                      ("block_count", spec.n_layer), ("attention.head_count", spec.n_head),
@@ -141,7 +175,7 @@ def write_mmproj(path: str | Path, spec: MmprojSpec) -> Path:
     w.add_key_value("clip.vision.image_std", std, arr, sub_type=GGUFValueType.FLOAT32)
     if spec.scale_factor:
         w.add_key_value("clip.vision.projector.scale_factor", spec.scale_factor, u32)
-    if spec.proj == "qwen2.5vl_merger":
+    if spec.proj in ("qwen2.5vl_merger", "qwen2.5o"):
         w.add_key_value("clip.vision.n_wa_pattern", spec.n_wa_pattern, u32)
     rng = np.random.default_rng(spec.seed)
     qt = GGMLQuantizationType.F16 if spec.wtype == "f16" else GGMLQuantizationType.F32
@@ -152,7 +186,8 @@ def write_mmproj(path: str | Path, spec: MmprojSpec) -> Path:
                 x = (1.0 + x * 4).astype(np.float32) if name.endswith("weight") else x
             w.add_tensor(name, x.astype(np.float32))
             continue
-        if name.startswith("v.position_embd"):
+        if name.startswith(("v.position_embd", "a.position_embd")) or name.endswith("conv1d.1.bias") \
+                or name.endswith("conv1d.2.bias"):
             x = x * 4  # comparable to the patch embeddings
             w.add_tensor(name, x.astype(np.float32))
             continue
@@ -175,17 +210,17 @@ def _text_spec(kind: str, seed: int) -> TinyModelSpec:
                        sliding_window=512)
     base = TinyModelSpec(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_ctx=1024, head_dim=16,
                          rope_freq_base=10000.0, rms_eps=1e-6, seed=seed + 11, init_std=0.12)
-    if kind == "qwen25vl":
-        return replace(base, arch="qwen2vl", name="tiny-random-qwen2.5-vl", rope_sections=(2, 3, 3, 0))
+    if kind in ("qwen25vl", "qwen25o"):
+        return replace(base, arch="qwen2vl", name=f"tiny-random-{kind}", rope_sections=(2, 3, 3, 0))
     return replace(base, arch="qwen3vl", name="tiny-random-qwen3-vl", rope_sections=(3, 1, 1, 0), n_deepstack=1)
 
 
 def _mmproj_spec(kind: str, n_embd_text: int, seed: int, wtype: str) -> MmprojSpec:
     if kind == "gemma3":
         return MmprojSpec("gemma3", n_embd_text=n_embd_text, scale_factor=2, seed=seed, wtype=wtype)
-    if kind == "qwen25vl":
-        return MmprojSpec("qwen2.5vl_merger", n_embd_text=n_embd_text, n_wa_pattern=2, patch_size=14, image_size=56,
-                          seed=seed, wtype=wtype)
+    if kind in ("qwen25vl", "qwen25o"):
+        return MmprojSpec("qwen2.5o" if kind == "qwen25o" else "qwen2.5vl_merger", n_embd_text=n_embd_text,
+                          n_wa_pattern=2, patch_size=14, image_size=56, seed=seed, wtype=wtype, audio=kind == "qwen25o")
     return MmprojSpec("qwen3vl_merger", n_embd_text=n_embd_text, deepstack_layers=(0,), seed=seed, wtype=wtype)
 
 
