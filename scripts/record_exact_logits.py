@@ -10,6 +10,8 @@ order differs between its AVX2 and AVX-512 kernels); this records the machine's 
     python scripts/fetch_models.py
     python scripts/record_exact_logits.py --out tests/data/exact_logits.json
     # LLAMA_CPP=<llama.cpp source tree with build/bin/libllama.so> (default: scripts/build_llama_server.sh's)
+    # one model into an existing recording of the same float order (the others kept):
+    python scripts/record_exact_logits.py --out tests/data/avx2/exact_logits.json --models smollm2-135m-instruct --merge
 """
 from __future__ import annotations
 
@@ -54,12 +56,15 @@ def step_record(logits: np.ndarray) -> dict:
 
 
 def main() -> None:
-    from runtime.model.model_files import GEMMA, QWEN
+    from runtime.model.model_files import GEMMA, MODELS, QWEN
     from runtime.tokenizer import load_tokenizer
     from tests.llama_tokens import real_model_path
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="tests/data/exact_logits.json")
+    ap.add_argument("--models", default=f"{QWEN.key},{GEMMA.key}", help="comma-separated keys of model_files.MODELS")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the other models of an existing --out (recorded on a CPU with the same flags)")
     a = ap.parse_args()
     root = Path(os.environ.get("LLAMA_CPP", "/work/lsb/src/llama_cpp_python-0.3.36/vendor/llama.cpp"))
     src = Path(__file__).resolve().parent / "llama_logits_ref.c"
@@ -68,12 +73,17 @@ def main() -> None:
     out = {"recorded_with": "python scripts/record_exact_logits.py (scripts/llama_logits_ref.c against libllama of "
                             "llama.cpp b1-0c1e570, the build of scripts/build_llama_server.sh)",
            "cpu_flags": flags, "n_decode": N_DECODE, "models": {}}
+    if a.merge and Path(a.out).exists():
+        old = json.loads(Path(a.out).read_text(encoding="utf-8"))
+        if old["cpu_flags"] != flags or old["n_decode"] != N_DECODE:
+            sys.exit(f"{a.out} was recorded with cpu_flags {old['cpu_flags']}, this CPU has {flags}: not merged")
+        out["models"] = old["models"]
     with tempfile.TemporaryDirectory() as d:
         exe = Path(d) / "llama_logits_ref"
         subprocess.run(["gcc", "-O2", "-o", str(exe), str(src), f"-I{root}/include", f"-I{root}/ggml/include",
                         f"-L{root}/build/bin", "-lllama", "-lggml", "-lggml-base", f"-Wl,-rpath,{root}/build/bin"],
                        check=True)
-        for m in (QWEN, GEMMA):
+        for m in (MODELS[k] for k in a.models.split(",")):
             path = real_model_path(m)
             tk = load_tokenizer(path)
             cases = []

@@ -91,7 +91,7 @@ def server_env(tmp_path_factory) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("TRITIUM_CACHE", str(tmp_path_factory.getbasetemp() / "tritium-cache"))
     env.pop("TRITON_INTERPRET", None)  # the server runs torch reference ops on CPU
-    env.setdefault("TRITIUM_DEFAULT_MODEL", "builtin")  # no -m: the random-weight model even with [model] installed
+    env.setdefault("TRITIUM_DEFAULT_MODEL", "builtin")  # no -m: the random-weight model even with SmolLM2 installed
     return env
 
 

@@ -50,8 +50,8 @@ def cell(qtype: int, rows: int, numerics: int, isa: int, lib=None) -> str:
     name, file, fused = route(qtype, rows, numerics, isa, lb)
     text = f"`{name}` ({file})" + (", fused" if fused else "")
     if lb.qd_kernel_pair(lb.qd_route(qtype, rows, numerics, isa) & 0xFF):
-        odd, _, _ = route(qtype, rows, numerics, 2, lb)  # a pair kernel's odd panel: the 256-bit one's
-        text += f"; odd panel `{odd}`"
+        k = lb.qd_route_odd(qtype, rows, numerics) & 0xFF  # a pair kernel's odd panel: a 256-bit kernel
+        text += f"; odd panel `{lb.qd_kernel_name(k).decode()}`"
     return text
 
 

@@ -156,7 +156,8 @@ typedef struct {
 } qd_scratch;
 
 /* Activations of M rows: xq int8 [M][K]; xd float [M][K / bs]; 32-blocks: xs int32 [M][K / 32]
-   (sum of the codes of each block); K-quants: bsum int16 [M][K / 16]. */
+   (sum of the codes of each block) and xs1 float [M][K / 32] (llama.cpp's q8_1 `s`: the fp16 of the
+   unrounded d times that sum, for Q4_1 / Q5_1 in its order); K-quants: bsum int16 [M][K / 16]. */
 typedef struct {
     const int8_t *xq;
     const float *xd;
@@ -172,6 +173,7 @@ typedef struct {
                    has it, 2 the same through its portable reference kernels (tests) */
     const int32_t *n16;  /* exact, 32-block types: int32 [M][K / 4], -16 x the sum of each 4 activation codes */
     const int32_t *n128; /* the same x 8 (Q8_0's +128 bias on VNNI) */
+    const float *xs1;    /* 32-blocks: the q8_1 `s` of each block (see above) */
 } qd_acts;
 
 /* qdot_sched.c: the small batches' work split. A thread's range of panel indices (over the jobs of
@@ -198,7 +200,7 @@ const uint8_t *qd_decode_panel_scalar(const qd_type *t, const uint8_t *panel, in
    `rows` activation rows of a weight of GGML `type`, in `numerics`, in a build of `isa`, or'ed with
    QD_ROUTE_FUSED when the panels are read in place (run_fused) rather than decoded into scratch
    (run_jobs); -1 for arguments out of range. A pair kernel's odd last panel of a work item runs
-   qd_route(type, rows, numerics, QD_ISA_VNNI). The drivers (qdot_gemm.c) ask it for every call. */
+   qd_route_odd(type, rows, numerics). The drivers (qdot_gemm.c) ask it for every call. */
 enum { QD_NUM_OWN = 0, QD_NUM_GGML = 1, QD_NUM_GGML_REF = 2 };
 /* levels of the ladder (kernels/cpu/isa.py): portable C, AVX2, 256-bit VNNI (AVX-VNNI or emulated),
    AVX-512 VNNI */
@@ -218,21 +220,24 @@ enum {
     QD_KN_MK_K,           /* qdot_mk_avx2.c mk_k: K-quants */
     QD_KN_Z_MK_A,         /* qdot_mk_avx512.c z_mk_a: two panels per 512-bit vector */
     QD_KN_Z_MK_K,         /* qdot_mk_avx512.c z_mk_k */
-    QD_KN_MK_K_TILED,     /* qdot_exact.c: mk_k with llama.cpp's tiled K-quant epilogue (Q3_K, Q6_K) */
+    QD_KN_MK_K_TILED,     /* qdot_exact.c: mk_k with llama.cpp's tiled K-quant epilogue (from 8 rows) */
     QD_KN_Z_MK_K_TILED,   /* qdot_exact.c: z_mk_k with it */
     QD_KN_Z_MK_Q4K_EXACT, /* qdot_exact.c z_mk_q4k_exact: Q4_K's gemm/gemv order in pairs */
-    QD_KN_SIMD_32,        /* qdot_exact.c simd_32: Q5_0 / Q8_0 in llama.cpp's lanes */
+    QD_KN_SIMD_32,        /* qdot_exact.c simd_32: Q5_0 / Q8_0 / Q4_1 / Q5_1 in llama.cpp's lanes */
     QD_KN_SIMD_Q6_K,      /* qdot_exact.c simd_q6_K */
     QD_KN_SIMD_Q4_K,      /* qdot_exact.c simd_q4_K */
+    QD_KN_SIMD_K_DOT,     /* qdot_exact.c simd_k_dot: Q2_K / Q3_K / Q5_K under 8 rows (their vec_dot) */
     QD_KN_REF_32,         /* qdot_exact.c ref_32: the portable reference of simd_32 */
     QD_KN_REF_Q6_K,       /* qdot_exact.c ref_q6_K */
     QD_KN_REF_Q4_K,       /* qdot_exact.c ref_q4_K */
     QD_KN_REF_K_TILED,    /* qdot_exact.c ref_k_tiled: the tiled K-quant order, portable */
+    QD_KN_REF_K_DOT,      /* qdot_exact.c ref_k_dot: the portable reference of simd_k_dot */
     QD_KN_COUNT
 };
 #define QD_ROUTE_FUSED 0x100
 #define QD_ROUTE_KERNEL(r) ((r) & 0xFF)
 int qd_route(int type, int rows, int numerics, int isa);
+int qd_route_odd(int type, int rows, int numerics);  /* a pair kernel's odd last panel (qdot_route.c) */
 const char *qd_kernel_name(int kernel);  /* "mk_k", ... (NULL out of range) */
 const char *qd_kernel_file(int kernel);  /* "qdot_mk_avx2.c", ... */
 int qd_kernel_pair(int kernel);           /* qd_kernel_is_pair, exported */
@@ -284,7 +289,7 @@ void qd_exact_pair(int kernel, int type, int MR, const uint8_t *c2, const qd_scr
                    int nb, const qd_acts *a, int m0, float *out);
 void qd_exact_sums(const int8_t *xq, int K, int32_t *n16, int32_t *n128);  /* one row's n16, n128 (qd_acts) */
 /* qdot_quant.c: one activation row */
-void qd_quant_row_q8_0(const float *x, int K, int8_t *q, float *d, int32_t *s);
+void qd_quant_row_q8_0(const float *x, int K, int8_t *q, float *d, int32_t *s, float *s1);
 void qd_quant_row_q8_K(const float *x, int K, int8_t *q, float *d, int16_t *bs);
 /* the scales only (the small-batch kernels decode the codes in registers) */
 void qd_decode_scales(const qd_type *t, const uint8_t *panel, int K, qd_scratch *s);

@@ -70,11 +70,13 @@ class QdotWeight:
 @dataclass
 class QActs:
     """Quantized activation rows: q int8 [M, K]; d float32 [M, K / block]; sums int32 [M, K / 32]
-    (q8_0: the sum of each block's codes) or int16 [M, K / 16] (q8_K: bsums)."""
+    (q8_0: the sum of each block's codes) or int16 [M, K / 16] (q8_K: bsums); q8_0 also s1 float32
+    [M, K / 32], llama.cpp's q8_1 `s` (fp16 of d * sum, for Q4_1 / Q5_1 in its float order)."""
     kind: str
     q: torch.Tensor
     d: torch.Tensor
     sums: torch.Tensor
+    s1: torch.Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -146,7 +148,10 @@ def quantize_activations(x: torch.Tensor, kind: str, n_threads: int | None = Non
         q = torch.empty((M, K), dtype=torch.int8)
         d = torch.empty((M, K // 32), dtype=torch.float32)
         s = torch.empty((M, K // 32), dtype=torch.int32)
-        lb.qd_quantize_q8_0(x.data_ptr(), x.stride(0), M, K, q.data_ptr(), d.data_ptr(), s.data_ptr(), _threads(n_threads))
+        s1 = torch.empty((M, K // 32), dtype=torch.float32)
+        lb.qd_quantize_q8_0(x.data_ptr(), x.stride(0), M, K, q.data_ptr(), d.data_ptr(), s.data_ptr(), s1.data_ptr(),
+                            _threads(n_threads))
+        return QActs(kind, q, d, s, s1)
     elif kind == "q8_K":
         if K % 256:
             raise ValueError(f"qdot: K={K} is not a multiple of 256")
@@ -246,8 +251,9 @@ def matmul(x: torch.Tensor | QActs, w: QdotWeight, n_threads: int | None = None,
     if M == 0:
         return out
     xs = x.sums.data_ptr() if x.kind == "q8_0" else None
+    xs1 = x.s1.data_ptr() if x.kind == "q8_0" else None
     bsum = x.sums.data_ptr() if x.kind == "q8_K" else None
-    rc = _lib().qd_matmul(w.qtype, w.data.data_ptr(), w.rows, w.cols, x.q.data_ptr(), x.d.data_ptr(), xs, bsum, M,
+    rc = _lib().qd_matmul(w.qtype, w.data.data_ptr(), w.rows, w.cols, x.q.data_ptr(), x.d.data_ptr(), xs, xs1, bsum, M,
                           out.data_ptr(), out.stride(0), _threads(n_threads),
                           1 if exact is None else _exact(exact))
     if rc != 0:

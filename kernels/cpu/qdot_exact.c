@@ -9,6 +9,9 @@
    Q5_0, Q8_0 (ggml_vec_dot_q5_0_q8_0 / _q8_0_q8_0 for one row; llamafile's tinyBLAS_Q0_AVX for
    batches: the same operations): lane l of block b holds the integer sum over columns
    32 b + 4 l .. 32 b + 4 l + 3; acc_l = fma(d_w * d_x, float(sum), acc_l) block after block.
+   Q4_1, Q5_1 (ggml_vec_dot_q4_1_q8_1 / _q5_1_q8_1 for every row count: no repack, no llamafile):
+   the same lanes over the unsigned codes, and beside them summs = fma(m_w, s_x, summs) block after
+   block (s_x: the q8_1 activations' fp16 d * sum, qdot_quant.c); out = hsum(acc) + summs.
 
    Q6_K (ggml_vec_dot_q6_K_q8_K): per 256-block, lane l = sum over the eight 32-column chunks c of
    scale(16-column sub-block of column 32 c + 4 l) * (code . x over columns 32 c + 4 l .. + 3),
@@ -35,6 +38,12 @@
    (isum: the block's integer sum, the mins subtracted), in the micro-kernel templates below */
 #define QD_TILED_K(accf, isum, dw, xdv) _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), (dw)), (xdv), (accf))
 #define QD_Z_TILED_K(accf, isum, dw, xdv) _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(isum), (dw)), (xdv), (accf))
+/* the same with separate mins (Q5_K, Q2_K: HAS_MIN): res = d_w float(isum) - dmin_w float(mins)
+   (one fnmadd), acc = fma(res, d_x, acc) */
+#define QD_TILED_KM(accf, isum, mins, dw, dmw, xdv) \
+    _mm256_fmadd_ps(_mm256_fnmadd_ps((dmw), _mm256_cvtepi32_ps(mins), _mm256_mul_ps(_mm256_cvtepi32_ps(isum), (dw))), (xdv), (accf))
+#define QD_Z_TILED_KM(accf, isum, mins, dw, dmw, xdv) \
+    _mm512_fmadd_ps(_mm512_fnmadd_ps((dmw), _mm512_cvtepi32_ps(mins), _mm512_mul_ps(_mm512_cvtepi32_ps(isum), (dw))), (xdv), (accf))
 #include "qdot_mk_avx2.h"
 #include "qdot_mk_avx512.h"
 
@@ -58,12 +67,14 @@ static inline int kg_dot(const uint8_t *codes, size_t k, int r, const int8_t *x,
 static void ref_32(int type, const uint8_t *codes, const qd_scratch *s, int nb, const qd_acts *a, int m0, int MR,
                      float *out) {
     const int K = a->K, s8 = type == QD_Q8_0, off = type == QD_Q5_0 ? 16 : 0;
+    const int hm = type == QD_Q4_1 || type == QD_Q5_1;  /* + m_w x s_x per block, in its own sum */
     for (int m = 0; m < MR; ++m) {
         const int8_t *x = a->xq + (size_t)(m0 + m) * K;
         for (int r = 0; r < 8; ++r) {
-            float acc[8] = {0};
+            float acc[8] = {0}, summs = 0.0f;
             for (int b = 0; b < nb; ++b) {
                 const float d = s->d[8 * b + r] * a->xd[(size_t)(m0 + m) * nb + b];
+                if (hm) summs = fmaf(s->dm[8 * b + r], a->xs1[(size_t)(m0 + m) * nb + b], summs);  /* contracted by b1's build */
                 for (int l = 0; l < 8; ++l) {
                     const int8_t *xl = x + 32 * b + 4 * l;
                     int isum = kg_dot(codes, (size_t)b * 8 + l, r, xl, s8);
@@ -71,13 +82,15 @@ static void ref_32(int type, const uint8_t *codes, const qd_scratch *s, int nb, 
                     acc[l] = fmaf(d, (float)isum, acc[l]);
                 }
             }
-            out[8 * m + r] = hsum8(acc);
+            out[8 * m + r] = hm ? hsum8(acc) + summs : hsum8(acc);
         }
     }
 }
 
-/* Q6_K / Q3_K from 8 rows, ggml's tiled K-quant matmul: per 256-block one integer (the mins, or
-   the codes' offset, through the mn pairs, qdot_panel.c), acc = fma(float(isum) * d_w, d_x, acc) */
+/* The K-quants from 8 rows, ggml's tiled K-quant matmul: per 256-block one integer (Q6_K / Q3_K:
+   the codes' offset subtracted through the mn pairs, qdot_panel.c), acc = fma(float(isum) * d_w,
+   d_x, acc); Q5_K / Q2_K (HAS_MIN): the mins' integer apart, acc = fma(fma(-dmin_w, float(mins),
+   float(isum) * d_w), d_x, acc) */
 static void ref_k_tiled(int type, const uint8_t *codes, const qd_scratch *s, int nb, const qd_acts *a, int m0, int MR,
                         float *out) {
     const int K = a->K, nsub = qd_type_info(type)->nsub, kgs = 64 / nsub;
@@ -98,7 +111,9 @@ static void ref_k_tiled(int type, const uint8_t *codes, const qd_scratch *s, int
                     const int32_t p = s->mn[(size_t)b * 64 + 8 * i + r];
                     mins += (int16_t)(p & 0xFFFF) * bs[16 * b + 2 * i] + (int16_t)((uint32_t)p >> 16) * bs[16 * b + 2 * i + 1];
                 }
-                const float t = (float)(isum - mins) * s->d[8 * b + r];
+                const int hm = type == QD_Q5_K || type == QD_Q2_K;
+                const float t = hm ? fmaf(-s->dm[8 * b + r], (float)mins, (float)isum * s->d[8 * b + r])
+                                   : (float)(isum - mins) * s->d[8 * b + r];
                 acc = fmaf(t, a->xd[(size_t)(m0 + m) * nb + b], acc);  /* contracted by b1's build */
             }
             out[8 * m + r] = acc;
@@ -136,6 +151,54 @@ static void ref_q6_K(const uint8_t *codes, const qd_scratch *s, int nb, const qd
 static inline int q4k_min(const qd_scratch *s, int b, int i, int r) {
     return (int16_t)(s->mn[(size_t)b * 64 + 8 * i + r] & 0xFFFF);
 }
+
+/* Q2_K / Q3_K / Q5_K under 8 rows (ggml_vec_dot_q2_K_q8_K / _q3_K_ / _q5_K_, AVX2): lane l of a
+   256-block = sum over the eight 32-column chunks c of scale(sub-block of column 32 c + 4 l) x
+   (code . x over columns 32 c + 4 l .. + 3), Q3_K's codes less 4 column by column;
+   d = d_x d_w, dmin = -(d_x dmin_w). Q2_K: acc_l = fma(dmin, float(m_2l bsum_2l + m_2l+1 bsum_2l+1),
+   acc_l), then acc_l = fma(d, float(lane), acc_l); out = hsum(acc). Q3_K: acc_l = fma(d,
+   float(lane), acc_l); out = hsum(acc). Q5_K: summs = fma(dmin, float(sum_j m_j (bsum_2j +
+   bsum_2j+1)), summs), acc_l = fma(d, float(lane), acc_l); out = hsum(acc) + summs. */
+static void ref_k_dot(int type, const uint8_t *codes, const qd_scratch *s, int nb, const qd_acts *a, int m0, int MR,
+                      float *out) {
+    const int K = a->K, nsub = qd_type_info(type)->nsub;
+    for (int m = 0; m < MR; ++m) {
+        const int8_t *x = a->xq + (size_t)(m0 + m) * K;
+        const int16_t *bs = a->bsum + (size_t)(m0 + m) * (K / 16);
+        for (int r = 0; r < 8; ++r) {
+            float acc[8] = {0}, summs = 0.0f;
+            for (int b = 0; b < nb; ++b) {
+                const float xd = a->xd[(size_t)(m0 + m) * nb + b];
+                const float d = xd * s->d[8 * b + r], dmin = -xd * s->dm[8 * b + r];
+                const int32_t *sc = s->sc + (size_t)b * nsub * 8, *mn = s->mn + (size_t)b * 64;
+                const int16_t *bb = bs + 16 * b;
+                if (type == QD_Q5_K) {
+                    int imin = 0;
+                    for (int j = 0; j < 8; ++j) imin += q4k_min(s, b, j, r) * (bb[2 * j] + bb[2 * j + 1]);
+                    summs = fmaf(dmin, (float)imin, summs);
+                }
+                for (int l = 0; l < 8; ++l) {
+                    int isum = 0;
+                    for (int c = 0; c < 8; ++c) {
+                        const int k = 8 * c + l;  /* k-group in the block: columns 4 k .. 4 k + 3 */
+                        const int8_t *xk = x + 256 * b + 4 * k;
+                        int dot = kg_dot(codes, (size_t)b * 64 + k, r, xk, 0);
+                        if (type == QD_Q3_K) dot -= 4 * (xk[0] + xk[1] + xk[2] + xk[3]);
+                        isum += scale_at(sc + (nsub == 16 ? 2 * c + l / 4 : c) * 8 + r) * dot;
+                    }
+                    if (type == QD_Q2_K) {
+                        const int32_t p = mn[8 * l + r];
+                        const int prod = (int16_t)(p & 0xFFFF) * bb[2 * l] + (int16_t)((uint32_t)p >> 16) * bb[2 * l + 1];
+                        acc[l] = fmaf(dmin, (float)prod, acc[l]);
+                    }
+                    acc[l] = fmaf(d, (float)isum, acc[l]);
+                }
+            }
+            out[8 * m + r] = type == QD_Q5_K ? hsum8(acc) + summs : hsum8(acc);
+        }
+    }
+}
+
 
 static void ref_q4_K(const uint8_t *codes, const qd_scratch *s, int nb, const qd_acts *a, int m0, int MR, float *out) {
     const int K = a->K, gemm_rows = a->M - a->M % 4;
@@ -204,13 +267,20 @@ ALWAYS void simd_32_rows(const int type, const int fused, const int NR, const ui
     const int off = type == QD_Q5_0 ? 16 : 0;
 #endif
     const int32_t *nsum = off == 16 ? a->n16 : a->n128;
-    __m256 acc[2][8];
-    for (int r = 0; r < NR; ++r)
+    const int hm = type == QD_Q4_1 || type == QD_Q5_1;
+    __m256 acc[2][8], summs[2];
+    for (int r = 0; r < NR; ++r) {
+        summs[r] = _mm256_setzero_ps();
         for (int l = 0; l < 8; ++l) acc[r][l] = _mm256_setzero_ps();
+    }
     for (int b = 0; b < nb; ++b) {
         __m256 d[2];
-        for (int r = 0; r < NR; ++r)
+        for (int r = 0; r < NR; ++r) {
             d[r] = _mm256_mul_ps(_mm256_loadu_ps(s->d + 8 * b), _mm256_set1_ps(a->xd[(size_t)(m + r) * nb + b]));
+            if (hm)
+                summs[r] = _mm256_fmadd_ps(_mm256_loadu_ps(s->dm + 8 * b), _mm256_set1_ps(a->xs1[(size_t)(m + r) * nb + b]),
+                                           summs[r]);
+        }
         #pragma GCC unroll 8
         for (int l = 0; l < 8; ++l) {
             const __m256i w = wv(type, fused, codes, stride, stride, 32, b, l);
@@ -223,7 +293,8 @@ ALWAYS void simd_32_rows(const int type, const int fused, const int NR, const ui
             }
         }
     }
-    for (int r = 0; r < NR; ++r) _mm256_storeu_ps(out + 8 * r, hsum8v(acc[r]));
+    for (int r = 0; r < NR; ++r)
+        _mm256_storeu_ps(out + 8 * r, hm ? _mm256_add_ps(hsum8v(acc[r]), summs[r]) : hsum8v(acc[r]));
 }
 
 ALWAYS void simd_32(const int type, const int fused, const uint8_t *codes, int stride, const qd_scratch *s, int nb,
@@ -320,13 +391,70 @@ ALWAYS void simd_q4_K(const int fused, const uint8_t *codes, int stride, const q
     }
 }
 
+/* Q2_K / Q3_K / Q5_K under 8 rows: ref_k_dot's lanes, 8 weight rows in the float lanes */
+ALWAYS void simd_k_dot(const int type, const int fused, const uint8_t *codes, int stride, const qd_scratch *s, int nb,
+                       const qd_acts *a, int m0, int MR, float *out) {
+    const int K = a->K, nsub = qd_type_info(type)->nsub, gbytes = qd_type_info(type)->codes / 8;
+    const __m256i four = _mm256_set1_epi8(4);
+    for (int m = 0; m < MR; ++m) {
+        const int8_t *x = a->xq + (size_t)(m0 + m) * K;
+        const int16_t *bs = a->bsum + (size_t)(m0 + m) * (K / 16);
+        __m256 acc[8], summs = _mm256_setzero_ps();
+        for (int l = 0; l < 8; ++l) acc[l] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; ++b) {
+            const int32_t *sc = s->sc + (size_t)b * nsub * 8, *mn = s->mn + (size_t)b * 64;
+            const float xd = a->xd[(size_t)(m0 + m) * nb + b];
+            const __m256 d = _mm256_mul_ps(_mm256_set1_ps(xd), _mm256_loadu_ps(s->d + 8 * b));
+            const __m256 dmin = _mm256_mul_ps(_mm256_set1_ps(-xd), _mm256_loadu_ps(s->dm + 8 * b));
+            const int8_t *xb = x + 256 * b;
+            const int16_t *bb = bs + 16 * b;
+            if (type == QD_Q5_K) {
+                __m256i imin = _mm256_setzero_si256();
+                #pragma GCC unroll 8
+                for (int j = 0; j < 8; ++j)
+                    imin = _mm256_add_epi32(imin, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(mn + 8 * j)),
+                                                                    bcast_pair(bb + 2 * j)));
+                summs = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(imin), summs);
+            }
+            __m256i isum[8];
+            #pragma GCC unroll 8
+            for (int l = 0; l < 8; ++l) isum[l] = _mm256_setzero_si256();
+            for (int c = 0; c < 8; ++c) {
+                const __m256i sc_lo = sc_pair(sc + 8 * (nsub == 16 ? 2 * c : c)),
+                              sc_hi = nsub == 16 ? sc_pair(sc + 8 * (2 * c + 1)) : sc_lo;
+                #pragma GCC unroll 8
+                for (int l = 0; l < 8; ++l) {
+                    const int k = 8 * c + l;
+                    const __m256i w = wv(type, fused, codes, stride, gbytes, 256, b, k), a4 = bcast4(xb + 4 * k);
+                    __m256i p16 = _mm256_maddubs_epi16(w, a4);
+                    if (type == QD_Q3_K) p16 = _mm256_sub_epi16(p16, _mm256_maddubs_epi16(four, a4));
+                    isum[l] = _mm256_add_epi32(isum[l], _mm256_madd_epi16(p16, l < 4 ? sc_lo : sc_hi));
+                }
+            }
+            #pragma GCC unroll 8
+            for (int l = 0; l < 8; ++l) {
+                if (type == QD_Q2_K)
+                    acc[l] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(_mm256_madd_epi16(
+                        _mm256_loadu_si256((const __m256i *)(mn + 8 * l)), bcast_pair(bb + 2 * l))), acc[l]);
+                acc[l] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum[l]), acc[l]);
+            }
+        }
+        _mm256_storeu_ps(out + 8 * m, type == QD_Q5_K ? _mm256_add_ps(hsum8v(acc), summs) : hsum8v(acc));
+    }
+}
+
 static void simd_panel(int type, int fused, const uint8_t *codes, int stride, const qd_scratch *s, int nb,
                        const qd_acts *a, int m0, int MR, float *out) {
 #define CASES(F) \
     switch (type) { \
     case QD_Q5_0: simd_32(QD_Q5_0, F, codes, stride, s, nb, a, m0, MR, out); break; \
+    case QD_Q4_1: simd_32(QD_Q4_1, F, codes, stride, s, nb, a, m0, MR, out); break; \
+    case QD_Q5_1: simd_32(QD_Q5_1, F, codes, stride, s, nb, a, m0, MR, out); break; \
     case QD_Q8_0: simd_32(QD_Q8_0, F, codes, stride, s, nb, a, m0, MR, out); break; \
     case QD_Q6_K: simd_q6_K(F, codes, stride, s, nb, a, m0, MR, out); break; \
+    case QD_Q2_K: simd_k_dot(QD_Q2_K, F, codes, stride, s, nb, a, m0, MR, out); break; \
+    case QD_Q3_K: simd_k_dot(QD_Q3_K, F, codes, stride, s, nb, a, m0, MR, out); break; \
+    case QD_Q5_K: simd_k_dot(QD_Q5_K, F, codes, stride, s, nb, a, m0, MR, out); break; \
     default: simd_q4_K(F, codes, stride, s, nb, a, m0, MR, out); break; }
     if (fused) CASES(1) else CASES(0)
 #undef CASES
@@ -342,18 +470,17 @@ void qd_exact_sums(const int8_t *xq, int K, int32_t *n16, int32_t *n128) {
 }
 
 #if defined(QD_AVX2)
-/* Q3_K / Q6_K from 8 rows: mk_k (qdot_mk_avx2.h) with the tiled epilogue; only the fold types */
+/* The K-quants from 8 rows: mk_k (qdot_mk_avx2.h) with the tiled epilogue (Q4_K is repacked by
+   llama.cpp, never tiled: not instantiated) */
 static void tiled_panel(int type, int fused, int MR, const uint8_t *c, int stride, const uint8_t *scl,
                         const qd_scratch *s, int nb, const qd_acts *a, int m0, float *out) {
-#define MKKT(n, T, f, nsub, chunk) mk_k(T, f, n, nsub, chunk, 1, 1, c, stride, scl, s, nb, a, m0, out)
+#define MKKT(n, T, f, nsub, chunk, fold) mk_k(T, f, n, nsub, chunk, fold, 1, c, stride, scl, s, nb, a, m0, out)
 #define A_CASE(T, chunk, off, hm)
-#define K_CASE(T, nsub, chunk, fold) K_CASE_##fold(T, nsub, chunk)
-#define K_CASE_0(T, nsub, chunk)
-#define K_CASE_1(T, nsub, chunk) \
-    case T: if (fused) MR_SWITCH(MKKT, T, 1, nsub, chunk) else MR_SWITCH(MKKT, T, 0, nsub, chunk) break;
+#define K_CASE(T, nsub, chunk, fold) \
+    case T: if (T == QD_Q4_K) break; \
+        if (fused) MR_SWITCH(MKKT, T, 1, nsub, chunk, fold) else MR_SWITCH(MKKT, T, 0, nsub, chunk, fold) break;
     switch (type) { QD_TYPE_TABLE(A_CASE, K_CASE) }
 #undef MKKT
-#undef K_CASE_1
 }
 #endif
 
@@ -411,21 +538,20 @@ ALWAYS void z_mk_q4k_exact(const int MR, const uint8_t *c2, const qd_scratch *sA
 void qd_exact_pair(int kernel, int type, int MR, const uint8_t *c2, const qd_scratch *sA, const qd_scratch *sB,
                    int nb, const qd_acts *a, int m0, float *out) {
 #define Q4KX(n, unused) z_mk_q4k_exact(n, c2, sA, sB, nb, a, m0, out)
-#define ZMKKT(n, nsub) z_mk_k(n, nsub, 1, 1, c2, sA, sB, nb, a, m0, out)
-#define K_CASE_1(T, nsub, chunk) case T: MR_SWITCH(ZMKKT, nsub) break;
+#define ZMKKT(n, nsub, fold) z_mk_k(n, nsub, fold, 1, c2, sA, sB, nb, a, m0, out)
     if (kernel == QD_KN_Z_MK_Q4K_EXACT) {
         MR_SWITCH(Q4KX, 0)
         return;
     }
+#undef K_CASE
+#define K_CASE(T, nsub, chunk, fold) case T: if (T == QD_Q4_K) break; MR_SWITCH(ZMKKT, nsub, fold) break;
     switch (type) { QD_TYPE_TABLE(A_CASE, K_CASE) }  /* QD_KN_Z_MK_K_TILED */
 #undef Q4KX
 #undef ZMKKT
-#undef K_CASE_1
 }
 #endif  /* QD_ZMM */
 #undef A_CASE
 #undef K_CASE
-#undef K_CASE_0
 
 /* One panel (8 weight rows) through `kernel` for MR activation rows from m0: out [MR][8] (qdot.h).
    The reference kernels read the decoded scratch only. */
@@ -435,13 +561,14 @@ void qd_exact_panel(int kernel, int type, int fused, int MR, const uint8_t *code
     switch (kernel) {
 #if defined(QD_AVX2)
     case QD_KN_MK_K_TILED: tiled_panel(type, fused, MR, codes, stride, scl, s, nb, a, m0, out); break;
-    case QD_KN_SIMD_32: case QD_KN_SIMD_Q6_K: case QD_KN_SIMD_Q4_K:
+    case QD_KN_SIMD_32: case QD_KN_SIMD_Q6_K: case QD_KN_SIMD_Q4_K: case QD_KN_SIMD_K_DOT:
         simd_panel(type, fused, codes, stride, s, nb, a, m0, MR, out);
         break;
 #endif
     case QD_KN_REF_K_TILED: ref_k_tiled(type, codes, s, nb, a, m0, MR, out); break;
     case QD_KN_REF_Q6_K: ref_q6_K(codes, s, nb, a, m0, MR, out); break;
     case QD_KN_REF_Q4_K: ref_q4_K(codes, s, nb, a, m0, MR, out); break;
+    case QD_KN_REF_K_DOT: ref_k_dot(type, codes, s, nb, a, m0, MR, out); break;
     default: ref_32(type, codes, s, nb, a, m0, MR, out); break;  /* QD_KN_REF_32 */
     }
 }

@@ -102,7 +102,7 @@ static void run_jobs(const qd_job *jobs, int nj, int K, const qd_acts *a8_0, con
         /* the kernel of these panels; a pair kernel's odd last panel of an item: the 256-bit one's */
         const int kern = QD_ROUTE_KERNEL(qd_route(jb->type, M, a->exact, QD_BUILD_ISA));
         const int pair_ok = qd_kernel_is_pair(kern);
-        const int single = pair_ok ? QD_ROUTE_KERNEL(qd_route(jb->type, M, a->exact, QD_ISA_VNNI)) : kern;
+        const int single = pair_ok ? QD_ROUTE_KERNEL(qd_route_odd(jb->type, M, a->exact)) : kern;
         qd_scratch sc[16];
         const uint8_t *codes[16];
         for (int g = 0; g < G; ++g) sc[g] = scratch_at(buf + sb * (size_t)g, K, nb);
@@ -255,14 +255,14 @@ static int threads_for(double bytes, int M, int nthreads) {
     return bytes * (M < 4 ? M : 4) < 65536.0 ? 1 : nthreads;
 }
 
-/* y[m * ldy + n] for m < M, n < N. Activations from qd_quantize_q8_0 (32-block types) or
-   qd_quantize_q8_K (K-quants). Returns 0, or -1 for an unknown type. */
+/* y[m * ldy + n] for m < M, n < N. Activations from qd_quantize_q8_0 (32-block types: xq, xd, xs,
+   xs1) or qd_quantize_q8_K (K-quants: xq, xd, bsum). Returns 0, or -1 for an unknown type. */
 int qd_matmul(int type, const uint8_t *W, int N, int K, const int8_t *xq, const float *xd, const int32_t *xs,
-              const int16_t *bsum, int M, float *y, long ldy, int nthreads, int exact) {
+              const float *xs1, const int16_t *bsum, int M, float *y, long ldy, int nthreads, int exact) {
     const qd_type *t = qd_type_info(type);
     if (!t || K % t->bs || exact < QD_NUM_OWN || exact > QD_NUM_GGML_REF) return -1;
     if (M <= 0) return 0;
-    qd_acts a = {xq, xd, xs, bsum, M, K, NULL, NULL, exact, NULL, NULL};
+    qd_acts a = {xq, xd, xs, bsum, M, K, NULL, NULL, exact, NULL, NULL, xs1};
     if (exact && !t->kq) {
         int32_t *n16 = (int32_t *)tl_grow(&tl_act, &tl_act_cap, 2 * (size_t)M * K + 64), *n128 = n16 + (size_t)M * (K / 4);
         for (int m = 0; m < M; ++m) qd_exact_sums(xq + (size_t)m * K, K, n16 + (size_t)m * (K / 4), n128 + (size_t)m * (K / 4));
@@ -313,7 +313,7 @@ int qd_group_run(const qd_group *g, const float *x, long ldx, int M, float *y, l
     }
     /* activation buffers (calling thread's cache; the workers only read them) */
     const size_t q8 = (size_t)M * K, n0 = (size_t)M * (K / 32), nK = (size_t)M * (K / 256);
-    const size_t need = (need0 ? q8 + 8 * n0 : 0) + (needK ? q8 + 4 * nK + 2 * (size_t)M * (K / 16) : 0)
+    const size_t need = (need0 ? q8 + 12 * n0 : 0) + (needK ? q8 + 4 * nK + 2 * (size_t)M * (K / 16) : 0)
                         + (need0 && g->exact ? 2 * q8 + 128 : 0) + 256;
     uint8_t *buf = (uint8_t *)tl_grow(&tl_act, &tl_act_cap, need), *p = buf;
     qd_acts a0 = {0}, aK = {0};
@@ -321,6 +321,7 @@ int qd_group_run(const qd_group *g, const float *x, long ldx, int M, float *y, l
         a0.xq = (int8_t *)p; p += q8;
         a0.xd = (float *)p; p += 4 * n0;
         a0.xs = (int32_t *)p; p += 4 * n0;
+        a0.xs1 = (float *)p; p += 4 * n0;
         a0.M = M; a0.K = K; a0.exact = g->exact;
         if (g->exact) {
             p = (uint8_t *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
@@ -344,7 +345,8 @@ int qd_group_run(const qd_group *g, const float *x, long ldx, int M, float *y, l
         #pragma omp for schedule(static)
         for (int m = 0; m < M; ++m) {
             if (need0) qd_quant_row_q8_0(x + (size_t)m * ldx, K, (int8_t *)a0.xq + (size_t)m * K,
-                                         (float *)a0.xd + (size_t)m * (K / 32), (int32_t *)a0.xs + (size_t)m * (K / 32));
+                                         (float *)a0.xd + (size_t)m * (K / 32), (int32_t *)a0.xs + (size_t)m * (K / 32),
+                                         (float *)a0.xs1 + (size_t)m * (K / 32));
             if (need0 && g->exact) qd_exact_sums(a0.xq + (size_t)m * K, K, (int32_t *)a0.n16 + (size_t)m * (K / 4),
                                                  (int32_t *)a0.n128 + (size_t)m * (K / 4));
             if (needK) qd_quant_row_q8_K(x + (size_t)m * ldx, K, (int8_t *)aK.xq + (size_t)m * K,

@@ -112,8 +112,9 @@ ALWAYS void mk_a(const int type, const int fused, const int MR, const int chunk,
 
 /* K-quants. nsub: scale sub-blocks per 256 (8: 32 columns each, 16: 16 columns each);
    chunk: k-groups summed in int16 per vpmaddwd (AVX2); fold: the mins share d (Q6_K, Q3_K);
-   tiled (fold types only): each block's float step is QD_TILED_K, llama.cpp's tiled K-quant order,
-   which qdot_exact.c defines before it includes this file (qdot's own order leaves it undefined). */
+   tiled: each block's float step is QD_TILED_K (fold types) / QD_TILED_KM (the others), llama.cpp's
+   tiled K-quant order, which qdot_exact.c defines before it includes this file (qdot's own order
+   leaves them undefined). */
 ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, const int chunk, const int fold,
                  const int tiled, const uint8_t *codes, int stride, const uint8_t *scl, const qd_scratch *s, int nb,
                  const qd_acts *a, int m0, float *out) {
@@ -209,6 +210,12 @@ ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, 
                 const __m256i mins = _mm256_add_epi32(lo, _mm256_slli_epi32(hi, 7));
                 const __m256 xdv = _mm256_set1_ps(xd);
                 const __m256 dmw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + 16)));
+#if defined(QD_TILED_KM)
+                if (tiled) {
+                    accf[m] = QD_TILED_KM(accf[m], acc[m], mins, dw, dmw, xdv);
+                    continue;
+                }
+#endif
                 accf[m] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xdv), _mm256_cvtepi32_ps(acc[m]), accf[m]);
                 accf[m] = _mm256_fnmadd_ps(_mm256_mul_ps(dmw, xdv), _mm256_cvtepi32_ps(mins), accf[m]);
                 continue;
@@ -224,8 +231,12 @@ ALWAYS void mk_k(const int type, const int fused, const int MR, const int nsub, 
             }
             const __m256 xdv = _mm256_set1_ps(xd);
 #if defined(QD_TILED_K)
-            if (tiled) {
+            if (tiled && fold) {
                 accf[m] = QD_TILED_K(accf[m], _mm256_sub_epi32(acc[m], mins), dw, xdv);
+                continue;
+            }
+            if (tiled) {
+                accf[m] = QD_TILED_KM(accf[m], acc[m], mins, dw, _mm256_loadu_ps(s->dm + 8 * b), xdv);
                 continue;
             }
 #endif

@@ -60,7 +60,7 @@ ALWAYS void z_mk_a(const int type, const int MR, int off, const int has_m, const
     for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + 16 * m, accf[m]);
 }
 
-/* K-quants (mk_k): out [MR][16]; tiled (fold types only): QD_Z_TILED_K, qdot_exact.c's, as mk_k */
+/* K-quants (mk_k): out [MR][16]; tiled: QD_Z_TILED_K / QD_Z_TILED_KM, qdot_exact.c's, as mk_k */
 ALWAYS void z_mk_k(const int MR, const int nsub, const int fold, const int tiled, const uint8_t *c2,
                    const qd_scratch *sA, const qd_scratch *sB, int nb, const qd_acts *a, int m0, float *out) {
     __m512 accf[MRMAX];
@@ -105,8 +105,12 @@ ALWAYS void z_mk_k(const int MR, const int nsub, const int fold, const int tiled
             }
             const __m512 xdv = _mm512_set1_ps(xd);
 #if defined(QD_Z_TILED_K)
-            if (tiled) {
+            if (tiled && fold) {
                 accf[m] = QD_Z_TILED_K(accf[m], _mm512_sub_epi32(acc[m], mins), dw, xdv);
+                continue;
+            }
+            if (tiled) {
+                accf[m] = QD_Z_TILED_KM(accf[m], acc[m], mins, dw, z_ld2f(sA->dm + 8 * b, sB->dm + 8 * b), xdv);
                 continue;
             }
 #endif

@@ -3,9 +3,10 @@
    q8_0 (for the 32-block weight types), per block of 32:
        amax = max |x|, d = amax / 127, id = amax ? 127 / amax : 0, q = round_half_even(x * id)
        (llama.cpp's AVX2 quantize_row_q8_0); d is rounded to fp16 as llama.cpp stores it (the codes
-       use the unrounded id, as there), and the int32 sum of the 32 codes is kept exactly
-       (llama.cpp's q8_1, for Q4_1 / Q5_1, keeps d * sum in fp16). Keeping d in float32 instead
-       parted greedy tokens from llama-server's on Q8_0 models (tests/test_qwen3moe.py).
+       use the unrounded id, as there), and the int32 sum of the 32 codes is kept exactly, and
+       beside it llama.cpp's q8_1 `s` (for Q4_1 / Q5_1, quantize_row_q8_1: the same codes and d,
+       s = fp16(d * sum) with the unrounded d). Keeping d in float32 instead parted greedy tokens
+       from llama-server's on Q8_0 models (tests/test_qwen3moe.py).
    q8_K (for the K-quants), per block of 256 (quantize_row_q8_K_ref):
        max = the first x of largest |x|, iscale = -127 / max, q = min(127, round_half_even(iscale * x)),
        d = 1 / iscale, bsum[16] = sums of 16 consecutive codes.
@@ -13,19 +14,21 @@
    float32 exactly. |q| <= 127 always. */
 #include "qdot.h"
 
-static void q8_0_row_scalar(const float *x, int K, int8_t *q, float *d, int32_t *s) {
+static void q8_0_row_scalar(const float *x, int K, int8_t *q, float *d, int32_t *s, float *s1) {
     for (int b = 0; b < K / 32; ++b) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
         for (int j = 0; j < 32; ++j) { const float a = fabsf(xb[j]); amax = a > amax ? a : amax; }
         const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        d[b] = qd_round_f16(amax / 127.0f);
+        const float dd = amax / 127.0f;
+        d[b] = qd_round_f16(dd);
         int sum = 0;
         for (int j = 0; j < 32; ++j) {
             const int v = (int)nearbyintf(xb[j] * id);
             q[32 * b + j] = (int8_t)v; sum += v;
         }
         s[b] = sum;
+        s1[b] = qd_round_f16(dd * (float)sum);
     }
 }
 
@@ -73,7 +76,7 @@ static inline __m256i pack32(__m256i i0, __m256i i1, __m256i i2, __m256i i3) {
     return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-static void q8_0_row(const float *x, int K, int8_t *q, float *d, int32_t *s) {
+static void q8_0_row(const float *x, int K, int8_t *q, float *d, int32_t *s, float *s1) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int b = 0; b < K / 32; ++b) {
         const float *xb = x + 32 * b;
@@ -82,12 +85,14 @@ static void q8_0_row(const float *x, int K, int8_t *q, float *d, int32_t *s) {
                                  _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
         const float amax = hmax8(m);
         const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        d[b] = qd_round_f16(amax / 127.0f);
+        const float dd = amax / 127.0f;
+        d[b] = qd_round_f16(dd);
         const __m256 mul = _mm256_set1_ps(id);
         const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, mul)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, mul));
         const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, mul)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, mul));
         _mm256_storeu_si256((__m256i *)(q + 32 * b), pack32(i0, i1, i2, i3));
         s[b] = hsum8i(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
+        s1[b] = qd_round_f16(dd * (float)s[b]);
     }
 }
 
@@ -129,13 +134,14 @@ static void q8_K_row(const float *x, int K, int8_t *q, float *d, int16_t *bs) {
 #define q8_K_row q8_K_row_scalar
 #endif
 
-void qd_quant_row_q8_0(const float *x, int K, int8_t *q, float *d, int32_t *s) { q8_0_row(x, K, q, d, s); }
+void qd_quant_row_q8_0(const float *x, int K, int8_t *q, float *d, int32_t *s, float *s1) { q8_0_row(x, K, q, d, s, s1); }
 void qd_quant_row_q8_K(const float *x, int K, int8_t *q, float *d, int16_t *bs) { q8_K_row(x, K, q, d, bs); }
 
-void qd_quantize_q8_0(const float *x, long ldx, int M, int K, int8_t *q, float *d, int32_t *s, int nthreads) {
+void qd_quantize_q8_0(const float *x, long ldx, int M, int K, int8_t *q, float *d, int32_t *s, float *s1, int nthreads) {
     const int nb = K / 32;
     #pragma omp parallel for schedule(static) num_threads(M >= 8 ? nthreads : 1)
-    for (int m = 0; m < M; ++m) q8_0_row(x + (size_t)m * ldx, K, q + (size_t)m * K, d + (size_t)m * nb, s + (size_t)m * nb);
+    for (int m = 0; m < M; ++m)
+        q8_0_row(x + (size_t)m * ldx, K, q + (size_t)m * K, d + (size_t)m * nb, s + (size_t)m * nb, s1 + (size_t)m * nb);
 }
 
 void qd_quantize_q8_K(const float *x, long ldx, int M, int K, int8_t *q, float *d, int16_t *bs, int nthreads) {

