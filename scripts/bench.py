@@ -82,6 +82,9 @@ PRESETS: dict[str, dict] = {
              "requests_per_level": 4, "model": "/tmp/tritium-q15b-q4_k_m.gguf"},
     "gemma270m": {"prompt_tokens": (256, 256), "gen_tokens": (64, 64), "concurrency": [1, 4],
                   "requests_per_level": 4, "model": "gemma-3-270m"},
+    # issue 35: the default model, SmolLM2-135M-Instruct Q4_1 (scripts/fetch_models.py)
+    "smollm2": {"prompt_tokens": (256, 256), "gen_tokens": (64, 64), "concurrency": [1, 4],
+                "requests_per_level": 4, "model": "smollm2-135m-instruct"},
 }
 QUICK = {"prompt_tokens": (100, 300), "gen_tokens": (16, 32), "concurrency": [1, 4],
          "requests_per_level": 4}
@@ -402,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="n_predict range (default 64-512)")
     p.add_argument("--preset", choices=sorted(PRESETS),
                    help="lesson: ~600-token prompt, 64 generated tokens, concurrency 1,4; qwen05b / q15b: "
-                        "~430-token prompt, 64 tokens, 1,4; gemma270m: 256-token prompt, 64 tokens "
+                        "~430-token prompt, 64 tokens, 1,4; gemma270m / smollm2: 256-token prompt, 64 tokens "
                         "(scripts/bench_servers.py starts the servers)")
     p.add_argument("--pid", type=int, help="BASE_URL's server process: adds its peak RSS (VmHWM) per level")
     p.add_argument("--compare-pid", type=int, help="URL2's server process, the same")

@@ -4,6 +4,7 @@ RSS, load time, and greedy agreement.
 
     python scripts/bench_servers.py --preset qwen05b [--llama /work/lsb/llama-server]
     python scripts/bench_servers.py --preset q15b          # generates the 1.5B-shaped model first
+    python scripts/bench_servers.py --preset smollm2       # the default model, SmolLM2-135M-Instruct Q4_1
     python scripts/bench_servers.py --preset qwen05b --agreement-only
 
 Each server is started alone (`-np 4 -c 8192`, the preset's model, ports --port and --port + 1),
@@ -147,7 +148,7 @@ def run_server(name: str, cmd: list[str], url: str, opts: argparse.Namespace) ->
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", choices=["qwen05b", "q15b", "gemma270m"], required=True)
+    ap.add_argument("--preset", choices=["qwen05b", "q15b", "gemma270m", "smollm2"], required=True)
     ap.add_argument("--llama", default=LLAMA, help="llama-server binary")
     ap.add_argument("--tritium", default=str(Path(sys.executable).parent / "tritium-server"))
     ap.add_argument("--port", type=int, default=8100, help="tritium's port; llama-server gets port + 1")

@@ -29,7 +29,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from runtime.model.model_files import MODELS, cached_path  # noqa: E402
+from runtime.model.model_files import GEMMA, QWEN, cached_path  # noqa: E402
 
 OUT = ROOT / "tests" / "data" / "real_models_reference.json"
 N_PREDICT = 32
@@ -112,7 +112,7 @@ def main() -> int:
     args = ap.parse_args()
     data = {"recorded_with": "python scripts/record_real_references.py --server " + args.server,
             "cpu": cpu_features(), "models": {}}
-    for key, m in MODELS.items():
+    for key, m in ((m.key, m) for m in (QWEN, GEMMA)):
         path = cached_path(m)
         if path is None:
             print(f"{m.filename} not in the cache: run scripts/fetch_models.py first", file=sys.stderr)
