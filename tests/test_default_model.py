@@ -52,14 +52,20 @@ def test_no_model_flag_serves_the_instruct_model(server):
     assert "<|im_start|>" in props["chat_template"]  # its own template, not the ChatML fallback's absence
 
 
+NEWCOMER = [{"role": "user", "content": "write a Python function that reverses a string"}]
+
+
 def test_newcomers_first_chat_is_sensible_and_llama_servers(server):
-    ref = _reference()["chat"]
-    body = {"messages": ref["messages"], "temperature": 0, "max_tokens": ref["max_tokens"]}
+    """The README's first chat, greedy: Python code that reverses a string, the answer ended by the
+    template's end-of-turn (not printed as text); on a recorded float order, llama-server's answer."""
+    body = {"messages": NEWCOMER, "temperature": 0, "max_tokens": 200}
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=600).json()
     content = r["choices"][0]["message"]["content"]
     assert "def " in content and "[::-1]" in content, content
     assert "<|im_end|>" not in content and "<|im_start|>" not in content, content
     assert r["choices"][0]["finish_reason"] == "stop"
+    ref = _reference()["chat"]
+    assert ref["messages"] == NEWCOMER and ref["max_tokens"] == body["max_tokens"]
     assert content == ref["content"]
 
 

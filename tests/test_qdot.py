@@ -255,6 +255,11 @@ def test_quantization_replays_exactly(isa):
         assert np.array_equal(a.d.numpy().astype(np.float64), d), kind
         assert np.array_equal(a.sums.numpy().astype(np.int64), s), kind
         assert int(a.q.abs().max()) <= 127
+        if kind == "q8_0":  # llama.cpp's q8_1 s: fp16 of the unrounded d times the sum (Q4_1 / Q5_1)
+            xb = x.numpy().reshape(5, 16, 32)
+            dd = (np.abs(xb).max(axis=2) / np.float32(127.0)).astype(np.float32)
+            s1 = (dd * s.astype(np.float32)).astype(np.float32).astype(np.float16).astype(np.float32)
+            assert np.array_equal(a.s1.numpy(), s1)
 
 
 @pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
