@@ -158,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--embeddings", "--embedding", action="store_true",
                    help="restrict the server to embedding endpoints")
     g.add_argument("--pooling", default="", choices=POOLING, help="pooling type for embeddings (default: the model's)")
+    g.add_argument("--rerank", "--reranking", dest="reranking", action="store_true",
+                   help="enable reranking endpoint on server (default: disabled): embeddings with RANK pooling")
     g.add_argument("--embd-normalize", type=int, default=2, metavar="N",
                    help="embedding normalization (-1 none, 0 max absolute, 1 taxicab, 2 euclidean, >2 p-norm)")
 
@@ -218,7 +220,7 @@ _SPECULATIVE = [
 ]
 # refused: they would change what the server computes or serves, and tritium does not implement them
 _UNSUPPORTED = [
-    (("--control-vector",), True), (("--control-vector-scaled",), True), (("-mu", "--model-url"), True), (("--rerank", "--reranking"), False),
+    (("--control-vector",), True), (("--control-vector-scaled",), True), (("-mu", "--model-url"), True),
 ]
 
 

@@ -15,6 +15,9 @@ sliding window 16; the built-in vocabulary unless --vocab is given):
 The tests' tiny gemma3 (runtime.model.tiny_model.GEMMA3_SPEC: 6 layers, 5 local with a window of 8 and
 a global one, q/k norms and post-norms, tied output; the built-in vocabulary unless --vocab is given):
     python scripts/make_tiny_model.py --arch gemma3 --out tiny-gemma3.gguf [--type q8_0]
+The tests' tiny reranker (runtime.model.tiny_model.RERANK_SPEC: qwen3 with a Qwen3-Reranker's
+cls.output yes/no head, RANK pooling and rerank template; the built-in vocabulary unless --vocab):
+    python scripts/make_tiny_model.py --arch qwen3 --rerank --out tiny-reranker.gguf
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.model.tiny_model import (  # noqa: E402
-    ARCHS, BUILTIN_SPEC, GEMMA3_SPEC, MOE_SPEC, PHI3_SPEC, WEIGHT_TYPES, TinyModelSpec, write_tiny_model)
+    ARCHS, BUILTIN_SPEC, GEMMA3_SPEC, MOE_SPEC, PHI3_SPEC, RERANK_SPEC, WEIGHT_TYPES, TinyModelSpec, write_tiny_model)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,18 +61,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", help="general.name")
     ap.add_argument("--tied", action="store_true", default=None,
                     help="tie the output matrix to the token embeddings (no output.weight)")
+    ap.add_argument("--rerank", action="store_true", default=None,
+                    help="qwen3: a reranker (RANK pooling, cls.output yes/no head, rerank chat template)")
     ap.add_argument("--random-blocks", action="store_true", default=None,
                     help="write quantized tensors as random valid GGUF blocks instead of quantizing "
                          "random floats (seconds instead of hours for an 8B shape)")
     a = ap.parse_args(argv)
 
-    own = {"qwen3moe": MOE_SPEC, "phi3": PHI3_SPEC, "gemma3": GEMMA3_SPEC}.get(a.arch)  # arch with its own tiny shape
+    own = RERANK_SPEC if a.rerank else \
+        {"qwen3moe": MOE_SPEC, "phi3": PHI3_SPEC, "gemma3": GEMMA3_SPEC}.get(a.arch)  # arch with its own tiny shape
     base = own or (BUILTIN_SPEC if a.builtin else TinyModelSpec())
     builtin = a.builtin or (own is not None and not a.vocab)
     overrides = dict(n_expert=a.experts, n_expert_used=a.experts_used, n_ff_exp=a.ff_exp, arch=a.arch, n_layer=a.layers, n_embd=a.embd, n_head=a.heads,
                      n_head_kv=a.kv_heads, head_dim=a.head_dim, n_ff=a.ff, n_ctx=a.ctx,
                      rope_freq_base=a.rope_base, sliding_window=a.sliding_window, rope_freq_base_swa=a.rope_base_swa, rms_eps=a.rms_eps, seed=a.seed,
-                     n_vocab=a.n_vocab, name=a.name, tie_embeddings=a.tied, random_blocks=a.random_blocks)
+                     n_vocab=a.n_vocab, name=a.name, tie_embeddings=a.tied, random_blocks=a.random_blocks,
+                     rerank=a.rerank)
     spec = replace(base, wtype=a.type, **{k: v for k, v in overrides.items() if v is not None})
     t0 = time.perf_counter()
     out = write_tiny_model(a.out, spec, vocab="builtin" if builtin else a.vocab)

@@ -2,9 +2,9 @@
 `ApiContext` (`ctx: Ctx`). `ROUTERS` lists them in registration order (api/server.py)."""
 from __future__ import annotations
 
-from api.routes import cors_proxy, embeddings, lora, metrics, native, openai, props, slots, tokens, ui
+from api.routes import cors_proxy, embeddings, lora, metrics, native, openai, props, rerank, slots, tokens, ui
 
-ROUTERS = (props.router, tokens.router, native.router, openai.router, embeddings.router, slots.router,
+ROUTERS = (props.router, tokens.router, native.router, openai.router, embeddings.router, rerank.router, slots.router,
            metrics.router, lora.router, cors_proxy.router)
 
 # the Responses API, the Anthropic Messages API and the token-counting routes (issue 16)

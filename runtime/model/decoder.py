@@ -192,6 +192,9 @@ def _physical_memory() -> int:
         return 0
 
 
+RANK_HEAD_ARCHS = ("qwen3",)  # decoders whose `cls.output.weight` llama.cpp b1-0c1e570 loads (src/models/qwen3.cpp)
+
+
 class Model:
     def __init__(self, loaded, device: str | torch.device = "cpu", unpack_budget: int | None = None,
                  pack_quantized: bool | None = None, backend: str | None = None, tp=None,
@@ -244,6 +247,8 @@ class Model:
         else:  # tied: one matrix serves both
             self.tok_embd = self.output = q("token_embd.weight")
         self.output_norm = t("output_norm.weight")
+        # a reranker's classification head (llama.cpp loads `cls.output` for qwen3 among the decoders)
+        self.cls_out = q("cls.output.weight") if cfg.arch in RANK_HEAD_ARCHS and "cls.output.weight" in w else None
         self.spec = spec = spec_for(cfg)
         if spec.moe and tp is not None:
             raise ValueError(f"{cfg.arch}: tensor parallelism (-tp) is not supported for mixture-of-experts models")
@@ -432,6 +437,14 @@ class Model:
         h = self.ops.embedding(torch.where(mine, local, torch.zeros_like(local)), self.tok_embd).float()
         h = h * mine.unsqueeze(1)
         return self.tp.group.all_reduce(h)
+
+    def rank_scores(self, h: torch.Tensor) -> torch.Tensor:
+        """llama.cpp's RANK pooling head (build_pooling): pooled normed states h [S, C] -> [S, L]
+        float32, the score being column 0: through `cls.output` and a softmax over its L labels
+        (qwen3's "yes"/"no"), else the state itself (a model without a head: its first value)."""
+        if self.cls_out is None:
+            return h.float()
+        return torch.softmax(self.ops.qmatmul(h.float(), self.cls_out).float(), dim=-1)
 
     def _head(self, hs: torch.Tensor) -> torch.Tensor:
         """Logits [R, n_vocab] float32 of normed hidden states [R, C]; with -tp each rank computes

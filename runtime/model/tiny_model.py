@@ -40,7 +40,7 @@ from runtime.model.gguf import KV, read_gguf
 
 __all__ = [
     "TinyModelSpec", "write_tiny_model", "vocab_from_gguf", "ensure_default_model", "quantize",
-    "BUILTIN_SPEC", "MOE_SPEC", "PHI3_SPEC", "GEMMA3_SPEC", "WEIGHT_TYPES", "ARCHS",
+    "BUILTIN_SPEC", "MOE_SPEC", "PHI3_SPEC", "GEMMA3_SPEC", "RERANK_SPEC", "WEIGHT_TYPES", "ARCHS",
 ]
 
 Q = GGMLQuantizationType
@@ -74,6 +74,7 @@ class TinyModelSpec:
     norm_std: float = 0.0  # > 0: norm weights 1 + N(0, norm_std) (0: ones)
     rope_sections: tuple[int, ...] = ()  # qwen2vl / qwen3vl: rope.dimension_sections (M-RoPE, 4 entries)
     n_deepstack: int = 0  # qwen3vl: n_deepstack_layers (vision features added after the first layers)
+    rerank: bool = False  # qwen3: a Qwen3-Reranker's layout (RANK pooling, cls.output yes/no head, rerank template)
 
 
 BUILTIN_SPEC = TinyModelSpec(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=352,
@@ -97,6 +98,19 @@ GEMMA3_SPEC = TinyModelSpec(arch="gemma3", n_layer=6, n_embd=128, n_head=4, n_he
                             n_ctx=512, head_dim=64, rope_freq_base=1e6, rms_eps=1e-6,
                             name="tiny-random-gemma3", seed=7, init_std=0.02, tie_embeddings=True,
                             sliding_window=8, norm_std=0.3)
+# the tests' tiny reranker, as llama.cpp's convert_hf_to_gguf.py writes a Qwen3-Reranker: qwen3,
+# {arch}.pooling_type 4 (RANK), classifier.output_labels ["yes", "no"], a 2-row `cls.output.weight`
+# (llama.cpp: softmax over the two, the score is the first), tokenizer.chat_template.rerank, tied output
+RERANK_SPEC = TinyModelSpec(arch="qwen3", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_ctx=512,
+                            head_dim=32, name="tiny-random-reranker", seed=11, init_std=0.05,
+                            tie_embeddings=True, rerank=True)
+# Qwen3-Reranker's template (conversion/qwen.py of llama.cpp b1-0c1e570)
+RERANK_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n"
+    "<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n"
+    "<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n")
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "qwen2vl", "qwen3vl")
 _BUILTIN_VERSION = 1  # bump when the built-in vocab/spec changes (cache file name)
 
@@ -295,6 +309,8 @@ def tensor_shapes(spec: TinyModelSpec, n_vocab: int) -> list[tuple[str, tuple[in
         if spec.arch == "gemma3":
             out.append((p + "post_ffw_norm.weight", (spec.n_embd,)))
     out.append(("output_norm.weight", (spec.n_embd,)))
+    if spec.rerank:
+        out.append(("cls.output.weight", (2, spec.n_embd)))
     if not spec.tie_embeddings:
         out.append(("output.weight", (n_vocab, spec.n_embd)))
     return out
@@ -354,6 +370,12 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
         w.add_key_length(hd)
         w.add_value_length(hd)
     w.add_vocab_size(n_vocab)
+    if spec.rerank:
+        if spec.arch != "qwen3":
+            raise ValueError("rerank: only qwen3 (llama.cpp loads cls.output for qwen3 among the decoders)")
+        w.add_uint32(f"{spec.arch}.pooling_type", 4)  # llama_pooling_type RANK
+        w.add_array(f"{spec.arch}.classifier.output_labels", ["yes", "no"])
+        w.add_string("tokenizer.chat_template.rerank", RERANK_TEMPLATE)
     w.add_file_type(int(ftype))
     if spec.wtype not in ("f32", "f16"):
         w.add_quantization_version(2)

@@ -48,6 +48,18 @@ class Loaded:
 POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # llama_pooling_type
 
 
+def rerank_format(metadata: Any) -> dict:
+    """What llama-server's format_prompt_rerank reads of the model: its `tokenizer.chat_template.rerank`
+    (None: none), the separator token and whether the vocabulary adds it."""
+    md = metadata or {}
+    tmpl = md.get("tokenizer.chat_template.rerank")
+    if isinstance(tmpl, (bytes, bytearray)):
+        tmpl = tmpl.decode("utf-8", errors="replace")
+    sep = md.get("tokenizer.ggml.seperator_token_id")  # (llama.cpp's spelling)
+    return {"template": tmpl if isinstance(tmpl, str) else None, "sep": int(sep) if isinstance(sep, int) else -1,
+            "add_sep": bool(md.get("tokenizer.ggml.add_sep_token", False))}
+
+
 def model_pooling(metadata: Any, arch: str) -> str:
     """The model's own pooling (`{arch}.pooling_type`, as llama.cpp reads it; none without it)."""
     v = (metadata or {}).get(f"{arch}.pooling_type")
@@ -236,6 +248,7 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
         "n_layer": c.n_layer,
         "path": path,
         "pooling": model_pooling(lm.gguf_metadata, c.arch),
+        "rerank": rerank_format(lm.gguf_metadata),
     }
     mm = load_mmproj(cfg, c, model, tk, log) if cfg.mmproj else None
     trim_heap()  # the tokenizer's build and the repack leave freed heap pages behind (~33 MiB for Gemma 3)

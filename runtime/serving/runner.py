@@ -87,10 +87,13 @@ class ModelRunner:
                           [torch.cat(h) if h else None for h in hidden])
 
 
-def pool_embeddings(hid: torch.Tensor, pooling: str, normalize: int) -> list[list[float]]:
-    """hid: [n_tokens, C] -> list of vectors (one per token for pooling 'none')."""
+def pool_embeddings(hid: torch.Tensor, pooling: str, normalize: int, rank_head=None) -> list[list[float]]:
+    """hid: [n_tokens, C] -> list of vectors (one per token for pooling 'none'); 'rank': the last
+    token (a causal model's) through `rank_head` (`Model.rank_scores`), the score first, not normalized."""
     if pooling == "none":  # one raw vector per token: b1 normalizes only pooled embeddings
         return hid.double().tolist()
+    if pooling == "rank":
+        return rank_head(hid[-1:]).double().tolist()
     if pooling == "cls":
         vecs = hid[:1]
     elif pooling == "last":

@@ -358,7 +358,7 @@ class Scheduler:
 
     def _finish_embedding(self, s: Slot, hid: torch.Tensor) -> None:
         r = s.req
-        vecs = pool_embeddings(hid, r.task.pooling, r.task.normalize)
+        vecs = pool_embeddings(hid, r.task.pooling, r.task.normalize, self.model.rank_scores)
         self.kv.clear(s.seq)
         s.tokens = []
         release(s)
