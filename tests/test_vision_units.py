@@ -15,7 +15,6 @@ import torch
 from PIL import Image
 
 import kernels
-from kernels import ref
 
 
 # ---- kernels ------------------------------------------------------------------------------------

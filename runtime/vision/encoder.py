@@ -22,7 +22,7 @@ import torch
 
 import kernels
 from kernels.qweight import FLOAT_TYPES, QWeight
-from runtime.vision.mmproj import ClipConfig, FfnOp, MmprojFile, ProjectorType
+from runtime.vision.mmproj import FfnOp, MmprojFile, ProjectorType
 
 __all__ = ["VisionEncoder", "merge_order", "window_index", "vision_positions"]
 

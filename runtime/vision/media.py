@@ -16,7 +16,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.vision.image import MediaError, MediaTokenizeError, decode, preprocess, target_size
+from runtime.vision.image import MediaError, MediaTokenizeError, decode, preprocess
 from runtime.vision.mmproj import ClipConfig, ProjectorType
 
 __all__ = ["MediaKind", "MediaChunk", "MediaPrompt", "tokenize_media", "media_token", "MEDIA_DELIMS",
@@ -79,14 +79,6 @@ def _image_chunk(cfg: ClipConfig, data: bytes, fid: str, mrope: bool) -> MediaCh
     if not mrope:
         return MediaChunk(0, n, n, MediaKind.IMAGE, fid, data=pixels)
     return MediaChunk(0, n, max(nx, ny), MediaKind.IMAGE, fid, nx=nx, ny=ny, data=pixels)
-
-
-def image_tokens(cfg: ClipConfig, width: int, height: int) -> int:
-    """Tokens of a `width` x `height` image (what the preprocessor would make of it)."""
-    w, h = target_size(cfg, width, height)
-    if cfg.proj is ProjectorType.GEMMA3:
-        return ((w // cfg.patch_size) // cfg.n_merge) ** 2
-    return ((w // cfg.patch_size) // 2) * ((h // cfg.patch_size) // 2)
 
 
 def tokenize_media(tokenizer, text: str, files: list[bytes], marker: str, vision: ClipConfig | None,

@@ -2,7 +2,8 @@
 # llama.cpp's own server tests (tools/server/tests of b1-0c1e570, from the llama-cpp-python 0.3.36 sdist on the
 # package index, MIT code fetched at run time, never kept in this repository) against a llama-server-compatible
 # binary, with a tiny random model (make_model.py: the lesson's shape, the qwen2 vocabulary shipped in the same
-# sdist, fixed seed) in place of the suite's downloaded stories260K. Same as ../shared/peer-suite/run.sh, but
+# sdist, fixed seed) in place of the suite's downloaded stories260K, and for the vision tests' tinygemma3 the same
+# model with a tiny random Gemma 3 projector (make_mmproj.py, --mmproj). Same as ../shared/peer-suite/run.sh, but
 # self-contained (CI has no ../shared) and it exits 1 when a baseline test fails.
 #
 #   scripts/peer_suite/run.sh BIN [pytest args...]      e.g. scripts/peer_suite/run.sh .venv/bin/tritium-server -x unit/test_metrics.py
@@ -21,15 +22,23 @@ if [ ! -d $SRC ]; then python3 -m pip download -q --no-deps --no-binary :all: ll
 if [ ! -x venv/bin/python ]; then python3 -m venv venv && venv/bin/pip -q install -r $SRC/requirements.txt gguf numpy; fi
 MODEL=$WORK/tiny-qwen2-f32.gguf
 [ -f $MODEL ] || venv/bin/python "$HERE/make_model.py" $SDIST/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf $MODEL > /dev/null
+MMPROJ=$WORK/tiny-gemma3-mmproj-f16.gguf  # the vision tests' projector, on the same text model
+[ -f $MMPROJ ] || venv/bin/python "$HERE/make_mmproj.py" $MMPROJ > /dev/null
 rm -rf suite && cp -r $SRC suite && cd suite
 venv=../venv/bin/python
 $venv - <<'PY'
 p = "utils.py"; s = open(p).read()
 s = s.replace('server.model_hf_repo = "ggml-org/test-model-stories260K"', 'server.model_hf_repo = None\n        server.model_file = os.environ["SUITE_MODEL"]')
 s = s.replace("    def load_all() -> None:", "    def load_all() -> None:\n        return")
+# the vision tests' tinygemma3: the suite's model with make_mmproj.py's projector (--mmproj)
+s = s.replace('server.model_hf_repo = "ggml-org/tinygemma3-GGUF:Q8_0"',
+              'server.model_hf_repo = None\n        server.model_file = os.environ["SUITE_MODEL"]\n'
+              '        server.mmproj_file = os.environ["SUITE_MMPROJ"]')
+s = s.replace('        if self.mmproj_url:\n', '        if getattr(self, "mmproj_file", None):\n'
+              '            server_args.extend(["--mmproj", self.mmproj_file])\n        if self.mmproj_url:\n')
 open(p, "w").write(s)
 PY
-export SUITE_MODEL=$MODEL LLAMA_SERVER_BIN_PATH=$BIN
+export SUITE_MODEL=$MODEL SUITE_MMPROJ=$MMPROJ LLAMA_SERVER_BIN_PATH=$BIN
 if [ "${1:-}" = "--compare" ]; then
   # exactly the baseline's tests (not the others of their files, which llama-server fails too): a third of the time
   mapfile -t IDS < <(sed 's/^PASSED //' "$BASE")
