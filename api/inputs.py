@@ -74,6 +74,9 @@ def tokenize_mixed(tok: TokenizerAPI, prompt: Any, add_special: bool, parse_spec
     return list(tok.encode(prompt, add_special=add_special, parse_special=parse_special))
 
 
+INVALID_TOKENS = "Prompt contains invalid tokens"
+
+
 def tokenize_prompt(tok: TokenizerAPI, prompt: Any) -> list[int]:
     """One prompt of /completion (llama-server's tokenize_input_subprompt): a string or a list mixing
     strings and ids (`tokenize_mixed`), a list of ids, or an object `{"prompt_string": ...}` (with
@@ -91,7 +94,7 @@ def tokenize_prompt(tok: TokenizerAPI, prompt: Any) -> list[int]:
     else:
         raise ApiError(ELEMENTS_ERROR)
     if any(not 0 <= t < tok.n_vocab for t in toks):
-        raise ApiError("Prompt contains invalid tokens")
+        raise ApiError(INVALID_TOKENS)
     return toks
 
 

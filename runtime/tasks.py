@@ -89,6 +89,7 @@ class EmbeddingTask:
     prompt_tokens: list[int]
     pooling: str = "mean"  # mean | cls | last | none
     normalize: int = 2  # --embd-normalize: -1 none, 0 max-abs, 1 taxicab, 2 euclidean, >2 p-norm
+    media: list[Any] = field(default_factory=list)  # as CompletionTask.media
 
 
 @dataclass

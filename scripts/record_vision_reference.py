@@ -9,7 +9,8 @@ in tests/data/vision/. The embeddings come from scripts/mtmd_embd_ref.c against 
 build's libmtmd (each image tokenized with the default marker and its chunk encoded, llama-server's
 mtmd parameters), kept as float16 in embeddings.npz; the answers from llama-server itself
 (`server_flags`, LLAMA_MEDIA_MARKER fixed): chat requests with one or two images, /completion with
-`multimodal_data`, and a repeated and a follow-up chat (the prompt cache with images). Each answer
+`multimodal_data`, and a repeated and a follow-up chat (the prompt cache with images), and with
+--embeddings the pooled vectors of prompts with media (`embedding_requests`). Each answer
 records the top-2 logprob margin of every generated token: a test compares the tokens up to the
 first near-tie (margin < MARGIN), where float noise may pick either.
 
@@ -107,6 +108,35 @@ def audio_requests() -> list[dict]:
             {"name": "chat-audio-again", "path": "/v1/chat/completions", "body": chat}]
 
 
+def embedding_requests(kind: str) -> list[dict]:
+    """--embeddings --pooling mean: /embeddings with prompt objects and /v1/embeddings with content
+    parts (llama-server pools the text after the last media chunk: the batch it decodes last)."""
+    def b64(name: str) -> str:
+        return base64.b64encode((DATA / name).read_bytes()).decode()
+    name = AUDIO[0] if kind == "qwen25o" else "small.png"
+    part = ({"type": "input_audio", "input_audio": {"data": b64(name), "format": "wav"}} if kind == "qwen25o"
+            else {"type": "image_url", "image_url": {"url": data_url(name)}})
+    return [{"name": "embeddings-prompts", "path": "/embeddings", "body": {"content": [
+                {"prompt_string": f"What is this: {MARKER}\n", "multimodal_data": [b64(name)]},
+                {"prompt_string": f"What is this: {MARKER}\n", "multimodal_data": [b64("wide.jpg")]},
+                {"prompt_string": "What is this: \n"}]}},
+            {"name": "embeddings-oai", "path": "/v1/embeddings", "body": {"input": [
+                {"content": [{"type": "text", "text": "Look at "}, part, {"type": "text", "text": " and say more"}]},
+                {"prompt_string": f"{MARKER} then {MARKER} end", "multimodal_data": [b64("tall.png"), b64("gray.png")]},
+                "What is this: \n"]}},
+            {"name": "embeddings-too-large", "path": "/v1/embeddings",  # longer than a ubatch: a 500
+             "body": {"input": "hello " * (embedding_ubatch(kind) + 10)}}]
+
+
+def embedding_record(res) -> dict:
+    """The pooled vectors (6 decimals) and, from /v1/embeddings, the usage (or the error)."""
+    if isinstance(res, dict) and "error" in res:
+        return {"error": res["error"]}
+    if isinstance(res, list):
+        return {"vectors": [[round(x, 6) for x in r["embedding"][0]] for r in res]}
+    return {"vectors": [[round(x, 6) for x in d["embedding"]] for d in res["data"]], "usage": res["usage"]}
+
+
 def answer_record(path: str, res: dict) -> dict:
     """What a test compares: the generated tokens (or token texts), their margins, the counts."""
     if path == "/completion":
@@ -128,10 +158,15 @@ def free_port() -> int:
     return port
 
 
-def post(port: int, path: str, body: dict) -> dict:
+def post(port: int, path: str, body: dict, errors: bool = False) -> dict:
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
-    return json.loads(urllib.request.urlopen(req, timeout=300).read())
+    try:
+        return json.loads(urllib.request.urlopen(req, timeout=300).read())
+    except urllib.error.HTTPError as e:
+        if not errors:
+            raise
+        return json.loads(e.read())
 
 
 def server_flags(kind: str) -> list[str]:
@@ -139,10 +174,22 @@ def server_flags(kind: str) -> list[str]:
     return ["-np", "1", "-c", "2048", "--no-warmup"]
 
 
-def record_answers(server: str, kind: str, model: Path, mmproj: Path) -> dict:
+def embedding_ubatch(kind: str) -> int:
+    """-b / -ub of the --embeddings server: a prompt of an embedding task (pooling mean) must fit one
+    ubatch, and a 30 s audio chunk is 750 tokens."""
+    return 1024 if kind == "qwen25o" else 512
+
+
+def embedding_flags(kind: str) -> list[str]:
+    n = str(embedding_ubatch(kind))
+    return ["--embeddings", "--pooling", "mean", "-b", n, "-ub", n]
+
+
+def record_answers(server: str, kind: str, model: Path, mmproj: Path, embeddings: bool = False) -> dict:
     port = free_port()
     env = dict(os.environ, LLAMA_MEDIA_MARKER=MARKER)
-    p = subprocess.Popen([server, "-m", str(model), "--mmproj", str(mmproj), "--port", str(port), *server_flags(kind)],
+    flags = server_flags(kind) + (embedding_flags(kind) if embeddings else [])
+    p = subprocess.Popen([server, "-m", str(model), "--mmproj", str(mmproj), "--port", str(port), *flags],
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(600):
@@ -151,6 +198,8 @@ def record_answers(server: str, kind: str, model: Path, mmproj: Path) -> dict:
                     break
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.2)
+        if embeddings:
+            return {r["name"]: embedding_record(post(port, r["path"], r["body"], errors=True)) for r in embedding_requests(kind)}
         return {r["name"]: answer_record(r["path"], post(port, r["path"], r["body"])) for r in requests_for(kind)}
     finally:
         p.terminate()
@@ -204,7 +253,8 @@ def main() -> int:
                 images[name] = r
             answers = record_answers(a.server, kind, model, mmproj)
             out["kinds"][kind] = {"model_sha256": sha256(model), "mmproj_sha256": sha256(mmproj),
-                                  "images": images, "answers": answers}
+                                  "images": images, "answers": answers,
+                                  "embeddings": record_answers(a.server, kind, model, mmproj, embeddings=True)}
             print(kind, {k: sum(1 for m in v["margins"] if m >= MARGIN) for k, v in answers.items()}, file=sys.stderr)
     (DATA / "reference.json").write_text(json.dumps(out, indent=1) + "\n")
     np.savez_compressed(DATA / "embeddings.npz", **arrays)

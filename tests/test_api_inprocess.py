@@ -337,6 +337,34 @@ def test_embeddings_server(api_engine, api_client):
         assert c.post("/completion", json={"prompt": "a", "n_predict": 2}).json()["tokens_predicted"] == 2
 
 
+def test_embedding_inputs_as_b1(api_engine, api_client):
+    """The inputs' shapes and errors as llama-server b1-0c1e570 answers them (checked against it):
+    it tokenizes them outside any handler (runtime errors are 500s, /completion's are 400s), a
+    pooled prompt must fit one ubatch (min(n_ctx, -b, -ub)) and its slot."""
+    with api_client(api_engine, embeddings=True, pooling="mean") as c:
+        def err(body):
+            r = c.post("/v1/embeddings", json=body)
+            return r.status_code, r.json()["error"]["message"]
+        assert err({"input": {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}}) \
+            == (500, "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj")
+        assert err({"input": {"prompt_string": "x", "multimodal_data": ["AAAA"]}}) \
+            == (500, "Multimodal data provided, but model does not support multimodal requests.")
+        assert err({"input": {"content": "x"}}) == (400, '"content" must be an array')
+        assert err({"input": {"content": [{"type": "foo"}]}}) == (400, "unsupported content[].type")
+        assert err({"input": 5})[0] == 500
+        assert err({"input": []}) == (400, '"input" must not be empty')
+        assert err({"input": [1] * 513}) == (500, "input (513 tokens) is too large to process. increase the "
+                                                  "physical batch size (current batch size: 512)")
+        assert err({"input": [1] * 300}) == (400, "input (300 tokens) is larger than the max context size "
+                                                  "(256 tokens). skipping")
+        parts = c.post("/v1/embeddings", json={"input": {"content": [{"type": "text", "text": "a "},
+                                                                     {"type": "text", "text": "b"}]}}).json()
+        plain = c.post("/v1/embeddings", json={"input": "a b"}).json()
+        assert parts["data"][0]["embedding"] == plain["data"][0]["embedding"] and parts["usage"] == plain["usage"]
+        mixed = c.post("/v1/embeddings", json={"input": ["a", 5]}).json()  # one mixed prompt
+        assert len(mixed["data"]) == 1
+
+
 def test_embeddings_pooling_defaults_to_the_models(api_engine, api_client):
     """Without --pooling the model's own pooling applies (GGUF {arch}.pooling_type; a causal LM has
     none, as Qwen2.5 under b1-0c1e570): /v1/embeddings refuses with b1's 400, /embedding answers one

@@ -102,8 +102,11 @@ def test_embedding_prompt_asks_for_hidden_states_not_logits():
     plan = plan_step([_prefill(0, 6, embedding=True)], 2048, 512)
     b = plan.batch[0]
     assert (b.hidden, b.logits, b.topk, len(b.tokens)) == (True, False, 0, 6)
-    chunked = plan_step([_prefill(0, 600, embedding=True), _decode(1, 3)], 2048, 512)
-    assert [(b.hidden, b.logits, len(b.tokens)) for b in chunked.batch] == [(False, True, 1), (True, False, 512)]
+    # pooled over one batch (llama-server pools the batch it decodes last): never chunked, it waits
+    whole = plan_step([_prefill(0, 600, embedding=True), _decode(1, 3)], 2048, 512)
+    assert [(b.hidden, b.logits, len(b.tokens)) for b in whole.batch] == [(False, True, 1), (True, False, 600)]
+    waits = plan_step([_prefill(0, 600, embedding=True), _decode(1, 3)], 600, 512)
+    assert [(b.hidden, b.logits, len(b.tokens)) for b in waits.batch] == [(False, True, 1)]
 
 
 def test_planning_changes_nothing_and_keep_filters_rows():

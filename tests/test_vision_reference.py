@@ -111,3 +111,43 @@ def test_answers_equal_llama_server(pairs, kind, api_client):
         assert compared >= 0.8 * total  # the records are mostly clear-cut
     finally:
         e.stop()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_embeddings_equal_llama_server(pairs, kind, api_client):
+    """--embeddings --pooling mean with media in the prompts: llama-server's pooled vectors (of the
+    text after the last media chunk, the batch it decodes last), usage and its too-large error."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    from record_vision_reference import embedding_requests, embedding_ubatch
+    from runtime.serving import Engine, EngineConfig
+
+    model, mmproj = pairs[kind]
+    n = embedding_ubatch(kind)
+    e = Engine(EngineConfig(model_path=str(model), mmproj=str(mmproj), n_ctx=2048, n_parallel=1, verbosity=0,
+                            warmup=False, embeddings=True, n_batch=n, n_ubatch=n))  # record_vision_reference
+    e.load()
+    e.start()
+    try:
+        c = api_client(e, media_marker=REF["marker"], embeddings=True, pooling="mean")
+        for r in embedding_requests(kind):
+            rec = REF["kinds"][kind]["embeddings"][r["name"]]
+            res = c.post(r["path"], json=r["body"])
+            if "error" in rec:
+                assert (res.status_code, res.json()) == (rec["error"]["code"], {"error": rec["error"]}), r["name"]
+                continue
+            assert res.status_code == 200, (r["name"], res.text)
+            body = res.json()
+            if "usage" in rec:
+                assert body["usage"] == rec["usage"], r["name"]
+                got = [d["embedding"] for d in body["data"]]
+            else:
+                got = [d["embedding"][0] for d in body]
+            want = np.array(rec["vectors"])
+            assert len(got) == len(want), r["name"]
+            # unit vectors; the media embeddings' float16 rounding (as in test_embeddings_equal_libmtmd)
+            np.testing.assert_allclose(np.array(got), want, atol=2e-3, rtol=0, err_msg=f"{kind}/{r['name']}")
+            assert np.abs(want[0] - want[-1]).max() > 1e-2  # the media changed the vector
+    finally:
+        e.stop()

@@ -87,7 +87,7 @@ class Engine:
         self.prompt_cache, self.vocab, self.mm = b.prompt_cache, b.vocab, b.mm
         self.slots = new_slots(b.n_slots, b.n_ctx_slot)
         self.scheduler = Scheduler(self.cfg, self.slots, b.kv, b.model, b.vocab, b.prompt_cache, self._metrics,
-                                   self._log, b.kv_unified, b.mm)
+                                   self._log, b.kv_unified, b.mm, b.n_ctx)
         if self.cfg.cache_idle_slots and not self.sleeping:
             if self.prompt_cache is None:
                 self._log("W", "srv          init: --cache-idle-slots requires --cache-ram, disabling")

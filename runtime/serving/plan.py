@@ -10,7 +10,7 @@ number of new tokens within one budget (`n_batch` tokens per forward):
    min(remaining prompt, budget left, chunk cap) tokens, where the chunk cap is `n_prefill_chunk`
    while some slot decodes (chunked prefill) and the whole `n_batch` when none does, and a chunk
    stops at the request's `prompt_breaks`; once the budget is spent the other prompts wait for
-   the next step.
+   the next step. An embedding's text (pooled over one batch) is never split: it waits for room.
 
 A row asks for logits when its last token's are needed (every decode row; the prompt chunk that
 ends a completion's prompt) with the sampler's top-k shortcut (`sampler.topk_needed`); a prompt
@@ -88,10 +88,15 @@ def plan_step(slots: list[Slot], n_batch: int, n_prefill_chunk: int) -> StepPlan
         if budget <= 0:
             break
         r = s.req
-        n = min(len(r.prompt) - r.n_past, budget, chunk_cap)
+        # a pooled embedding (not pooling last) is that of one batch: its text goes whole (b1's can_split)
+        whole = r.embedding and r.task.pooling != "last"
+        rest = len(r.prompt) - r.n_past
+        n = min(rest, budget, n_batch if whole else chunk_cap)
         n = next((e - r.n_past for e in r.prompt_breaks if r.n_past < e < r.n_past + n), n)
         if r.media:  # text stops before a media chunk, which goes alone and whole (media_rows.py)
             n = r.media.cut(r.n_past, n)
+        if whole and n < (r.media.cut(r.n_past, rest) if r.media else rest):
+            continue  # no room for it in this step
         last = r.n_past + n == len(r.prompt)
         sample = last and not r.embedding
         k, banned = topk_needed(r.sampler) if sample else (0, ())

@@ -58,8 +58,10 @@ def send_progress(r: Request) -> None:
 class Scheduler:
     def __init__(self, cfg: EngineConfig, slots: list[Slot], kv: KVCache, model: Model, vocab: Vocabulary,
                  prompt_cache: PromptCache | None, metrics: Metrics, log: Callable[[str, str], None],
-                 kv_unified: bool = False, mm=None):
+                 kv_unified: bool = False, mm=None, n_ctx: int = 0):
         self.cfg, self.slots, self.kv, self.model, self.vocab = cfg, slots, kv, model, vocab
+        # llama.cpp's context n_ubatch: min(n_ctx, -b, -ub); an embedding's prompt must fit it (pooling)
+        self.n_ubatch_ctx = min(n_ctx or cfg.n_batch, cfg.n_batch, cfg.n_ubatch)
         self.mm = mm  # runtime.vision.Multimodal (--mmproj): encodes a media chunk when it is first planned
         self.kv_unified = kv_unified  # one KV pool for all slots: clearing an idle slot frees room
         self.prompt_cache, self.metrics, self.log = prompt_cache, metrics, log
@@ -114,6 +116,15 @@ class Scheduler:
             self.kv.clear(s.seq)
             s.tokens, s.lora = [], r.lora
         if embedding:
+            if task.pooling != "last" and len(prompt) > self.n_ubatch_ctx:  # b1: pooled within one ubatch
+                self.fail(s, 500, f"input ({len(prompt)} tokens) is too large to process. increase the physical "
+                                  f"batch size (current batch size: {self.n_ubatch_ctx})", "server_error")
+                return
+            if task.pooling != "last" and len(prompt) > s.n_ctx:  # (with pooling last: the api's check)
+                self.fail(s, 400, f"input ({len(prompt)} tokens) is larger than the max context size ({s.n_ctx} "
+                                  "tokens). skipping", "exceed_context_size_error",
+                          {"n_prompt_tokens": len(prompt), "n_ctx": s.n_ctx})
+                return
             self.kv.clear(s.seq)
             s.tokens = []
             s.state = SlotState.PROMPT

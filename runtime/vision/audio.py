@@ -21,7 +21,7 @@ import torch
 
 import kernels
 from kernels.qweight import FLOAT_TYPES, QWeight
-from runtime.vision.image import MediaError
+from runtime.vision.image import MediaError, MediaTokenizeError
 from runtime.vision.mmproj import ClipConfig, MmprojFile
 
 __all__ = ["decode_wav", "log_mel", "AudioEncoder", "audio_chunks", "SAMPLE_RATE"]
@@ -126,13 +126,14 @@ def log_mel(n_mel: int, samples: np.ndarray) -> list[np.ndarray]:
     return [out[:, a:a + CHUNK_FRAMES].copy() for a in range(0, n_len - CHUNK_FRAMES + 1, CHUNK_FRAMES)]
 
 
-def audio_chunks(audio: "AudioEncoder", data: bytes, fid: str) -> list:
-    """The media chunks of one audio file (one per 30 s), their tokens 1-D positions."""
+def audio_chunks(audio: "AudioEncoder", samples: np.ndarray, fid: str) -> list:
+    """The media chunks of one audio clip (`decode_wav`'s samples; one chunk per 30 s), their
+    tokens 1-D positions."""
     from runtime.vision.media import MediaChunk, MediaKind
 
-    mels = log_mel(audio.cfg.n_mel_bins, decode_wav(data))
+    mels = log_mel(audio.cfg.n_mel_bins, samples)
     if not mels:
-        raise MediaError("Unable to preprocess audio")
+        raise MediaTokenizeError("Unable to preprocess audio")
     n = CHUNK_FRAMES // 4  # conv stride 2, then the average pool of 2
     return [MediaChunk(0, n, n, MediaKind.AUDIO, fid, data=m) for m in mels]
 

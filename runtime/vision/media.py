@@ -66,8 +66,7 @@ def media_token(file_id: str, i: int) -> int:
     return -(1 + (int(file_id[:10], 16) << 20) + i)
 
 
-def _image_chunk(cfg: ClipConfig, data: bytes, fid: str, mrope: bool) -> MediaChunk:
-    rgb = decode(data)
+def _image_chunk(cfg: ClipConfig, rgb, fid: str, mrope: bool) -> MediaChunk:
     pixels = preprocess(cfg, rgb)
     h, w = pixels.shape[:2]
     p = cfg.patch_size
@@ -86,6 +85,16 @@ def tokenize_media(tokenizer, text: str, files: list[bytes], marker: str, vision
     """mtmd_tokenize(text, files) with `marker` as the media marker (see the module docstring).
     Raises `MediaError` (the request's fault) for a file that is no usable media or when the
     markers and the files do not match in number."""
+    loaded = []  # mtmd_helper_bitmap_init_from_buf, every file before tokenizing: a file that is no
+    for f in files:  # image or audio fails the request as such whatever the markers
+        data = bytes(f)
+        if _is_audio(data):
+            if audio is None:
+                raise MediaError("This model does not support audio input")
+            from runtime.vision.audio import decode_wav
+            loaded.append((data, decode_wav(data), True))
+        else:
+            loaded.append((data, decode(data), False))
     parts = text.split(marker) if marker else [text]
     if len(parts) - 1 != len(files):
         raise MediaTokenizeError(f"number of media markers in text ({len(parts) - 1}) does not match number of "
@@ -101,17 +110,15 @@ def tokenize_media(tokenizer, text: str, files: list[bytes], marker: str, vision
         add_text(part)
         if i == len(files):
             break
-        data = bytes(files[i])
+        data, decoded, is_audio = loaded[i]
         fid = hashlib.sha256(data).hexdigest()
-        if _is_audio(data):
-            if audio is None:
-                raise MediaError("This model does not support audio input")
+        if is_audio:
             from runtime.vision.audio import audio_chunks
-            cfg, new = audio.cfg, audio_chunks(audio, data, fid)
+            cfg, new = audio.cfg, audio_chunks(audio, decoded, fid)
         else:
             if vision is None:
                 raise MediaTokenizeError("model does not support vision input")
-            cfg, new = vision, [_image_chunk(vision, data, fid, mrope)]
+            cfg, new = vision, [_image_chunk(vision, decoded, fid, mrope)]
         beg, end = MEDIA_DELIMS.get(cfg.proj, ("", ""))
         add_text(beg)
         first = 0  # the chunks of one file (audio: one per 30 s) number their tokens on
