@@ -91,6 +91,12 @@ class EmbeddingTask:
     normalize: int = 2  # --embd-normalize: -1 none, 0 max-abs, 1 taxicab, 2 euclidean, >2 p-norm
     media: list[Any] = field(default_factory=list)  # as CompletionTask.media
 
+    @property
+    def splittable(self) -> bool:
+        """Whether its prompt may be read in several batches (b1's can_split): pooling last, or rank
+        (tritium's rerankers are causal and read the last token); the other poolings are of one batch."""
+        return self.pooling in ("last", "rank")
+
 
 @dataclass
 class TokenProb:

@@ -43,7 +43,7 @@ async def embedding_inputs(ctx: ApiContext, body: dict[str, Any], pooling: str) 
     for toks, _ in out:
         if not toks:
             raise ApiError("Input content cannot be empty")
-        if pooling == "last":  # others must fit one ubatch: the engine refuses them as b1's slots do
+        if EmbeddingTask(toks, pooling).splittable:  # the others must fit one ubatch: the engine's check
             check_context(len(toks), ctx.engine.n_ctx_slot)
     return out
 

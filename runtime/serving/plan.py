@@ -88,8 +88,8 @@ def plan_step(slots: list[Slot], n_batch: int, n_prefill_chunk: int) -> StepPlan
         if budget <= 0:
             break
         r = s.req
-        # a pooled embedding (not pooling last) is that of one batch: its text goes whole (b1's can_split)
-        whole = r.embedding and r.task.pooling != "last"
+        # a pooled embedding (mean, cls, none) is that of one batch: its text goes whole (b1's can_split)
+        whole = r.embedding and not r.task.splittable
         rest = len(r.prompt) - r.n_past
         n = min(rest, budget, n_batch if whole else chunk_cap)
         n = next((e - r.n_past for e in r.prompt_breaks if r.n_past < e < r.n_past + n), n)

@@ -116,11 +116,11 @@ class Scheduler:
             self.kv.clear(s.seq)
             s.tokens, s.lora = [], r.lora
         if embedding:
-            if task.pooling != "last" and len(prompt) > self.n_ubatch_ctx:  # b1: pooled within one ubatch
+            if not task.splittable and len(prompt) > self.n_ubatch_ctx:  # b1: pooled within one ubatch
                 self.fail(s, 500, f"input ({len(prompt)} tokens) is too large to process. increase the physical "
                                   f"batch size (current batch size: {self.n_ubatch_ctx})", "server_error")
                 return
-            if task.pooling != "last" and len(prompt) > s.n_ctx:  # (with pooling last: the api's check)
+            if not task.splittable and len(prompt) > s.n_ctx:  # (splittable: the api's check)
                 self.fail(s, 400, f"input ({len(prompt)} tokens) is larger than the max context size ({s.n_ctx} "
                                   "tokens). skipping", "exceed_context_size_error",
                           {"n_prompt_tokens": len(prompt), "n_ctx": s.n_ctx})
