@@ -65,6 +65,7 @@ class ChatPrep:
     user_prefixes: list[str] = field(default_factory=list)
     files: list[bytes] = field(default_factory=list)  # the media parts' files, one per media marker in `prompt`
     media: list[Any] = field(default_factory=list)  # their chunks once tokenized (CompletionTask.media)
+    part_starts: list[int] = field(default_factory=list)  # where the prompt's text after each marker begins
 
 
 def _tool_choice(raw: Any) -> str:

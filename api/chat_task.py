@@ -19,7 +19,7 @@ async def prompt_tokens(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api
     prep = await off_loop(chat_api.prepare, ctx, body)  # renders the template: 100k messages take seconds
     if prep.files:  # images / audio: the runtime decodes and tokenizes them (mtmd_tokenize)
         mp = await media_prompt(ctx, prep.prompt, prep.files)
-        prep.media = mp.chunks
+        prep.media, prep.part_starts = mp.chunks, mp.part_starts
         return prep, list(mp.tokens)
     return prep, list(await off_loop(ctx.tokenizer.encode, prep.prompt, add_special=True, parse_special=True))
 
@@ -56,10 +56,18 @@ def user_starts(ctx: ApiContext, prep: chat_api.ChatPrep, toks: list[int]) -> li
     """The token positions where the last user messages begin (llama-server finds them by its
     template's user delimiter, `common_chat_msg_delimiters::split`, and ends prompt batches and
     saves context checkpoints there on sliding-window models): the length of the rendered
-    conversation before each, where its tokens are a prefix of the prompt's."""
+    conversation before each, where its tokens are a prefix of the prompt's (past media, those of
+    its text after the last marker, from where that text begins in the prompt)."""
     out = []
     for text in prep.user_prefixes:
-        pre = ctx.tokenizer.encode(text, add_special=True, parse_special=True)
-        if 0 < len(pre) < len(toks) and toks[:len(pre)] == pre:
-            out.append(len(pre))
+        k = text.count(ctx.media_marker) if prep.media else 0
+        if k >= len(prep.part_starts) > 0:
+            continue
+        if k:
+            at = prep.part_starts[k]
+            pre = ctx.tokenizer.encode(text.rsplit(ctx.media_marker, 1)[1], add_special=False, parse_special=True)
+        else:
+            at, pre = 0, ctx.tokenizer.encode(text, add_special=True, parse_special=True)
+        if 0 < at + len(pre) < len(toks) and toks[at:at + len(pre)] == pre:
+            out.append(at + len(pre))
     return sorted(set(out))

@@ -146,6 +146,35 @@ def test_tokenize_media(vlm):
         tokenize_media(tok, "one <M>", [img, img], "<M>", mm.vision)
     with pytest.raises(MediaError):
         tokenize_media(tok, "<M>", [b"garbage" * 4], "<M>", mm.vision)
+    with pytest.raises(MediaError) as e:  # b1 loads every file before it counts the markers
+        tokenize_media(tok, "no marker", [b"garbage" * 4], "<M>", mm.vision)
+    assert not isinstance(e.value, MediaTokenizeError)
+    assert mp.part_starts == [0, a.end + 1, b.end + 1]  # the text after each marker (and its end delimiter)
+
+
+def test_user_starts_past_media(vlm):
+    """Where user messages begin in a prompt with images (llama-server's message spans skip media
+    chunks): each rendered prefix's tokens, media included, are the prompt's first tokens."""
+    from types import SimpleNamespace
+
+    from api.chat_task import user_starts
+    from runtime.vision.media import tokenize_media
+
+    tok, mm = vlm
+    img = [_encode(np.zeros((60, 90, 3), np.uint8), "PNG"), _encode(np.full((40, 40, 3), 9, np.uint8), "PNG")]
+    full = "<|im_start|>user\n<M> one<|im_end|>\n<|im_start|>user\nsee <M> two<|im_end|>\n<|im_start|>user\nthree"
+    mp = tokenize_media(tok, full, img, "<M>", mm.vision, mrope=True)
+    prefixes = [full[:c] for c in (i for i in range(1, len(full)) if full.startswith("<|im_start|>user", i))]
+    prep = SimpleNamespace(user_prefixes=prefixes + ["<|im_start|>system\nnot a prefix"], media=mp.chunks,
+                           part_starts=mp.part_starts)
+    got = user_starts(SimpleNamespace(tokenizer=tok, media_marker="<M>"), prep, mp.tokens)
+    want = []
+    for text in prefixes:
+        k = text.count("<M>")
+        pre = tokenize_media(tok, text, img[:k], "<M>", mm.vision, mrope=True).tokens
+        assert mp.tokens[:len(pre)] == pre
+        want.append(len(pre))
+    assert got == want and len(set(want)) == 2
 
 
 def test_prompt_media_cuts_positions_and_prefixes():

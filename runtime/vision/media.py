@@ -59,6 +59,7 @@ class MediaChunk:
 class MediaPrompt:
     tokens: list[int]
     chunks: list[MediaChunk] = field(default_factory=list)
+    part_starts: list[int] = field(default_factory=list)  # where the text after the i-th marker begins (0: BOS)
 
 
 def media_token(file_id: str, i: int) -> int:
@@ -106,7 +107,9 @@ def tokenize_media(tokenizer, text: str, files: list[bytes], marker: str, vision
         if s:
             tokens.extend(tokenizer.encode(s, add_special=False, parse_special=True))
 
+    part_starts = []
     for i, part in enumerate(parts):
+        part_starts.append(len(tokens))
         add_text(part)
         if i == len(files):
             break
@@ -134,9 +137,10 @@ def tokenize_media(tokenizer, text: str, files: list[bytes], marker: str, vision
         tokens.insert(0, tokenizer.bos_id)
         for c in chunks:
             c.start += 1
+        part_starts = [0] + [p + 1 for p in part_starts[1:]]
     if add_special and tokenizer.add_eos and tokenizer.eos_id >= 0:
         tokens.append(tokenizer.eos_id)
-    return MediaPrompt(tokens, chunks)
+    return MediaPrompt(tokens, chunks, part_starts)
 
 
 def _is_audio(data: bytes) -> bool:
