@@ -154,6 +154,8 @@ BODIES: dict[str, dict[str, Any]] = {
     "/detokenize": body({"tokens": array(token)}, "tokens"),
     "/embedding": {**body(EMBEDDING), "anyOf": [{"required": ["content"]}, {"required": ["input"]}]},
     "/v1/embeddings": body(EMBEDDING, "input"),
+    "/rerank": body({"query": string, "documents": array(string), "texts": array(string), "top_n": integer(0),
+                     "return_text": boolean, "model": string}, "query"),
     "/props": obj,  # README: "Options: None yet" (with --props: any object, nothing changes)
     # a portable subset of fs_validate_filename's names (runtime/serving/slot_files.py)
     "/slots/{id_slot}": body({"filename": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"}}),
@@ -161,7 +163,8 @@ BODIES: dict[str, dict[str, Any]] = {
 }
 ALIASES = {"/completions": "/completion", "/chat/completions": "/v1/chat/completions", "/embeddings": "/embedding",
            "/chat/completions/input_tokens": "/v1/chat/completions/input_tokens", "/responses": "/v1/responses",
-           "/responses/input_tokens": "/v1/responses/input_tokens"}
+           "/responses/input_tokens": "/v1/responses/input_tokens", "/reranking": "/rerank",
+           "/v1/rerank": "/rerank", "/v1/reranking": "/rerank"}
 SLOT_ACTION = {"name": "action", "in": "query", "required": True,
                "schema": {"enum": ["save", "restore", "erase"]}}
 

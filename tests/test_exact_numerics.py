@@ -216,7 +216,7 @@ def test_user_message_starts_are_where_the_user_turns_begin():
     render = lambda ts: "".join(f"<|im_start|>{r}\n{c}<|im_end|>\n" for r, c in ts)  # noqa: E731
     prompt = render(turns) + "<|im_start|>assistant\n"
     toks = tk.encode(prompt, add_special=True, parse_special=True)
-    prep = SimpleNamespace(user_prefixes=[render(turns[:0]), render(turns[:2])])
+    prep = SimpleNamespace(user_prefixes=[render(turns[:0]), render(turns[:2])], media=[], part_starts=[])
     got = user_starts(SimpleNamespace(tokenizer=tk), prep, toks)
     im_start = tk.encode("<|im_start|>user", add_special=False, parse_special=True)
     want = [i for i in range(len(toks)) if toks[i:i + len(im_start)] == im_start]
