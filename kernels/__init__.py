@@ -57,6 +57,7 @@ OPS = (
     "prepare_weight", "prepare_weights", "packs_quantized", "dequantize", "qmatmul", "embedding", "rms_norm",
     "add_rms_norm", "rope", "silu_mul", "gelu_mul", "write_kv", "paged_attention", "topk", "prepare_topk_head",
     "topk_logits", "moe_route", "prepare_experts", "moe_ffn", "fused_decoder", "layer_norm", "dense_attention",
+    "ssm_conv", "gated_delta_net", "gdn_gates", "sigmoid",
 )
 __all__ = ["Backend", "DecoderLayer", "DecoderShape", "Experts", "QWeight", "NAMES", "Numerics", "OPS", "PackMatrix",
            "prepack_quantized", "decode_image", *OPS]
@@ -258,6 +259,35 @@ def fused_decoder(layers: list[DecoderLayer], shape: DecoderShape):
     `decoder.supports(k_caches, v_caches)`), bit-identical to the per-op path; None where the
     backend has none or the layers do not qualify (the reference and Triton: always None)."""
     return _on(layers[0].attn_norm.device).fused_decoder(layers, shape)
+
+
+def ssm_conv(x: torch.Tensor, w: torch.Tensor, conv_state: torch.Tensor, cells: torch.Tensor,
+             cu: torch.Tensor) -> torch.Tensor:
+    """silu of the causal depthwise convolution (ggml_ssm_conv + ggml_silu) of each sequence's rows
+    x[cu[s]:cu[s+1]] ([T, C] float32) with w [C, K]; the K - 1 rows before them are read from
+    conv_state[cells[s]] ([NC, K - 1, C] float32), which then holds the sequence's last K - 1 inputs
+    (in place). -> [T, C] float32 (`kernels.ref_linear`)."""
+    return _on(x.device).ssm_conv(x, w, conv_state, cells, cu)
+
+
+def gated_delta_net(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                    state: torch.Tensor, cells: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+    """The gated delta rule token by token (ggml_gated_delta_net): q, k [T, Hk, S], v [T, Hv, S], g
+    (log decay), beta [T, Hv]; sequence s's rows cu[s]:cu[s+1] start from state[cells[s]] ([NC, Hv,
+    S, S] float32, [h, j, i] = S[i][j]) and leave their final state there (in place). Value head h
+    reads key head h % Hk. -> o [T, Hv, S] float32, scaled by 1/sqrt(S) (`kernels.ref_linear`)."""
+    return _on(v.device).gated_delta_net(q, k, v, g, beta, state, cells, cu)
+
+
+def gdn_gates(b: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor, A: torch.Tensor):
+    """The gated delta net's gates from its projections b, a [T, H]: (beta = sigmoid(b), g =
+    softplus(a + dt_bias) * A) [T, H] float32, as ggml's unary ops compute them."""
+    return _on(b.device).gdn_gates(b, a, dt_bias, A)
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """1 / (1 + exp(-x)) elementwise (ggml_sigmoid), in x.dtype."""
+    return _on(x.device).sigmoid(x)
 
 
 def decode_image(data: bytes, max_pixels: int) -> tuple[int, int, bytes] | None:

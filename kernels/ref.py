@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from . import dequant_ref
 from .qweight import Experts, QWeight
+from .ref_linear import gated_delta_net, gdn_gates, sigmoid, ssm_conv  # noqa: F401  (the gated linear-attention ops)
 
 # Dequantize at most this many weight elements at once inside qmatmul (bounds temporary memory:
 # a 128k x 4096 output head would otherwise need 2 GiB of float32).

@@ -76,12 +76,14 @@ def greedy(m: Model, prompt: list[int], n: int, banned: list[int], cache: torch.
     from runtime.serving.plan import prompt_breaks
 
     kv = m.new_cache(len(prompt) + n + 16, dtype=cache)
+    rs = m.new_state(1)  # hybrid models' recurrent state (None for the others)
+    cell = 0 if rs is not None else -1
     seq = SeqKV()
     kv.reserve(seq, len(prompt) + n)
     ends = (list(prompt_breaks(len(prompt), 2048, 512)) if any(L.window for L in m.layers) else []) + [len(prompt)]
     at = 0
     for e in ends:
-        logits, _ = m.forward(kv, [SeqBatch(seq, prompt[at:e], at)])
+        logits, _ = m.forward(kv, [SeqBatch(seq, prompt[at:e], at, rs=cell)], rs)
         at = e
     seq.n_tokens = len(prompt)
     out = []
@@ -92,7 +94,7 @@ def greedy(m: Model, prompt: list[int], n: int, banned: list[int], cache: torch.
         out.append(tok)
         if len(out) == n:
             break
-        logits, _ = m.forward(kv, [SeqBatch(seq, [tok], seq.n_tokens)])
+        logits, _ = m.forward(kv, [SeqBatch(seq, [tok], seq.n_tokens, rs=cell)], rs)
         seq.n_tokens += 1
     return out
 

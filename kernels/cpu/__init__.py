@@ -14,6 +14,7 @@ fastest path this machine has and falling back to the torch reference (`kernels.
 | `decoder.py` | `fused_decoder`: a decode step's layers as one loop of direct C calls (the per-op wrappers' torch calls cost more than the work once the weight stream has evicted them) |
 | `common.h` | the vector type and loads the C files share |
 | `pointwise.py` + `pointwise.c` | `rms_norm`, `add_rms_norm`, `rope`, `write_kv`, `silu_mul`, `gelu_mul` on float32 rows (and the fused decoder's q/k/v step), else the reference |
+| `linear_attn.py` + `linear_attn.c` | the gated linear-attention ops (short convolution, gated delta rule, its gates, sigmoid) in llama.cpp's CPU float order |
 | `pool.c` | the C kernels' thread pool (never waits for a thread that has not started) |
 | `prepack.py` + `qdot_lib.py` | the qdot repack of a GGUF file's matrices before torch is imported (the server's start-up), through the library alone |
 | `native.py` | compiling the C files on first use into `$TRITIUM_CACHE` and loading them (ctypes; qdot's ISA variants are `Library`s too) |
@@ -32,6 +33,7 @@ NUMERICS_OPS = ("prepare_weight", "prepare_weights", "prepare_experts", "paged_a
 # `qdot_lib.py` and `native.py` load without torch
 _OPS = {
     **dict.fromkeys(("dense_attention", "layer_norm", "moe_route"), "..ref"),
+    **dict.fromkeys(("ssm_conv", "gated_delta_net", "gdn_gates", "sigmoid"), ".linear_attn"),
     **dict.fromkeys(("add_rms_norm", "gelu_mul", "rms_norm", "rope", "silu_mul", "write_kv"), ".pointwise"),
     "paged_attention": ".attention",
     "fused_decoder": ".decoder",

@@ -134,7 +134,8 @@ def load(library: Library) -> ctypes.CDLL | None:
 _i, _l, _f, _p = ctypes.c_int, ctypes.c_long, ctypes.c_float, ctypes.c_void_p
 _BGEMV = ([_p, _p, _p, _p, _i, _i, _i, _i, _l, _i], None)
 _QGEMV = ([_p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _l, _i], None)
-KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "fattn.c", "pool.c", "pointwise.c"), {
+KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "fattn.c", "pool.c", "pointwise.c",
+                                   "linear_attn.c"), {
     # gemv.c (kernels/cpu/gemv.py)
     "bgemv_tiles64": _BGEMV, "bgemv_tiles64_f16": _BGEMV, "bgemv_tiles64_bf16": _BGEMV,
     "i8_widening_is_vectorized": ([], _i), "cpu_kernels_isa": ([], ctypes.c_char_p),
@@ -156,6 +157,11 @@ KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "fattn.c",
     "swiglu_f32_avx2": ([_p, _p, _p, _l, _l, _l, _l, _i, _i], None),
     "gelu_table_mul_f32": ([_p, _p, _p, _p, _l, _l, _l, _l, _i, _i], None),
     "qkv_rope_store_f32": ([_p, _l, _p, _p, _p, _f, _p, _p, _i, _i, _f, _i, _i, _i, _i, _p, _p, _p, _p, _i, _l], _l),
+    # linear_attn.c (kernels/cpu/linear_attn.py)
+    "ssm_conv_f32": ([_p, _l, _p, _p, _p, _p, _p, _i, _i, _i, _i], None),
+    "gdn_f32": ([_p, _p, _p, _p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _i, _i], _i),
+    "gdn_gates_f32": ([_p, _l, _p, _l, _p, _p, _p, _p, _i, _i], None),
+    "sigmoid_f32": ([_p, _p, _l], None),
 })
 
 

@@ -21,6 +21,7 @@ autotune configs beside it:
 | `moe_gemm.py` | `_moe_gemm_kernel`: `moe_ffn` (tokens grouped by expert, dequantizing grouped GEMM, SwiGLU fused) |
 | `dense_attention.py` | `_dense_attention_kernel`: `dense_attention` (contiguous keys, optional mask: the vision encoder, image spans) |
 | `layer_norm.py` | `_layer_norm_kernel`: `layer_norm` |
+| `linear_attn.py` | `_ssm_conv_kernel`: `ssm_conv`; `_gdn_kernel`: `gated_delta_net` (the gated delta rule, state rows in registers) |
 
 plus the device functions they share: `gguf_tl.py` (GGUF blocks dequantized in registers) and
 `attend_tile.py` (one online-softmax step); `tuning.py` (the matmul launch configs, timed at
@@ -36,10 +37,12 @@ from ..qweight import QWeight
 from ..ref import cat_rows, gelu_mul, moe_route, packs_quantized, prepare_topk_head, topk  # noqa: F401  (device-agnostic torch)
 from ..ref import prepare_experts  # noqa: F401  (the stacked GGUF layout, as the kernels read it)
 from ..ref import fused_decoder  # noqa: F401  (none: CUDA graphs cut the per-op cost instead)
+from ..ref import gdn_gates, sigmoid  # noqa: F401  (pointwise torch on the device)
 from .moe_gemm import moe_ffn  # noqa: F401
 from .dense_attention import dense_attention  # noqa: F401
 from .dequant import dequantize, embedding  # noqa: F401
 from .layer_norm import layer_norm  # noqa: F401
+from .linear_attn import gated_delta_net, ssm_conv  # noqa: F401
 from .norm import add_rms_norm, rms_norm  # noqa: F401
 from .paged_decode import paged_decode
 from .paged_prefill import paged_prefill

@@ -58,6 +58,16 @@ class ModelConfig:
     rope_sections: list[int] | None = None
     rope_imrope: bool = False
     n_deepstack: int = 0
+    # hybrid linear attention (qwen35 / qwen35moe, runtime/model/arch/qwen35.py): which layers are
+    # gated delta nets, the convolution taps, the state (head) size, key heads, value heads, inner size;
+    # qwen35moe's shared expert FFN length
+    recurrent_layers: list[bool] | None = None
+    ssm_conv: int = 0
+    ssm_state: int = 0
+    ssm_groups: int = 0
+    ssm_dt_rank: int = 0
+    ssm_inner: int = 0
+    n_ff_shexp: int = 0
     # float32 [n_rot/2] divisors of the rope frequencies (llama3 rope) == weights["rope_freqs.weight"]
     rope_freq_factors: torch.Tensor | None = None
 

@@ -25,6 +25,8 @@ import kernels
 from kernels.qweight import QWeight
 from runtime.model.arch import spec_for
 from runtime.model.arch.qwen3moe import MoeFFN
+from runtime.model.arch.qwen35 import LinearAttention, SharedExpertMoE, recurrent_shape
+from runtime.model.recurrent import RecurrentStore
 from runtime.model.arch.qwenvl import mrope, pair_sections
 from runtime.model import media as mm
 from runtime.kv_cache import KVCache, SeqKV
@@ -46,6 +48,7 @@ class SeqBatch:
     lora: tuple[float, ...] = ()  # this sequence's scale per loaded LoRA adapter (runtime/model/lora.py)
     pos: list[int] | None = None  # each new token's rope position (None: its KV index, n_past + j)
     embd: tuple = ()  # `runtime.model.media.EmbdSpan`s: rows taking media embeddings (their tokens < 0)
+    rs: int = -1  # hybrid models: the sequence's cell in the RecurrentStore (its state after n_past tokens)
 
 
 @dataclass
@@ -64,6 +67,7 @@ class StepTensors:
     swa_slots: torch.Tensor | None = None  # [T]: the sliding-window layers' slots in the SWA pool
     swa_tables: torch.Tensor | None = None  # [S, max_blocks] int32: their block tables (kv_cache.py)
     media: mm.StepMedia | None = None  # rows taking media embeddings (runtime/model/media.py)
+    rs_cells: torch.Tensor | None = None  # [S] int64: each sequence's RecurrentStore cell (hybrid models)
 
 
 @dataclass
@@ -82,7 +86,8 @@ class Layer:
     window: int = 0  # sliding window of this layer (0: global attention)
     inv_freq: torch.Tensor | None = None  # this layer's RoPE frequencies
     rope_theta_scale: float = 0.0  # ggml's angle chain (`rope_theta_scale`), 0: angles from inv_freq
-    moe: MoeFFN | None = None  # the FFN is a mixture of experts (qwen3moe)
+    moe: MoeFFN | SharedExpertMoE | None = None  # the FFN is a mixture of experts (qwen3moe, qwen35moe)
+    linear: LinearAttention | None = None  # a gated linear-attention layer instead of attention (qwen35)
 
 
 def _matmul_rows(ops: kernels.Backend, x: torch.Tensor, ws: list[QWeight]) -> torch.Tensor:
@@ -107,7 +112,7 @@ def rope_inv_freq(cfg) -> torch.Tensor:
     extrapolated one (theta) with a ramp between the correction dimensions; the angle stays linear
     in the position, so the mix folds into an effective inverse frequency. Its magnitude factor is
     `rope_attn_scale` (applied to the attention scores)."""
-    d = cfg.head_dim
+    d = getattr(cfg, "n_rot", 0) or cfg.head_dim  # rotated dims (partial rope: the first n_rot of each head)
     base = float(getattr(cfg, "rope_freq_base", 10000.0) or 10000.0)
     inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     scale_type = getattr(cfg, "rope_scaling_type", None) or "none"
@@ -142,7 +147,8 @@ def rope_theta_scale(cfg, base: float | None = None) -> float:
     if scale_type not in ("none", "linear"):
         return 0.0
     base = float(base if base is not None else (getattr(cfg, "rope_freq_base", 10000.0) or 10000.0))
-    return float(_libm().powf(ctypes.c_float(base), ctypes.c_float(_f32_div(-2.0, float(cfg.head_dim)))))
+    n_dims = getattr(cfg, "n_rot", 0) or cfg.head_dim
+    return float(_libm().powf(ctypes.c_float(base), ctypes.c_float(_f32_div(-2.0, float(n_dims)))))
 
 
 def _f32_div(a: float, b: float) -> float:
@@ -252,21 +258,33 @@ class Model:
         self.spec = spec = spec_for(cfg)
         if spec.moe and tp is not None:
             raise ValueError(f"{cfg.arch}: tensor parallelism (-tp) is not supported for mixture-of-experts models")
+        recurrent = cfg.recurrent_layers or [False] * cfg.n_layer
+        if any(recurrent) and tp is not None:
+            raise ValueError(f"{cfg.arch}: tensor parallelism (-tp) is not supported for hybrid linear-attention models")
+        self.recurrent = recurrent_shape(cfg) if any(recurrent) else None
         self.inv_freq = rope_inv_freq(cfg).to(dev)
         self.layers: list[Layer] = []
+        n_rec = 0
         for i in range(cfg.n_layer):
             p = f"blk.{i}."
             bias = [t(p + f"attn_{n}.bias") for n in "qkv"]
             bqkv = torch.cat(bias).to(self.act_dtype) if all(b is not None for b in bias) else None
             if spec.moe:
+                moe_cls = SharedExpertMoE if cfg.n_ff_shexp else MoeFFN
                 ffn = dict(w_gate_up=[], w_down=None,
-                           moe=MoeFFN.load(ops, w, p, cfg, dev, unpack, self.packed_quantized))
+                           moe=moe_cls.load(ops, w, p, cfg, dev, unpack, self.packed_quantized))
             else:
                 ffn = dict(w_gate_up=fused([p + "ffn_gate.weight", p + "ffn_up.weight"]), w_down=q(p + "ffn_down.weight"))
+            if recurrent[i]:  # gated linear attention: no q/k/v, no KV
+                mixer = dict(wqkv=[], wo=None, linear=LinearAttention.load(ops, w, p, cfg, n_rec, dev, unpack,
+                                                                           self.packed_quantized))
+                n_rec += 1
+            else:
+                mixer = dict(wqkv=fused([p + f"attn_{n}.weight" for n in "qkv"]), wo=q(p + "attn_output.weight"))
             self.layers.append(Layer(
-                attn_norm=t(p + "attn_norm.weight"), wqkv=fused([p + f"attn_{n}.weight" for n in "qkv"]),
+                attn_norm=t(p + "attn_norm.weight"), **mixer,
                 bqkv=bqkv, q_norm=t(p + "attn_q_norm.weight"), k_norm=t(p + "attn_k_norm.weight"),
-                wo=q(p + "attn_output.weight"), ffn_norm=t(p + "ffn_norm.weight"), **ffn,
+                ffn_norm=t(p + "ffn_norm.weight"), **ffn,
                 post_attn_norm=t(p + "post_attention_norm.weight"), post_ffn_norm=t(p + "post_ffw_norm.weight"),
                 window=spec.window(i), inv_freq=self._layer_inv_freq(cfg, i),
                 rope_theta_scale=rope_theta_scale(cfg, spec.rope_bases[i] if spec.rope_bases and spec.window(i) else None)))
@@ -292,7 +310,8 @@ class Model:
         """`kernels.fused_decoder` on the CPU for the layers' decode steps (not with -tp or experts;
         LoRA steps take the per-op path), else None."""
         s = self.spec
-        if self.device.type != "cpu" or self.tp is not None or s.moe or self.act_dtype != torch.float32 or self.rope_e:
+        if (self.device.type != "cpu" or self.tp is not None or s.moe or self.act_dtype != torch.float32 or self.rope_e
+                or s.q_gate or self.recurrent is not None or 2 * self.inv_freq.shape[0] != self.head_dim):
             return None
         if any(len(L.wqkv) != 1 or len(L.w_gate_up) != 1 for L in self.layers):
             return None
@@ -321,20 +340,26 @@ class Model:
         nb = (n_tokens + block_size - 1) // block_size
         return KVCache(len(self.layers), self.n_head_kv, self.head_dim, nb, block_size, dtype, self.device)
 
+    def new_state(self, n_cells: int) -> RecurrentStore | None:
+        """The recurrent state cells of a hybrid model (None for the others); the serving room
+        hands them out (`SeqBatch.rs`)."""
+        return None if self.recurrent is None else RecurrentStore(self.recurrent, n_cells, self.device)
+
     def _layers(self, kv: KVCache, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
                 tables: torch.Tensor, cu: torch.Tensor, kv_lens_t: torch.Tensor,
                 max_q_len: int | None, lora: RowLora | None = None,
                 swa_slot_t: torch.Tensor | None = None, swa_tables: torch.Tensor | None = None,
-                media: mm.StepMedia | None = None) -> torch.Tensor:
+                media: mm.StepMedia | None = None, rs: RecurrentStore | None = None,
+                rs_cells: torch.Tensor | None = None) -> torch.Tensor:
         """Embedding and every layer for T new tokens (device tensors: ids/pos/slot [T], tables
         [S, max_blocks] int32, cu [S + 1] int32, kv_lens [S] int32); new K/V are written to their
         slots (negative: skipped). Returns the final residual stream [T, C]. With `max_q_len`
         given, no op waits on the device (what a CUDA graph capture needs). `swa_slot_t` /
         `swa_tables`: the slots and block tables of the sliding-window layers when the cache
         keeps them in its SWA pool (None: every layer uses `slot_t` / `tables`). `media`: rows taking
-        media embeddings (runtime/model/media.py)."""
+        media embeddings (runtime/model/media.py). `rs` / `rs_cells` [S]: the recurrent state and each
+        sequence's cell (hybrid models' linear-attention layers)."""
         T = ids_t.shape[0]
-        H, KVH, D = self.n_head, self.n_head_kv, self.head_dim
         ops = self.ops
         h = self._embed(ids_t)  # [T, C]
         if self.spec.embed_scale != 1.0:
@@ -357,41 +382,12 @@ class Model:
                 x, residual = ops.rms_norm(h, L.attn_norm, self.eps), h
             else:
                 x, residual = ops.add_rms_norm(h, residual, L.attn_norm, self.eps)
-            qkv = _matmul_rows(ops, x, L.wqkv)  # [T, (H + 2 KVH) D]
             p = f"blk.{li}."
-            if lora is not None:
-                lora.add(qkv, x, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
-                         [H * D, KVH * D, KVH * D])
-            if L.bqkv is not None:
-                qkv = qkv + L.bqkv
-            q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=1)
-            q = q.reshape(T, H, D)
-            k = k.reshape(T, KVH, D)
-            v = v.reshape(T, KVH, D)
-            if L.q_norm is not None:
-                q = ops.rms_norm(q.reshape(T * H, D), L.q_norm, self.eps).view(T, H, D)
-                k = ops.rms_norm(k.reshape(T * KVH, D), L.k_norm, self.eps).view(T, KVH, D)
-            if pos4 is not None:
-                q = mrope(ops, q, pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs)
-                k = mrope(ops, k, pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs)
+            if L.linear is not None:  # gated linear attention (runtime/model/arch/qwen35.py)
+                h = L.linear(ops, x, rs.conv[L.linear.index], rs.ssm[L.linear.index], rs_cells, cu).to(x.dtype)
             else:
-                q = ops.rope(q, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
-                k = ops.rope(k, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
-            own = swa_tables is not None and kv.is_swa[li]
-            ops.write_kv(k, v, kv.k[li], kv.v[li], swa_slot_t if own else slot_t)
-            if self.spec.prescale_q:  # llama.cpp's gemma graphs: ggml_scale(q), then attention at scale 1
-                q = q * self.scale
-            attn = ops.paged_attention(q, kv.k[li], kv.v[li], swa_tables if own else tables, cu, kv_lens_t,
-                                       1.0 if self.spec.prescale_q else self.scale,
-                                       self.spec.attn_softcap, max_q_len=max_q_len, window=L.window)
-            if media is not None and media.spans:  # media rows seeing their whole chunk
-                attn = mm.bidirectional_attention(ops, attn, q, kv.k[li], kv.v[li], swa_tables if own else tables, cu,
-                                                  kv_lens_t, media, 1.0 if self.spec.prescale_q else self.scale,
-                                                  self.spec.attn_softcap, L.window)
-            attn = attn.reshape(T, H * D)
-            h = ops.qmatmul(attn, L.wo)
-            if lora is not None:
-                lora.add(h, attn, [p + "attn_output.weight"])
+                h = self._attention(li, L, x, kv, pos_t, pos4, slot_t, tables, cu, kv_lens_t, max_q_len, lora,
+                                    swa_slot_t, swa_tables, media)
             if self.tp is not None:  # row-parallel: partial sums of the ranks' heads
                 self.tp.group.all_reduce(h)
             if L.post_attn_norm is not None:
@@ -416,6 +412,57 @@ class Model:
                 h, residual = h + residual, None
                 h[media.rows] += mm.deepstack_rows(media, li, self.n_embd).to(h.dtype)
         return h if residual is None else h + residual  # [T, C] final residual stream
+
+    def _attention(self, li: int, L: Layer, x: torch.Tensor, kv: KVCache, pos_t, pos4, slot_t, tables, cu, kv_lens_t,
+                   max_q_len, lora, swa_slot_t, swa_tables, media) -> torch.Tensor:
+        """One attention block of `_layers` on the normed input x [T, C] -> its output [T, C] (before
+        the residual add; with -tp this rank's partial sum)."""
+        T = x.shape[0]
+        H, KVH, D = self.n_head, self.n_head_kv, self.head_dim
+        ops = self.ops
+        QD = 2 * H * D if self.spec.q_gate else H * D  # qwen35: per head D query rows then D gate rows
+        qkv = _matmul_rows(ops, x, L.wqkv)  # [T, (H + 2 KVH) D]
+        p = f"blk.{li}."
+        if lora is not None:
+            lora.add(qkv, x, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
+                     [QD, KVH * D, KVH * D])
+        if L.bqkv is not None:
+            qkv = qkv + L.bqkv
+        q, k, v = qkv.split([QD, KVH * D, KVH * D], dim=1)
+        gate = None
+        if self.spec.q_gate:
+            q, gate = q.reshape(T, H, 2, D).unbind(2)
+            gate = gate.reshape(T, H * D)
+        q = q.reshape(T, H, D)
+        k = k.reshape(T, KVH, D)
+        v = v.reshape(T, KVH, D)
+        if L.q_norm is not None:
+            q = ops.rms_norm(q.reshape(T * H, D), L.q_norm, self.eps).view(T, H, D)
+            k = ops.rms_norm(k.reshape(T * KVH, D), L.k_norm, self.eps).view(T, KVH, D)
+        if pos4 is not None:
+            q = mrope(ops, q, pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs)
+            k = mrope(ops, k, pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs)
+        else:
+            q = ops.rope(q, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
+            k = ops.rope(k, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
+        own = swa_tables is not None and kv.is_swa[li]
+        ops.write_kv(k, v, kv.k[li], kv.v[li], swa_slot_t if own else slot_t)
+        if self.spec.prescale_q:  # llama.cpp's gemma graphs: ggml_scale(q), then attention at scale 1
+            q = q * self.scale
+        attn = ops.paged_attention(q, kv.k[li], kv.v[li], swa_tables if own else tables, cu, kv_lens_t,
+                                   1.0 if self.spec.prescale_q else self.scale,
+                                   self.spec.attn_softcap, max_q_len=max_q_len, window=L.window)
+        if media is not None and media.spans:  # media rows seeing their whole chunk
+            attn = mm.bidirectional_attention(ops, attn, q, kv.k[li], kv.v[li], swa_tables if own else tables, cu,
+                                              kv_lens_t, media, 1.0 if self.spec.prescale_q else self.scale,
+                                              self.spec.attn_softcap, L.window)
+        attn = attn.reshape(T, H * D)
+        if gate is not None:
+            attn = attn * ops.sigmoid(gate.float()).to(attn.dtype)
+        h = ops.qmatmul(attn, L.wo)
+        if lora is not None:
+            lora.add(h, attn, [p + "attn_output.weight"])
+        return h
 
     def decode_logits(self, kv: KVCache, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
                       tables: torch.Tensor, cu: torch.Tensor, kv_lens_t: torch.Tensor,
@@ -458,11 +505,14 @@ class Model:
         return self._softcap(logits)
 
     @torch.inference_mode()
-    def forward(self, kv: KVCache, batch: list[SeqBatch]) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
+    def forward(self, kv: KVCache, batch: list[SeqBatch],
+                rs: RecurrentStore | None = None) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
         """Run the batch; returns (logits [n_rows_with_logits, n_vocab] float32 in batch order,
         hidden states per sequence ([n_new, C] or None)). Blocks must be reserved beforehand
         (`kv.reserve(seq, n_past + len(tokens))`). n_tokens of the sequences is not touched: the
-        caller advances it once the step is done (the serving room's `ModelRunner.run`)."""
+        caller advances it once the step is done (the serving room's `ModelRunner.run`). Hybrid
+        models: `rs` holds each sequence's state in its cell `SeqBatch.rs` (the state after its
+        first n_past tokens; a sequence starting at 0 starts from zeros), left there after the step."""
         ids, pos, slots, q_lens, kv_lens = [], [], [], [], []
         for b in batch:
             n = len(b.tokens)
@@ -486,6 +536,13 @@ class Model:
                            rows=[e - 1 for b, e in zip(batch, ends) if b.logits],
                            need_hidden=any(b.hidden for b in batch), swa_slots=swa_slots, swa_tables=swa_tables,
                            media=mm.step_media(batch, pos_t, self.rope_pairs is not None))
+        if self.recurrent is not None:
+            if rs is None or any(b.rs < 0 or b.rs >= rs.n_cells for b in batch):
+                raise ValueError(f"{self.cfg.arch}: every sequence needs a recurrent state cell")
+            for b in batch:
+                if b.n_past == 0:
+                    rs.clear(b.rs)
+            step.rs_cells = torch.tensor([b.rs for b in batch], dtype=torch.int64)
         if self.tp is not None:
             self.tp.group.send(("forward", step))  # the other ranks run the same step on their shards
         wants = [b for b in batch if b.logits]
@@ -493,14 +550,14 @@ class Model:
         lora = None  # LoRA rows (runtime/model/lora.py); not with -tp (bootstrap refuses the pair)
         if self.adapters:
             lora = RowLora.build(self.adapters, [b.lora for b in batch], q_lens, self.device)
-        logits, hn = self.run_step(kv, step, topk, lora)
+        logits, hn = self.run_step(kv, step, topk, lora, rs)
         hidden: list[torch.Tensor | None] = []
         for b, s, e in zip(batch, cu[:-1].tolist(), ends):
             hidden.append(hn[s:e].float() if b.hidden else None)
         return logits, hidden
 
-    def run_step(self, kv: KVCache, step: "StepTensors", topk=None,
-                 lora: RowLora | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def run_step(self, kv: KVCache, step: "StepTensors", topk=None, lora: RowLora | None = None,
+                 rs: RecurrentStore | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The computation of `forward` on prepared host tensors: (logits of `step.rows`, normed
         hidden states [T, C] when `step.need_hidden`). Every rank of a tensor-parallel model runs it
         for every step. `topk`: (k per row, banned ids per row) where only the top k must be exact."""
@@ -510,7 +567,8 @@ class Model:
                          step.cu.to(dev), step.kv_lens.to(dev), step.max_q_len, lora,
                          None if step.swa_slots is None else step.swa_slots.to(dev),
                          None if step.swa_tables is None else step.swa_tables.to(dev),
-                         None if step.media is None else step.media.to(dev))
+                         None if step.media is None else step.media.to(dev), rs,
+                         None if step.rs_cells is None else step.rs_cells.to(dev))
         logits = None
         if step.rows:
             hs = h[torch.tensor(step.rows, device=dev)] if len(step.rows) != T else h

@@ -36,11 +36,13 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWrit
 from gguf import quants as gquants
 
 from runtime.tokenizer.builtin_vocab import builtin_vocab
+from runtime.model import tiny_arch
 from runtime.model.gguf import KV, read_gguf
 
 __all__ = [
     "TinyModelSpec", "write_tiny_model", "vocab_from_gguf", "ensure_default_model", "quantize",
-    "BUILTIN_SPEC", "MOE_SPEC", "PHI3_SPEC", "GEMMA3_SPEC", "RERANK_SPEC", "WEIGHT_TYPES", "ARCHS",
+    "BUILTIN_SPEC", "MOE_SPEC", "PHI3_SPEC", "GEMMA3_SPEC", "RERANK_SPEC", "QWEN35_SPEC", "QWEN35MOE_SPEC",
+    "WEIGHT_TYPES", "ARCHS",
 ]
 
 Q = GGMLQuantizationType
@@ -75,6 +77,14 @@ class TinyModelSpec:
     rope_sections: tuple[int, ...] = ()  # qwen2vl / qwen3vl: rope.dimension_sections (M-RoPE, 4 entries)
     n_deepstack: int = 0  # qwen3vl: n_deepstack_layers (vision features added after the first layers)
     rerank: bool = False  # qwen3: a Qwen3-Reranker's layout (RANK pooling, cls.output yes/no head, rerank template)
+    # qwen35 / qwen35moe (runtime/model/tiny_arch.py): the gated linear-attention layers' sizes
+    ssm_conv: int = 4  # ssm.conv_kernel: taps of the short convolution
+    ssm_state: int = 32  # ssm.state_size: head size of k and v (S)
+    ssm_groups: int = 2  # ssm.group_count: key heads
+    ssm_dt_rank: int = 4  # ssm.time_step_rank: value heads (a multiple of the key heads)
+    full_attn_interval: int = 2  # full_attention_interval: layer il is full attention when (il + 1) % it == 0
+    n_rot: int = 0  # rope.dimension_count of qwen35 (0: head_dim / 4)
+    n_ff_shexp: int = 0  # qwen35moe: the shared expert's FFN length (0: n_ff)
 
 
 BUILTIN_SPEC = TinyModelSpec(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=352,
@@ -111,7 +121,16 @@ RERANK_TEMPLATE = (
     "<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n"
     "<Query>: {query}\n<Document>: {document}<|im_end|>\n"
     "<|im_start|>assistant\n<think>\n\n</think>\n\n")
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "qwen2vl", "qwen3vl")
+# the tests' tiny qwen35 (4 layers: 0 and 2 gated linear attention, 1 and 3 full attention; 4 query
+# heads and 2 KV heads of 64 with 16 rotated dims; linear layers with 2 key heads and 4 value heads of
+# 32, a 4-tap convolution; norms around 1 as the converter's 1 + w) and qwen35moe (the same layers,
+# 8 experts of 64, 2 used, a shared expert of 128)
+QWEN35_SPEC = TinyModelSpec(arch="qwen35", n_layer=4, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_ctx=1024,
+                            head_dim=64, rope_freq_base=1e7, rms_eps=1e-6, name="tiny-random-qwen35", seed=11,
+                            init_std=0.05, norm_std=0.1)
+QWEN35MOE_SPEC = replace(QWEN35_SPEC, arch="qwen35moe", name="tiny-random-qwen35moe", seed=12, n_expert=8,
+                         n_expert_used=2, n_ff_exp=64, n_ff_shexp=128, router_std=0.5)
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "qwen2vl", "qwen3vl", *tiny_arch.ARCHS)
 _BUILTIN_VERSION = 1  # bump when the built-in vocab/spec changes (cache file name)
 
 
@@ -227,8 +246,8 @@ _FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q6_K: Q.Q8_0, Q.Q5_K: Q.Q5_1}
 
 def _tensor_type(name: str, wtype: str, layer: int, n_layer: int, cols: int) -> GGMLQuantizationType:
     base = WEIGHT_TYPES[wtype][1]
-    if base in (Q.F32, Q.F16):
-        return base
+    if base in (Q.F32, Q.F16) or tiny_arch.keeps_f32(name):
+        return Q.F32 if tiny_arch.keeps_f32(name) else base
     t = base
     if name == "output.weight" and base in (Q.Q4_0, Q.Q4_K):
         t = Q.Q6_K  # llama.cpp keeps the output matrix at Q6_K for these mixes
@@ -274,6 +293,8 @@ def _head_dim(spec: TinyModelSpec) -> int:
 
 def tensor_shapes(spec: TinyModelSpec, n_vocab: int) -> list[tuple[str, tuple[int, ...]]]:
     """(GGUF name, numpy shape [rows, cols] or [n]) of every tensor, in file order."""
+    if spec.arch in tiny_arch.ARCHS:
+        return tiny_arch.tensor_shapes(spec, n_vocab)
     hd = _head_dim(spec)
     q_dim, kv_dim = spec.n_head * hd, spec.n_head_kv * hd
     out: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (n_vocab, spec.n_embd))]
@@ -350,7 +371,7 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
     w.add_head_count_kv(spec.n_head_kv)
     w.add_rope_freq_base(spec.rope_freq_base)
     w.add_layer_norm_rms_eps(spec.rms_eps)
-    w.add_rope_dimension_count(hd)
+    w.add_rope_dimension_count(tiny_arch.n_rot(spec) if spec.arch in tiny_arch.ARCHS else hd)
     if spec.arch == "qwen3moe":
         if not 0 < spec.n_expert_used <= spec.n_expert:
             raise ValueError("qwen3moe needs 0 < n_expert_used <= n_expert")
@@ -366,6 +387,8 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
                         sub_type=GGUFValueType.INT32)
     if spec.n_deepstack:
         w.add_key_value(f"{spec.arch}.n_deepstack_layers", spec.n_deepstack, GGUFValueType.UINT32)
+    if spec.arch in tiny_arch.ARCHS:
+        tiny_arch.write_keys(w, spec)
     if spec.head_dim is not None or spec.arch in ("qwen3", "qwen3moe", "gemma3", "qwen3vl"):
         w.add_key_length(hd)
         w.add_value_length(hd)
@@ -388,6 +411,10 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
 
     rng = np.random.default_rng(spec.seed)
     for name, shape in tensor_shapes(spec, n_vocab):
+        own = tiny_arch.one_d(name, shape, rng, spec) if len(shape) == 1 else None
+        if own is not None:
+            w.add_tensor(name, own)
+            continue
         if len(shape) == 1:
             if name.endswith(".bias"):
                 arr = (rng.standard_normal(shape, dtype=np.float32) * spec.init_std).astype(np.float32)
@@ -401,6 +428,7 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
         qtype = _tensor_type(name, spec.wtype, layer, spec.n_layer, shape[-1])
         rows = int(np.prod(shape[:-1]))  # 3-D expert tensors: every expert's rows stacked
         std = spec.router_std if name.endswith("ffn_gate_inp.weight") and spec.router_std else spec.init_std
+        std = tiny_arch.std_of(name, spec) or std
         if spec.random_blocks and qtype in _SCALE_FIELDS:
             data = random_blocks(rows, shape[-1], qtype, rng, std)
         else:
