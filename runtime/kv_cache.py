@@ -24,6 +24,16 @@ pool is sized for every slot's window plus one micro-batch (`swa_blocks_for`). `
 positions below it have no SWA K/V any more; a cached prefix can only be resumed at n_past when
 `window_ok(seq, n_past)` (the next token's window is still there: llama-server's pos_min check,
 without its context checkpoints). Exports carry `swa_start` (their SWA rows below it are zeros).
+
+Hybrid models (qwen35 / qwen35moe: gated linear-attention layers beside full attention) keep each
+sequence's recurrent state (`runtime.model.recurrent.RecurrentStore`, attached as `rs`) here too,
+so that one owner holds everything a sequence has cached: `SeqKV.rs` is the sequence's cell (given
+by `reserve`), holding its state after its `n_tokens` tokens; `SeqKV.rs_ckpt` its context
+checkpoints (llama-server's, for recurrent memory: host copies of the state after c tokens, taken
+by `checkpoint` before a prompt batch starting at c). A recurrent state cannot be rolled back:
+`truncate(seq, n)` to 0 < n < n_tokens restores the checkpoint at n (`window_ok` says whether one
+is there) and drops the checkpoints past n; exports (RAM prompt cache, slot files) carry the state
+and the checkpoints.
 """
 from __future__ import annotations
 
@@ -96,6 +106,9 @@ class SeqKV:
     n_tokens: int = 0
     swa_blocks: list[int] = field(default_factory=list)
     swa_start: int = 0
+    rs: int = -1  # hybrid models: this sequence's cell of the recurrent state (-1: none yet)
+    # hybrid models: n -> (conv [L, K - 1, C], ssm [L, H, S, S]) host copies of the state after n tokens
+    rs_ckpt: dict = field(default_factory=dict)
 
 
 def swa_blocks_for(window: int, n_seqs: int, n_ubatch: int, block_size: int) -> int:
@@ -128,6 +141,22 @@ class KVCache:
             self.swa_pool = BlockPool(num_swa_blocks + 1)
             self.swa_pool.free.remove(NULL_BLOCK)  # never handed out: stays zero
             self.swa_pool.refs[NULL_BLOCK] = 1
+        self.rs = None  # hybrid models: the recurrent state (`attach_recurrent`)
+        self.cell_ext = False  # M-RoPE models: slot files write llama.cpp's cell ext (x, y, token) per cell
+        self.recurrent_layers: list[bool] = []
+        self._rs_free: list[int] = []
+
+    def attach_recurrent(self, store, recurrent_layers: list[bool]) -> None:
+        """Hybrid models: sequences get a cell of `store` (a RecurrentStore) when first reserved;
+        `recurrent_layers`: which layers are recurrent (they hold no K/V)."""
+        self.rs, self.recurrent_layers = store, list(recurrent_layers)
+        self._rs_free = list(range(store.n_cells - 1, -1, -1))
+
+    def release_cell(self, seq: SeqKV) -> None:
+        """A sequence that is dropped gives its recurrent cell back (warm-up)."""
+        if self.rs is not None and seq.rs >= 0:
+            self._rs_free.append(seq.rs)
+            seq.rs = -1
 
     # ---- sizes -------------------------------------------------------------------------
     @property
@@ -146,6 +175,10 @@ class KVCache:
     def reserve(self, seq: SeqKV, n_total: int) -> None:
         """Make room for `n_total` tokens in `seq`, copying the last block first if it is shared
         and about to be written (copy on write). Raises OutOfBlocks."""
+        if self.rs is not None and seq.rs < 0:
+            if not self._rs_free:
+                raise OutOfBlocks("no recurrent state cell left")
+            seq.rs = self._rs_free.pop()
         need = self.blocks_needed(n_total)
         if seq.n_tokens < n_total and seq.n_tokens % self.block_size and seq.blocks:
             last_idx = seq.n_tokens // self.block_size
@@ -183,8 +216,15 @@ class KVCache:
                 self.v[layer][dst].copy_(self.v[layer][src])
 
     def truncate(self, seq: SeqKV, n: int) -> None:
-        """Keep the first n tokens of `seq`, releasing blocks past them."""
+        """Keep the first n tokens of `seq`, releasing blocks past them (hybrid models: the
+        recurrent state of the checkpoint at n, which must be there when 0 < n < n_tokens)."""
         n = max(0, min(n, seq.n_tokens))
+        if self.rs is not None:
+            if 0 < n < seq.n_tokens:
+                if n not in seq.rs_ckpt:
+                    raise ValueError(f"the recurrent state cannot be rolled back to {n} tokens (no checkpoint)")
+                self.rs.load(seq.rs, *seq.rs_ckpt[n])
+            seq.rs_ckpt = {c: st for c, st in seq.rs_ckpt.items() if c <= n}
         keep = self.blocks_needed(n)
         for b in seq.blocks[keep:]:
             self.pool.release(b)
@@ -241,7 +281,23 @@ class KVCache:
     def window_ok(self, seq: SeqKV, n_past: int) -> bool:
         """Whether a token at position n_past (after truncating to n_past) finds its whole window:
         every position from n_past - W + 1 is still held by the SWA layers."""
+        if self.rs is not None and 0 < n_past != seq.n_tokens and n_past not in seq.rs_ckpt:
+            return False  # the recurrent state is that after n_tokens, or a checkpoint's
         return not self.window or n_past == 0 or seq.swa_start <= max(0, n_past - self.window + 1)
+
+    # ---- recurrent state (hybrid models) -------------------------------------------------
+    def checkpoint(self, seq: SeqKV, keep: list[int]) -> None:
+        """A context checkpoint of the recurrent state after the sequence's n_tokens (taken
+        before a batch that starts there); checkpoints not at a position of `keep` are dropped."""
+        if self.rs is None or seq.rs < 0:
+            return
+        if seq.n_tokens in keep:
+            seq.rs_ckpt[seq.n_tokens] = self.rs.export(seq.rs)
+        seq.rs_ckpt = {c: st for c, st in seq.rs_ckpt.items() if c in keep}
+
+    def recurrent_bytes(self, seq: SeqKV) -> int:
+        """Host bytes an export of `seq` adds for its recurrent state and checkpoints."""
+        return 0 if self.rs is None else self.rs.shape.cell_bytes() * (1 + len(seq.rs_ckpt))
 
     def swa_blocks_in_use(self) -> int:
         return 0 if not self.window else self.swa_pool.num_blocks - 1 - self.swa_pool.n_free
@@ -319,6 +375,12 @@ class KVCache:
         state = {"k": torch.stack(ks).cpu(), "v": torch.stack(vs).cpu()}
         if self.window:
             state["swa_start"] = min(seq.swa_start, n)
+        if self.rs is not None:  # the state after n tokens: the cell's (n = n_tokens) or a checkpoint's
+            conv, ssm = self.rs.export(seq.rs) if n == seq.n_tokens else seq.rs_ckpt[n]
+            ck = sorted(c for c in seq.rs_ckpt if c <= n)
+            state.update(rs_conv=conv, rs_ssm=ssm, rs_ckpt_pos=torch.tensor(ck, dtype=torch.int64),
+                         rs_ckpt_conv=torch.stack([seq.rs_ckpt[c][0] for c in ck]) if ck else conv[:0],
+                         rs_ckpt_ssm=torch.stack([seq.rs_ckpt[c][1] for c in ck]) if ck else ssm[:0])
         return state
 
     def import_(self, seq: SeqKV, state: dict) -> None:
@@ -336,3 +398,11 @@ class KVCache:
             seq.swa_start = first
         self.scatter(seq, 0, list(state["k"].unbind(0)), list(state["v"].unbind(0)))
         seq.n_tokens = n
+        if self.rs is not None:
+            if "rs_conv" not in state:
+                raise ValueError("the state holds no recurrent state")
+            self.rs.load(seq.rs, state["rs_conv"], state["rs_ssm"])
+            pos = state.get("rs_ckpt_pos")
+            seq.rs_ckpt = {} if pos is None else {
+                int(c): (state["rs_ckpt_conv"][i].clone(), state["rs_ckpt_ssm"][i].clone())
+                for i, c in enumerate(pos.tolist())}

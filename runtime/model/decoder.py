@@ -511,8 +511,9 @@ class Model:
         hidden states per sequence ([n_new, C] or None)). Blocks must be reserved beforehand
         (`kv.reserve(seq, n_past + len(tokens))`). n_tokens of the sequences is not touched: the
         caller advances it once the step is done (the serving room's `ModelRunner.run`). Hybrid
-        models: `rs` holds each sequence's state in its cell `SeqBatch.rs` (the state after its
-        first n_past tokens; a sequence starting at 0 starts from zeros), left there after the step."""
+        models: `rs` (default: `kv.rs`) holds each sequence's state in its cell `SeqBatch.rs` (default:
+        `seq.rs`; the state after its first n_past tokens; a sequence starting at 0 starts from
+        zeros), left there after the step."""
         ids, pos, slots, q_lens, kv_lens = [], [], [], [], []
         for b in batch:
             n = len(b.tokens)
@@ -537,12 +538,14 @@ class Model:
                            need_hidden=any(b.hidden for b in batch), swa_slots=swa_slots, swa_tables=swa_tables,
                            media=mm.step_media(batch, pos_t, self.rope_pairs is not None))
         if self.recurrent is not None:
-            if rs is None or any(b.rs < 0 or b.rs >= rs.n_cells for b in batch):
+            rs = rs if rs is not None else getattr(kv, "rs", None)  # the serving cache's (kv_cache.py)
+            cells = [b.rs if b.rs >= 0 else b.seq.rs for b in batch]
+            if rs is None or any(c < 0 or c >= rs.n_cells for c in cells):
                 raise ValueError(f"{self.cfg.arch}: every sequence needs a recurrent state cell")
-            for b in batch:
+            for b, c in zip(batch, cells):
                 if b.n_past == 0:
-                    rs.clear(b.rs)
-            step.rs_cells = torch.tensor([b.rs for b in batch], dtype=torch.int64)
+                    rs.clear(c)
+            step.rs_cells = torch.tensor(cells, dtype=torch.int64)
         if self.tp is not None:
             self.tp.group.send(("forward", step))  # the other ranks run the same step on their shards
         wants = [b for b in batch if b.logits]

@@ -99,6 +99,9 @@ def shard_loaded(lm, group: TPGroup):
     cfg = lm.config
     if cfg.n_expert:
         raise ValueError(f"{cfg.arch}: tensor parallelism (-tp) is not supported for mixture-of-experts models")
+    if any(getattr(cfg, "recurrent_layers", None) or []):
+        raise ValueError(f"{cfg.arch}: tensor parallelism (-tp) is not supported for hybrid linear-attention models "
+                         "(the recurrent state is not sharded); run it without -tp")
     heads = HeadSplit(cfg.n_head, cfg.n_head_kv, group.world, group.rank)
     w = dict(lm.weights)
     D = cfg.head_dim

@@ -218,13 +218,19 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
                      model.device, windows, n_swa)
         log("I", f"srv    load_model: KV cache {kv.nbytes / 2**20:.2f} MiB ({n_blocks} blocks of {cfg.block_size}"
                  + (f"; sliding-window layers: {n_swa} blocks" if kv.window else "") + ")")
+        kv.cell_ext = model.rope_pairs is not None  # M-RoPE: slot files carry llama.cpp's cell ext
+        rs = model.new_state(n_slots + 1)  # hybrid models: a recurrent state cell per slot, one for the warm-up
+        if rs is not None:
+            kv.attach_recurrent(rs, [L.linear is not None for L in model.layers])
+            log("I", f"srv    load_model: recurrent state {rs.nbytes / 2**20:.2f} MiB ({rs.n_cells} cells of "
+                     f"{rs.shape.cell_bytes() / 2**20:.3f} MiB)")
     else:
         from runtime.parallel.kv import TPKVCache
         kv = TPKVCache(model.tp, len(model.layers), model.head_dim, n_blocks, cfg.block_size, _kv_dtype(cfg),
                        model.device)
     graphs = None
     mode = cfg.cuda_graphs  # "0": off; "eager": static buffers, no capture
-    if model.tp is None and (mode == "eager" or (mode != "0" and model.device.type == "cuda")):
+    if model.tp is None and model.recurrent is None and (mode == "eager" or (mode != "0" and model.device.type == "cuda")):
         graphs = DecodeGraphs(model, kv, n_slots, kv.blocks_needed(n_ctx_slot) + 1, capture=mode != "eager")
     runner = ModelRunner(model, kv, graphs, runner_ubatch(cfg, model, lm.size))
     if cfg.warmup:
@@ -350,6 +356,7 @@ def warm_up(runner: ModelRunner, log: Log) -> None:
                          f"{', '.join(map(str, runner.graphs.buckets))} in {time.perf_counter() - t0:.1f} s")
     finally:
         kv.clear(seq)
+        kv.release_cell(seq)
 
 
 def _default_model(cfg: EngineConfig, log: Log) -> str:

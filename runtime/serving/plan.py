@@ -72,6 +72,23 @@ def checkpoint_resume(n_past: int, n_prompt: int, checkpoints: list[int], n_swa:
     return n_past, [c for c in checkpoints if c - 1 <= n_past]
 
 
+def recurrent_resume(n_past: int, n_prompt: int, n_cached: int, checkpoints: list[int]) -> tuple[int, list[int]]:
+    """Where llama-server b1-0c1e570 resumes a reused prompt on a hybrid model (recurrent layers,
+    n_swa 0): the recurrent state is that after the n_cached tokens it holds (its pos_min is
+    n_cached - 1), so unless that is exactly the common prefix n_past and a token follows it, it
+    restores the newest context checkpoint c (the state after c tokens, saved before the batch
+    starting at c) with c - 1 < n_past (c - 1 < n_past - 1 when the whole prompt is cached, so that
+    a token is left to evaluate) or c = 1, and evaluates from c; from 0 without one. Checkpoints
+    past the resume point are dropped (server-context.cpp, "search for a context checkpoint";
+    pos_min = pos_max = c - 1 for recurrent memory). Returns (n_past, the checkpoints kept)."""
+    if n_past > 0:
+        thold = max(0, n_past - (0 if n_past < n_prompt else 1))
+        if n_cached - 1 >= thold:
+            c = next((c for c in reversed(checkpoints) if c - 1 <= n_past and (c - 1 < thold or c == 1)), None)
+            n_past = 0 if c is None else min(n_past, c)
+    return n_past, [c for c in checkpoints if c <= n_past]
+
+
 def plan_step(slots: list[Slot], n_batch: int, n_prefill_chunk: int) -> StepPlan:
     plan = StepPlan()
     decoding = [s for s in slots if s.state is SlotState.GENERATING and s.req.pending is not None]

@@ -27,7 +27,7 @@ from runtime.serving.failures import client_message, log_failure
 from runtime.serving.handle import TaskHandle
 from runtime.serving.media_rows import PromptMedia
 from runtime.serving.metrics import Metrics
-from runtime.serving.plan import StepPlan, checkpoint_resume, plan_step, prompt_breaks
+from runtime.serving.plan import StepPlan, checkpoint_resume, plan_step, prompt_breaks, recurrent_resume
 from runtime.serving.prompt_cache import PromptCache, cache_idle_slot, reusable_prefix, swap_with_ram_cache
 from runtime.serving.runner import StepOutput, pool_embeddings
 from runtime.serving.sampling import GrammarError, Vocabulary, maybe_trigger_grammar, sample_rows
@@ -70,7 +70,11 @@ class Scheduler:
         self.lora_scales: tuple[float, ...] = tuple(0.0 if cfg.lora_init_without_apply else s for _, s in cfg.lora)
         # llama-server ends prompt batches where it saves context checkpoints and resumes a reused
         # prompt from the last one: models with sliding-window layers unless --swa-full (its n_swa > 0)
-        self.swa_checkpoints = any(L.window for L in model.layers) and not cfg.swa_full and cfg.ctx_checkpoints > 0
+        # (its n_swa > 0), and hybrid models, whose recurrent state cannot be rolled back: there the
+        # checkpoints hold the state (KVCache.checkpoint)
+        self.recurrent = getattr(model, "recurrent", None) is not None
+        self.swa_checkpoints = ((any(L.window for L in model.layers) and not cfg.swa_full) or self.recurrent) \
+            and cfg.ctx_checkpoints > 0
         self.n_swa = max((L.window for L in model.layers), default=0)
 
     @property
@@ -145,8 +149,12 @@ class Scheduler:
         n_past = 0
         if task.cache_prompt:
             n_reuse = self.cfg.cache_reuse if task.n_cache_reuse is None else task.n_cache_reuse
+            n_reuse = 0 if self.recurrent else n_reuse  # no chunk moves under a recurrent state
             n_past = reusable_prefix(self.kv, s, prompt, n_reuse, self.model.rope_inv_freqs, self.model.neox)
-        if self.swa_checkpoints:
+        if self.recurrent:
+            n_past, s.checkpoints = recurrent_resume(n_past, len(prompt), s.seq.n_tokens,
+                                                     s.checkpoints if self.swa_checkpoints else [])
+        elif self.swa_checkpoints:
             n_past, s.checkpoints = checkpoint_resume(n_past, len(prompt), s.checkpoints, self.n_swa)
         if n_past >= len(prompt):
             n_past = len(prompt) - 1  # the last prompt token is always evaluated (its logits are needed)
@@ -159,7 +167,7 @@ class Scheduler:
             n_past = 0
         self.kv.truncate(s.seq, n_past)
         s.tokens = s.tokens[:n_past]
-        s.checkpoints = [c for c in s.checkpoints if c - 1 <= n_past]
+        s.checkpoints = [c for c in s.checkpoints if (c <= n_past if self.recurrent else c - 1 <= n_past)]
         r.n_past = r.n_cached = n_past
         if self.swa_checkpoints and not task.infill:
             r.prompt_breaks = prompt_breaks(len(prompt), self.cfg.n_batch, self.cfg.n_ubatch)
@@ -245,6 +253,7 @@ class Scheduler:
         if near or start in users and (not s.checkpoints or start == users[-1]):
             s.checkpoints = [c for c in s.checkpoints if c != start][-(self.cfg.ctx_checkpoints - 1):] + [start] \
                 if self.cfg.ctx_checkpoints > 1 else [start]
+            self.kv.checkpoint(s.seq, s.checkpoints)  # hybrid models: the recurrent state after `start`
 
     def _context_exceeded(self) -> None:
         """The KV pool is full even after purging idle slots (a unified cache shared by slots that

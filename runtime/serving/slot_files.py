@@ -7,6 +7,7 @@ message, type)`, which the API turns into llama-server's error JSON.
 """
 from __future__ import annotations
 
+import math
 import os
 import struct
 import time
@@ -76,7 +77,9 @@ def save_slot(kv: KVCache, s: Slot, directory: str, filename: str, n_stream: int
     _idle(s)
     t0 = time.perf_counter()
     state = kv.export(s.seq, len(s.tokens))
-    n_written = write_slot_file(os.path.join(directory, filename), s.tokens, state, s.id, n_stream)
+    n_written = write_slot_file(os.path.join(directory, filename), s.tokens, state, s.id, n_stream,
+                                getattr(kv, "recurrent_layers", None) if kv.rs is not None else None,
+                                getattr(kv, "cell_ext", False))
     return {"id_slot": s.id, "filename": filename, "n_saved": len(s.tokens), "n_written": n_written,
             "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
 
@@ -98,7 +101,7 @@ def restore_slot(kv: KVCache, s: Slot, directory: str, filename: str, n_stream: 
     except OutOfBlocks:
         s.tokens = []
         raise SlotError(400, _NO_SPACE, "invalid_request_error")
-    s.tokens = list(tokens)
+    s.tokens, s.checkpoints = list(tokens), []  # a slot file holds no context checkpoints
     return {"id_slot": s.id, "filename": filename, "n_restored": len(tokens), "n_read": n_read,
             "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
 
@@ -118,14 +121,21 @@ SEQ_VERSION = 3  # LLAMA_STATE_SEQ_VERSION of b1-0c1e570
 TOKENS_NULL = -1  # LLAMA_TOKEN_NULL: marks a packed server_tokens state instead of a plain token list
 TOKENS_STATE_VERSION = 1  # SERVER_TOKENS_STATE_VERSION
 GGML_TYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 30}
-def write_slot_file(path: str, tokens: list[int], state: dict, seq_id: int = 0, n_stream: int = 1) -> int:
+def write_slot_file(path: str, tokens: list[int], state: dict, seq_id: int = 0, n_stream: int = 1,
+                    recurrent_layers: list[bool] | None = None, cell_ext: bool = False) -> int:
     """A slot file as llama-server b1-0c1e570 writes it (checked byte for byte against its output):
     header (magic, version, word count), the slot's tokens packed as server_tokens::serialize does
     (LLAMA_TOKEN_NULL, state version, token count, ids, media count 0), then the KV section of
     llama_kv_cache::state_write: n_stream, and per stream a cell count; the sequence's own stream
     (stream seq_id when every slot has its own, else 0) holds per-cell (pos, n_seq_id, seq_id),
-    v_trans, n_layer, per layer K (type, row bytes, rows), per layer V. Returns the bytes written."""
+    v_trans, n_layer, per layer K (type, row bytes, rows), per layer V. Returns the bytes written.
+    M-RoPE models (`cell_ext`: llama.cpp's has_cell_ext) write a cell as (pos, n_seq_id, x, y,
+    token, seq_id). Hybrid models (`recurrent_layers` given): the K/V of the attention layers only, then the
+    recurrent section (`recurrent_section`), as llama_memory_hybrid::state_write."""
     k, v = state["k"], state["v"]  # [L, n, KVH, D]
+    if recurrent_layers is not None:
+        attn = [i for i, r in enumerate(recurrent_layers) if not r]
+        k, v = k[attn], v[attn]
     n_layer, n = k.shape[0], k.shape[1]
     packed = [TOKENS_NULL, TOKENS_STATE_VERSION, len(tokens), *tokens, 0]
     parts = [struct.pack("<III", SEQ_MAGIC, SEQ_VERSION, len(packed)), np.asarray(packed, dtype=np.int32).tobytes(),
@@ -138,10 +148,15 @@ def write_slot_file(path: str, tokens: list[int], state: dict, seq_id: int = 0, 
         parts.append(struct.pack("<I", n))
         if n == 0:
             continue
-        cells = np.zeros((n, 3), dtype=np.int32)
+        if cell_ext:  # M-RoPE models: each cell's llama_kv_cell_ext (x, y, token) before its seq id
+            cells = np.zeros((n, 6), dtype=np.int32)
+            cells[:, 2] = cells[:, 3] = np.arange(n)  # a text token's 2D position: its position
+            cells[:, 4] = np.maximum(np.asarray(tokens[:n], dtype=np.int64), -1)  # (media: LLAMA_TOKEN_NULL)
+        else:
+            cells = np.zeros((n, 3), dtype=np.int32)
         cells[:, 0] = np.arange(n)
         cells[:, 1] = 1
-        cells[:, 2] = seq_id
+        cells[:, -1] = seq_id
         parts.append(cells.tobytes())
         parts.append(struct.pack("<II", 0, n_layer))
         for t in (k, v):
@@ -151,10 +166,68 @@ def write_slot_file(path: str, tokens: list[int], state: dict, seq_id: int = 0, 
                 row_bytes = rows.shape[1] * rows.element_size()
                 parts.append(struct.pack("<iQ", gtype, row_bytes))
                 parts.append(rows.view(torch.uint8).numpy().tobytes())
+    if recurrent_layers is not None:
+        parts.append(recurrent_section(state, n, recurrent_layers))
     data = b"".join(parts)
     with open(path, "wb") as f:
         f.write(data)
     return len(data)
+
+
+def recurrent_section(state: dict, n: int, recurrent_layers: list[bool]) -> bytes:
+    """llama_memory_recurrent::state_write for one sequence: its cell count (1, or 0 when empty),
+    the cell's (pos = n - 1, n_seq_id 0), s_trans 0, n_layer (all layers), per recurrent layer the
+    conv state (type f32, row bytes, the row: channel-major, the K - 1 taps of each channel
+    together, as ggml's [K - 1, C] tensor), then per recurrent layer the delta-net state (type, row
+    bytes, [H, S, S] as stored)."""
+    conv, ssm = state["rs_conv"], state["rs_ssm"]  # [Lr, K - 1, C], [Lr, H, S, S] float32
+    cells = 1 if n > 0 else 0
+    parts = [struct.pack("<I", cells)]
+    if cells:
+        parts.append(struct.pack("<iI", n - 1, 0))
+    parts.append(struct.pack("<II", 0, len(recurrent_layers)))
+    for r in conv:
+        row = r.transpose(0, 1).contiguous().float()
+        parts.append(struct.pack("<iQ", 0, row.numel() * 4))
+        if cells:
+            parts.append(row.numpy().tobytes())
+    for r in ssm:
+        row = r.contiguous().float()
+        parts.append(struct.pack("<iQ", 0, row.numel() * 4))
+        if cells:
+            parts.append(row.numpy().tobytes())
+    return b"".join(parts)
+
+
+def _read_recurrent(data: bytes, off: int, n: int, kv) -> tuple[dict, int]:
+    """The recurrent section of a hybrid model's slot file (`recurrent_section`) for a store
+    shaped like `kv.rs`: {"rs_conv", "rs_ssm"} (zeros for an empty sequence), the offset after it."""
+    shape = kv.rs.shape
+    conv = torch.zeros(shape.n_layers, shape.conv_rows, shape.conv_channels)
+    ssm = torch.zeros(shape.n_layers, shape.n_heads, shape.head_dim, shape.head_dim)
+    (cells,) = struct.unpack_from("<I", data, off)
+    off += 4
+    if cells != (1 if n > 0 else 0):
+        raise SlotFileError("recurrent cell count mismatch")
+    off += 8 * cells
+    s_trans, n_layer = struct.unpack_from("<II", data, off)
+    off += 8
+    if s_trans != 0 or n_layer != len(kv.recurrent_layers):
+        raise SlotFileError("recurrent layer count mismatch")
+    for dst, rows in ((conv, (shape.conv_channels, shape.conv_rows)),
+                      (ssm, (shape.n_heads, shape.head_dim, shape.head_dim))):
+        for li in range(shape.n_layers):
+            gtype, row_bytes = struct.unpack_from("<iQ", data, off)
+            off += 12
+            if gtype != 0 or row_bytes != 4 * math.prod(rows):
+                raise SlotFileError("recurrent state shape mismatch")
+            if cells:
+                if off + row_bytes > len(data):
+                    raise SlotFileError("truncated file")
+                t = torch.frombuffer(bytearray(data[off:off + row_bytes]), dtype=torch.float32).view(rows)
+                dst[li] = t.transpose(0, 1) if dst is conv else t
+                off += row_bytes
+    return {"rs_conv": conv, "rs_ssm": ssm}, off
 
 
 def _unpack_tokens(words: list[int]) -> list[int]:
@@ -188,6 +261,8 @@ def read_slot_file(path: str, kv, n_stream: int = 1) -> tuple[list[int], dict, i
         if file_streams != n_stream:
             raise SlotFileError("n_stream mismatch")
         dtype = {val: key for key, val in GGML_TYPE.items()}
+        hybrid = getattr(kv, "rs", None) is not None
+        attn = [i for i in range(kv.n_layers) if not (hybrid and kv.recurrent_layers[i])]
         out = None
         n = 0
         for _ in range(file_streams):
@@ -198,15 +273,15 @@ def read_slot_file(path: str, kv, n_stream: int = 1) -> tuple[list[int], dict, i
             if out is not None:
                 raise SlotFileError("cells of more than one stream")
             n = count
-            off += 12 * n
+            off += (24 if getattr(kv, "cell_ext", False) else 12) * n
             v_trans, n_layer = struct.unpack_from("<II", data, off)
             off += 8
-            if n_layer != kv.n_layers or v_trans != 0:
+            if n_layer != len(attn) or v_trans != 0:
                 raise SlotFileError("layer count mismatch")
             out = {}
             for name in ("k", "v"):
                 layers = []
-                for _ in range(n_layer):
+                for _ in attn:
                     gtype, row_bytes = struct.unpack_from("<iQ", data, off)
                     off += 12
                     if gtype not in dtype or row_bytes != kv.n_kv_heads * kv.head_dim * torch.empty((), dtype=dtype[gtype]).element_size():
@@ -216,10 +291,16 @@ def read_slot_file(path: str, kv, n_stream: int = 1) -> tuple[list[int], dict, i
                     raw = torch.frombuffer(bytearray(data[off: off + n * row_bytes]), dtype=torch.uint8)
                     off += n * row_bytes
                     layers.append(raw.view(dtype[gtype]).view(n, kv.n_kv_heads, kv.head_dim))
-                out[name] = torch.stack(layers)
+                full = [torch.zeros_like(layers[0])] * kv.n_layers  # (a recurrent layer holds no K/V)
+                for i, t in zip(attn, layers):
+                    full[i] = t
+                out[name] = torch.stack(full)
         if out is None:
             shape = (kv.n_layers, 0, kv.n_kv_heads, kv.head_dim)
             out = {"k": torch.empty(shape, dtype=kv.dtype), "v": torch.empty(shape, dtype=kv.dtype)}
+        if hybrid:
+            rs, off = _read_recurrent(data, off, n, kv)
+            out.update(rs)
         if n != len(tokens):
             raise SlotFileError("token count mismatch")
     except (struct.error, ValueError) as e:
