@@ -288,6 +288,9 @@ class Model:
                 post_attn_norm=t(p + "post_attention_norm.weight"), post_ffn_norm=t(p + "post_ffw_norm.weight"),
                 window=spec.window(i), inv_freq=self._layer_inv_freq(cfg, i),
                 rope_theta_scale=rope_theta_scale(cfg, spec.rope_bases[i] if spec.rope_bases and spec.window(i) else None)))
+            if spec.nope and spec.nope[i]:  # smollm3's NoPE layers: rotation by angle 0 (an exact identity)
+                self.layers[-1].inv_freq = torch.zeros_like(self.inv_freq)
+                self.layers[-1].rope_theta_scale = 0.0
         self.rope_inv_freqs = [L.inv_freq for L in self.layers]  # per layer, for re-rotating cached keys
         self.n_head, self.n_head_kv, self.head_dim = cfg.n_head, cfg.n_head_kv, cfg.head_dim
         self.n_ff = cfg.n_ff_exp if spec.moe else self.layers[0].w_down.cols

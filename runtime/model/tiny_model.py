@@ -41,7 +41,7 @@ from runtime.model.gguf import KV, read_gguf
 
 __all__ = [
     "TinyModelSpec", "write_tiny_model", "vocab_from_gguf", "ensure_default_model", "quantize",
-    "BUILTIN_SPEC", "MOE_SPEC", "PHI3_SPEC", "GEMMA3_SPEC", "RERANK_SPEC", "QWEN35_SPEC", "QWEN35MOE_SPEC",
+    "BUILTIN_SPEC", "MOE_SPEC", "PHI3_SPEC", "GEMMA3_SPEC", "RERANK_SPEC", "QWEN35_SPEC", "QWEN35MOE_SPEC", "SMOLLM3_SPEC",
     "WEIGHT_TYPES", "ARCHS",
 ]
 
@@ -125,12 +125,17 @@ RERANK_TEMPLATE = (
 # heads and 2 KV heads of 64 with 16 rotated dims; linear layers with 2 key heads and 4 value heads of
 # 32, a 4-tap convolution; norms around 1 as the converter's 1 + w) and qwen35moe (the same layers,
 # 8 experts of 64, 2 used, a shared expert of 128)
+# the tests' tiny smollm3: llama's layout, 8 layers so that two (3 and 7) are NoPE layers
+SMOLLM3_SPEC = TinyModelSpec(arch="smollm3", n_layer=8, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_ctx=1024,
+                             rope_freq_base=5e6, rms_eps=1e-6, name="tiny-random-smollm3", seed=21, init_std=0.05,
+                             tie_embeddings=True)
 QWEN35_SPEC = TinyModelSpec(arch="qwen35", n_layer=4, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_ctx=1024,
                             head_dim=64, rope_freq_base=1e7, rms_eps=1e-6, name="tiny-random-qwen35", seed=11,
                             init_std=0.05, norm_std=0.1)
 QWEN35MOE_SPEC = replace(QWEN35_SPEC, arch="qwen35moe", name="tiny-random-qwen35moe", seed=12, n_expert=8,
                          n_expert_used=2, n_ff_exp=64, n_ff_shexp=128, router_std=0.5)
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "qwen2vl", "qwen3vl", *tiny_arch.ARCHS)
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "qwen2vl", "qwen3vl", "smollm3",
+         *tiny_arch.ARCHS)
 _BUILTIN_VERSION = 1  # bump when the built-in vocab/spec changes (cache file name)
 
 

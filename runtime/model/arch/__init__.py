@@ -5,7 +5,7 @@ says what varies: the embedding scale, the FFN activation, the extra norms, the 
 and soft-caps, and per layer the sliding window and the RoPE base. The architecture modules
 (`runtime/model/arch/gemma.py`, `runtime/model/arch/qwen3moe.py`, `runtime/model/arch/phi3.py`,
 `runtime/model/arch/qwenvl.py`: M-RoPE and deepstack inputs, `runtime/model/arch/qwen35.py`: hybrid
-gated linear-attention / full-attention layers) read their GGUF keys
+gated linear-attention / full-attention layers, `runtime/model/arch/smollm3.py`: llama with NoPE layers) read their GGUF keys
 into `ModelConfig` (`configure`) and derive the spec (`spec_for`); llama / mistral / qwen2 / qwen3 /
 phi3 use the default spec. `moe`: the FFN of every layer is a mixture of experts
 (`qwen3moe.MoeFFN`). `split_weights`: the loader's hook that turns an architecture's fused tensors
@@ -16,13 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import gemma, phi3, qwen35, qwen3moe, qwenvl
+from . import gemma, phi3, qwen35, qwen3moe, qwenvl, smollm3
 
 # arch -> NEOX rope (half-split pairs) or the "normal" pairwise rope (GGUF llama weights are
 # permuted for it); the loader accepts exactly these
 ROPE_NEOX = {"llama": False, "mistral": False, "qwen2": True, "qwen3": True,
              **{a: True for a in gemma.ARCHS}, **{a: True for a in qwen3moe.ARCHS}, **{a: True for a in phi3.ARCHS},
-             **{a: True for a in qwenvl.ARCHS}, **{a: True for a in qwen35.ARCHS}}
+             **{a: True for a in qwenvl.ARCHS}, **{a: True for a in qwen35.ARCHS},
+             **{a: False for a in smollm3.ARCHS}}
 
 
 @dataclass
@@ -40,6 +41,7 @@ class ArchSpec:
     rope_bases: list[float] = field(default_factory=list)  # per layer: RoPE base (empty: cfg.rope_freq_base)
     moe: bool = False  # mixture-of-experts FFN in every layer (runtime/model/arch/qwen3moe.py)
     q_gate: bool = False  # attn_q gives per head D query rows then D gate rows: output * sigmoid(gate) (qwen35)
+    nope: list[bool] = field(default_factory=list)  # per layer: no RoPE on q and k (smollm3's every 4th layer)
 
     def window(self, layer: int) -> int:
         return self.windows[layer] if self.windows else 0
@@ -74,6 +76,8 @@ def spec_for(cfg) -> ArchSpec:
         return ArchSpec(**qwen3moe.spec_fields(cfg))
     if cfg.arch in qwen35.ARCHS:
         return ArchSpec(**qwen35.spec_fields(cfg))
+    if cfg.arch in smollm3.ARCHS:
+        return ArchSpec(**smollm3.spec_fields(cfg))
     return ArchSpec()
 
 
