@@ -62,6 +62,8 @@ class ModelConfig:
     # gated delta nets, the convolution taps, the state (head) size, key heads, value heads, inner size;
     # qwen35moe's shared expert FFN length
     recurrent_layers: list[bool] | None = None
+    attn_temp_scale: float = 0.0  # mistral3: Llama 4's attention temperature tuning (0: off)
+    attn_temp_floor: int = 0  # mistral3: its n_ctx_orig (positions per step of the log)
     ssm_conv: int = 0
     ssm_state: int = 0
     ssm_groups: int = 0

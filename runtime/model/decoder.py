@@ -25,6 +25,7 @@ import kernels
 from kernels.qweight import QWeight
 from runtime.model.arch import spec_for
 from runtime.model.arch.qwen3moe import MoeFFN
+from runtime.model.arch import mistral3
 from runtime.model.arch.qwen35 import LinearAttention, SharedExpertMoE, recurrent_shape
 from runtime.model.recurrent import RecurrentStore
 from runtime.model.arch.qwenvl import mrope, pair_sections
@@ -314,7 +315,8 @@ class Model:
         LoRA steps take the per-op path), else None."""
         s = self.spec
         if (self.device.type != "cpu" or self.tp is not None or s.moe or self.act_dtype != torch.float32 or self.rope_e
-                or s.q_gate or self.recurrent is not None or 2 * self.inv_freq.shape[0] != self.head_dim):
+                or s.q_gate or self.recurrent is not None or 2 * self.inv_freq.shape[0] != self.head_dim
+                or getattr(self.cfg, "attn_temp_scale", 0.0)):
             return None
         if any(len(L.wqkv) != 1 or len(L.w_gate_up) != 1 for L in self.layers):
             return None
@@ -448,6 +450,8 @@ class Model:
         else:
             q = ops.rope(q, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
             k = ops.rope(k, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
+        if getattr(self.cfg, "attn_temp_scale", 0.0):  # mistral3: Llama 4's temperature tuning of q by position
+            q = q * mistral3.temperature(pos_t, self.cfg.attn_temp_scale, self.cfg.attn_temp_floor).to(q.dtype)[:, None, None]
         own = swa_tables is not None and kv.is_swa[li]
         ops.write_kv(k, v, kv.k[li], kv.v[li], swa_slot_t if own else slot_t)
         if self.spec.prescale_q:  # llama.cpp's gemma graphs: ggml_scale(q), then attention at scale 1

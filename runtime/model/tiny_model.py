@@ -41,7 +41,7 @@ from runtime.model.gguf import KV, read_gguf
 
 __all__ = [
     "TinyModelSpec", "write_tiny_model", "vocab_from_gguf", "ensure_default_model", "quantize",
-    "BUILTIN_SPEC", "MOE_SPEC", "PHI3_SPEC", "GEMMA3_SPEC", "RERANK_SPEC", "QWEN35_SPEC", "QWEN35MOE_SPEC", "SMOLLM3_SPEC",
+    "BUILTIN_SPEC", "MOE_SPEC", "PHI3_SPEC", "GEMMA3_SPEC", "RERANK_SPEC", "QWEN35_SPEC", "QWEN35MOE_SPEC", "SMOLLM3_SPEC", "MISTRAL3_SPEC",
     "WEIGHT_TYPES", "ARCHS",
 ]
 
@@ -85,6 +85,11 @@ class TinyModelSpec:
     full_attn_interval: int = 2  # full_attention_interval: layer il is full attention when (il + 1) % it == 0
     n_rot: int = 0  # rope.dimension_count of qwen35 (0: head_dim / 4)
     n_ff_shexp: int = 0  # qwen35moe: the shared expert's FFN length (0: n_ff)
+    # mistral3: attention.temperature_scale, rope.scaling.original_context_length, YaRN (factor, log multiplier)
+    attn_temp_scale: float = 0.0
+    rope_orig_ctx: int = 0
+    yarn_factor: float = 0.0
+    yarn_log_mul: float = 0.0
 
 
 BUILTIN_SPEC = TinyModelSpec(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=352,
@@ -129,12 +134,16 @@ RERANK_TEMPLATE = (
 SMOLLM3_SPEC = TinyModelSpec(arch="smollm3", n_layer=8, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_ctx=1024,
                              rope_freq_base=5e6, rms_eps=1e-6, name="tiny-random-smollm3", seed=21, init_std=0.05,
                              tie_embeddings=True)
+# the tests' tiny mistral3: llama's layout; attention temperature tuning from position 8 on
+MISTRAL3_SPEC = TinyModelSpec(arch="mistral3", n_layer=4, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_ctx=1024,
+                              rope_freq_base=1e6, rms_eps=1e-5, name="tiny-random-mistral3", seed=23, init_std=0.05,
+                              attn_temp_scale=0.5, rope_orig_ctx=8)
 QWEN35_SPEC = TinyModelSpec(arch="qwen35", n_layer=4, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_ctx=1024,
                             head_dim=64, rope_freq_base=1e7, rms_eps=1e-6, name="tiny-random-qwen35", seed=11,
                             init_std=0.05, norm_std=0.1)
 QWEN35MOE_SPEC = replace(QWEN35_SPEC, arch="qwen35moe", name="tiny-random-qwen35moe", seed=12, n_expert=8,
                          n_expert_used=2, n_ff_exp=64, n_ff_shexp=128, router_std=0.5)
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "qwen2vl", "qwen3vl", "smollm3",
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "qwen2vl", "qwen3vl", "smollm3", "mistral3",
          *tiny_arch.ARCHS)
 _BUILTIN_VERSION = 1  # bump when the built-in vocab/spec changes (cache file name)
 
@@ -394,6 +403,15 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
         w.add_key_value(f"{spec.arch}.n_deepstack_layers", spec.n_deepstack, GGUFValueType.UINT32)
     if spec.arch in tiny_arch.ARCHS:
         tiny_arch.write_keys(w, spec)
+    if spec.attn_temp_scale:
+        w.add_key_value(f"{spec.arch}.attention.temperature_scale", float(spec.attn_temp_scale), GGUFValueType.FLOAT32)
+    if spec.rope_orig_ctx:
+        w.add_key_value(f"{spec.arch}.rope.scaling.original_context_length", spec.rope_orig_ctx, GGUFValueType.UINT32)
+    if spec.yarn_factor:
+        w.add_key_value(f"{spec.arch}.rope.scaling.type", "yarn", GGUFValueType.STRING)
+        w.add_key_value(f"{spec.arch}.rope.scaling.factor", float(spec.yarn_factor), GGUFValueType.FLOAT32)
+    if spec.yarn_log_mul:
+        w.add_key_value(f"{spec.arch}.rope.scaling.yarn_log_multiplier", float(spec.yarn_log_mul), GGUFValueType.FLOAT32)
     if spec.head_dim is not None or spec.arch in ("qwen3", "qwen3moe", "gemma3", "qwen3vl"):
         w.add_key_length(hd)
         w.add_value_length(hd)

@@ -5,7 +5,8 @@ says what varies: the embedding scale, the FFN activation, the extra norms, the 
 and soft-caps, and per layer the sliding window and the RoPE base. The architecture modules
 (`runtime/model/arch/gemma.py`, `runtime/model/arch/qwen3moe.py`, `runtime/model/arch/phi3.py`,
 `runtime/model/arch/qwenvl.py`: M-RoPE and deepstack inputs, `runtime/model/arch/qwen35.py`: hybrid
-gated linear-attention / full-attention layers, `runtime/model/arch/smollm3.py`: llama with NoPE layers) read their GGUF keys
+gated linear-attention / full-attention layers, `runtime/model/arch/smollm3.py`: llama with NoPE layers,
+`runtime/model/arch/mistral3.py`: llama with attention temperature tuning) read their GGUF keys
 into `ModelConfig` (`configure`) and derive the spec (`spec_for`); llama / mistral / qwen2 / qwen3 /
 phi3 use the default spec. `moe`: the FFN of every layer is a mixture of experts
 (`qwen3moe.MoeFFN`). `split_weights`: the loader's hook that turns an architecture's fused tensors
@@ -16,14 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import gemma, phi3, qwen35, qwen3moe, qwenvl, smollm3
+from . import gemma, mistral3, phi3, qwen35, qwen3moe, qwenvl, smollm3
 
 # arch -> NEOX rope (half-split pairs) or the "normal" pairwise rope (GGUF llama weights are
 # permuted for it); the loader accepts exactly these
 ROPE_NEOX = {"llama": False, "mistral": False, "qwen2": True, "qwen3": True,
              **{a: True for a in gemma.ARCHS}, **{a: True for a in qwen3moe.ARCHS}, **{a: True for a in phi3.ARCHS},
              **{a: True for a in qwenvl.ARCHS}, **{a: True for a in qwen35.ARCHS},
-             **{a: False for a in smollm3.ARCHS}}
+             **{a: False for a in smollm3.ARCHS}, **{a: False for a in mistral3.ARCHS}}
 
 
 @dataclass
@@ -59,6 +60,8 @@ def configure(md: dict[str, Any], cfg) -> None:
         qwenvl.configure(md, cfg)
     elif cfg.arch in qwen35.ARCHS:
         qwen35.configure(md, cfg)
+    elif cfg.arch in mistral3.ARCHS:
+        mistral3.configure(md, cfg)
 
 
 def split_weights(cfg, weights: dict[str, Any]) -> None:
