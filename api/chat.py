@@ -105,7 +105,7 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     continuation = _continuation(body.get("continue_final_message"))
     add_generation_prompt = f.boolean("add_generation_prompt", True)
     last_is_assistant = bool(messages) and messages[-1].get("role") == "assistant"
-    if continuation is None and last_is_assistant:  # llama-server's prefill_assistant
+    if continuation is None and last_is_assistant and cfg.prefill_assistant:  # --no-prefill-assistant: not
         if len(messages) >= 2 and messages[-2].get("role") == "assistant":
             raise ApiError("Cannot have 2 or more assistant messages at the end of the list.")
         continuation, add_generation_prompt = "auto", False

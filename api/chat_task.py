@@ -44,7 +44,7 @@ async def chat_task(ctx: ApiContext, body: dict[str, Any]) -> tuple[chat_api.Cha
     check_context(len(toks), ctx.engine.n_ctx_slot)
     params = await off_loop(parse_sampling, prep.body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
     await off_loop(chat_api.apply_grammar, ctx, prep, params)  # parses the grammar
-    task = parse_task(prep.body, toks, params, cfg.n_predict, openai=True)
+    task = parse_task(prep.body, toks, params, cfg.n_predict, openai=True, defaults=cfg.request_defaults)
     task.media = list(prep.media)
     task.chat_format, task.grammar_prefix = prep.echo_format, prep.grammar_prefix
     task.generation_prompt = prep.generation_prompt

@@ -16,7 +16,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from api import cli_net
-from api.cli_args import _SPECULATIVE, _UNSUPPORTED, ArgError, _dest, build_parser
+from api.cli_args import ArgError, Exit, build_parser, refusal
 from api.log import Logger
 from runtime.launch import start as launch
 from runtime.tasks import SamplingParams
@@ -28,90 +28,42 @@ if TYPE_CHECKING:
 # This module imports neither torch nor the web stack: `main` starts reading the model
 # (runtime/launch/preload.py) before they are imported, in the functions that need them.
 
+__all__ = ["ArgError", "build_parser", "main", "server_config", "engine_config", "lora_adapters", "tp_size"]
+
+
 def _cpu_set(args: argparse.Namespace) -> set[int] | None:
-    """The CPUs of -C/--cpu-mask (hex) and -Cr/--cpu-range (lo-hi), None when neither is given."""
-    cpus: set[int] = set()
-    if args.cpu_mask:
-        try:
-            mask = int(args.cpu_mask, 16)
-        except ValueError:
-            raise ArgError("--cpu-mask", f"invalid hex mask: {args.cpu_mask}")
-        cpus |= {i for i in range(mask.bit_length()) if mask >> i & 1}
-    if args.cpu_range:
-        try:
-            lo, hi = (int(x) for x in args.cpu_range.split("-"))
-        except ValueError:
-            raise ArgError("--cpu-range", f"expected LO-HI, got: {args.cpu_range}")
-        cpus |= set(range(lo, hi + 1))
-    return cpus or None
-
-
-def _read(flag: str, path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as e:
-        raise ArgError(flag, f"error: failed to open file '{path}': {e.strerror}")
+    """The CPUs of -C/--cpu-mask and -Cr/--cpu-range (parsed as llama.cpp parses them), None when
+    neither names any."""
+    return set(args.cpu_set) or None
 
 
 def _default_grammar(args: argparse.Namespace) -> str:
-    """GBNF text of --grammar / --grammar-file / --json-schema / --json-schema-file ("" = none),
-    checked at start-up so that a bad one stops the server rather than failing every request."""
-    import json
-
-    from grammar import GrammarError, json_schema_to_gbnf, parse_gbnf
-    given = [(f, v) for f, v in (("--grammar", args.grammar), ("--grammar-file", args.grammar_file),
-                                 ("--json-schema", args.json_schema), ("--json-schema-file", args.json_schema_file))
-             if v is not None]
-    if not given:
+    """GBNF text of the last of --grammar / --grammar-file / --json-schema / --json-schema-file
+    ("" = none; -j's schema was converted while parsing), checked at start-up so that a bad one
+    stops the server rather than failing every request."""
+    if args.grammar_source is None:
         return ""
-    if len(given) > 1:
-        raise ArgError(given[1][0], "only one of --grammar, --grammar-file, --json-schema, --json-schema-file")
-    flag, value = given[0]
-    text = _read(flag, value) if flag.endswith("-file") else value
+    from grammar import GrammarError, parse_gbnf
+
+    flag, text = args.grammar_source
     try:
-        if flag.startswith("--json-schema"):
-            try:
-                text = json_schema_to_gbnf(json.loads(text))
-            except GrammarError as e:  # common/arg.cpp's message
-                raise ArgError(flag, f"JSON schema conversion failed:\n{e}") from None
         parse_gbnf(text)
     except (GrammarError, ValueError) as e:
         raise ArgError(flag, str(e))
     return text
 
 
-def _unsupported(args: argparse.Namespace) -> str | None:
-    for names, _ in _UNSUPPORTED:
-        if getattr(args, _dest("_unsupported_", names)) is not None:
-            return names[-1]
-    return None
-
-
 def lora_adapters(args: argparse.Namespace) -> list[tuple[str, float]]:
     """--lora and --lora-scaled as (path, scale), in command-line order (adapter ids follow it)."""
-    out: list[tuple[str, float]] = []
-    for flag, value in args.lora:
-        if flag == "--lora":
-            out += [(item, 1.0) for item in value.split(",") if item]
-            continue
-        for item in value.split(","):
-            parts = item.split(":")
-            if len(parts) != 2:
-                raise ArgError("--lora-scaled", "lora-scaled format: FNAME:SCALE")
-            try:
-                out.append((parts[0], float(parts[1])))
-            except ValueError:
-                raise ArgError("--lora-scaled", f"invalid scale: {parts[1]}")
-    return out
+    return list(args.lora)
 
 
 def _kv_dtype(args: argparse.Namespace) -> str:
-    types = {args.cache_type_k.lower(), args.cache_type_v.lower()}
-    if len(types) != 1 or not types <= {"f16", "f32", "bf16"}:
-        raise ArgError("--cache-type-k", f"unsupported KV cache types {args.cache_type_k}/{args.cache_type_v}: "
-                                         "tritium keeps K and V alike in f16, f32 or bf16")
-    return types.pop()
+    k, v = args.cache_type_k, args.cache_type_v
+    if k != v:
+        raise ArgError("--cache-type-v", f"KV cache types {k}/{v} differ: tritium keeps K and V alike "
+                                         "(f16, f32 or bf16)")
+    return k
 
 
 def _rope_overrides(args: argparse.Namespace) -> dict:
@@ -121,9 +73,7 @@ def _rope_overrides(args: argparse.Namespace) -> dict:
         o["rope_scaling_type"] = args.rope_scaling
     if args.rope_freq_base:
         o["rope_freq_base"] = args.rope_freq_base
-    if args.rope_scale:
-        o["rope_scaling_factor"] = args.rope_scale
-    if args.rope_freq_scale:
+    if args.rope_freq_scale:  # --rope-scale N is --rope-freq-scale 1/N (arg.cpp)
         o["rope_scaling_factor"] = 1.0 / args.rope_freq_scale
     for flag, key in (("yarn_orig_ctx", "rope_scaling_orig_ctx"), ("yarn_ext_factor", "yarn_ext_factor"),
                       ("yarn_attn_factor", "yarn_attn_factor"), ("yarn_beta_slow", "yarn_beta_slow"),
@@ -134,47 +84,26 @@ def _rope_overrides(args: argparse.Namespace) -> dict:
 
 
 def _api_keys(args: argparse.Namespace) -> list[str]:
-    keys = [k for k in (args.api_key or "").split(",") if k]
-    if args.api_key_file:
-        try:
-            with open(args.api_key_file, encoding="utf-8") as f:
-                keys += [line.strip() for line in f if line.strip()]
-        except OSError as e:
-            raise ArgError("--api-key-file", f"error: failed to open file '{args.api_key_file}': {e.strerror}")
-    return keys
-
-
-def _logit_bias(value: str) -> tuple[int, float]:
-    """`-l 15043+1` / `15043-1` (common/arg.cpp: the id, a sign, then a float)."""
-    from api.params import f32
-
-    m = re.fullmatch(r"\s*([+-]?\d+)\s*([+-])(.*)", value, re.S)
-    num = m and re.match(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", m.group(3))  # std::stof: a prefix
-    if not num:
-        raise ArgError("--logit-bias", "invalid input format")
-    return int(m.group(1)), f32(float(num.group(0)) * (-1.0 if m.group(2) == "-" else 1.0))
+    return list(args.api_keys)
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """ServerConfig of parsed arguments; raises ArgError like llama-server."""
-    from api.params import f32
+    from api.context import RequestDefaults
+    from api.params import KNOWN_SAMPLERS, f32
     from api.server import ServerConfig
 
     if args.public_path and args.ui and not os.path.isdir(args.public_path):  # b1: set_mount_point fails
         raise ArgError("--path", f"static assets path not found: {args.public_path}")
-    if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
-        raise ArgError("--slot-save-path", f"not a directory: {args.slot_save_path}")
-    if args.chat_template_file is not None and not os.path.isfile(args.chat_template_file):
-        raise ArgError("--chat-template-file", f"error: failed to open file '{args.chat_template_file}'")
-    flag = _unsupported(args)
-    if flag is not None:
-        raise ArgError(flag, "not supported by tritium")
+    refused = refusal(args)  # a flag whose value needs what tritium lacks (quantized KV, router, ...)
+    if refused is not None:
+        raise refused
     _kv_dtype(args)
-    _cpu_set(args)
-    lora_adapters(args)
     grammar = _default_grammar(args)
-    logit_bias = [_logit_bias(v) for v in args.logit_bias]
-    d = SamplingParams()
+    logit_bias = [(tok, f32(bias)) for tok, bias in args.logit_bias]
+    breakers = args.dry_sequence_breakers
+    if args.escape:  # llama.cpp processes escapes in the DRY breakers and the reverse prompts (-e, default on)
+        breakers = [process_escapes(b) for b in breakers]
     defaults = SamplingParams(
         temperature=f32(args.temp), top_k=args.top_k, top_p=f32(args.top_p), min_p=f32(args.min_p),
         typical_p=f32(args.typical), seed=args.seed & 0xFFFFFFFF, repeat_penalty=f32(args.repeat_penalty),
@@ -187,27 +116,25 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         logit_bias=logit_bias,
         dry_multiplier=f32(args.dry_multiplier), dry_base=f32(args.dry_base),
         dry_allowed_length=args.dry_allowed_length, dry_penalty_last_n=args.dry_penalty_last_n,
-        samplers=[s for s in args.samplers.split(";") if s] if args.samplers else list(d.samplers),
+        dry_sequence_breakers=breakers, samplers=[s for s in args.samplers if s in KNOWN_SAMPLERS],
         grammar=grammar)
     return ServerConfig(
         model_path=args.model or "", port=args.port, api_keys=_api_keys(args), **cli_net.net_settings(args),
         max_body_size=args.max_body_size, read_timeout=float(args.timeout), shutdown_timeout=args.shutdown_timeout,
         metrics=args.metrics, slots=args.slots, props=args.props, slot_save_path=args.slot_save_path,
-        sse_ping_interval=args.sse_ping_interval, embeddings=args.embeddings or args.reranking,
-        pooling="rank" if args.reranking else args.pooling,
+        sse_ping_interval=args.sse_ping_interval, embeddings=args.embeddings, pooling=args.pooling,
         embd_normalize=args.embd_normalize, jinja=args.jinja, reasoning_format=args.reasoning_format,
         reasoning_budget=args.reasoning_budget, enable_thinking={"on": True, "off": False}.get(args.reasoning or ""),
         n_predict=args.n_predict, defaults=defaults, ui=args.ui, public_path=args.public_path,
-        verbose=args.verbose or args.verbosity > 9, media_path=_media_path(args),
-        media_marker=os.environ.get("LLAMA_MEDIA_MARKER", ""))  # llama-server's: a fixed marker
-
-
-def _media_path(args: argparse.Namespace) -> str:
-    """--media-path: a folder (llama-server's "not a directory"), with a trailing separator."""
-    path = args.media_path or ""
-    if path and not os.path.isdir(path):
-        raise ArgError("--media-path", f"not a directory: {path}")
-    return path if not path or path.endswith(os.sep) else path + os.sep
+        verbose=args.verbose or args.verbosity > 9, ui_settings=_ui_settings(args),
+        media_path=args.media_path or "",  # checked and given its separator while parsing
+        media_marker=os.environ.get("LLAMA_MEDIA_MARKER", ""),  # llama-server's: a fixed marker
+        request_defaults=RequestDefaults(
+            n_keep=args.n_keep, cache_prompt=args.cache_prompt,
+            stop=[process_escapes(s) if args.escape else s for s in args.antiprompt]),
+        prefill_assistant=args.prefill_assistant, spm_infill=args.spm_infill,
+        reasoning_budget_message=args.reasoning_budget_message, template_kwargs=dict(args.template_kwargs),
+        preserve_reasoning_specified=args.preserve_reasoning_specified, skip_chat_parsing=args.skip_chat_parsing)
 
 
 def engine_config(args: argparse.Namespace, scfg: ServerConfig, preload: Preload | None = None):
@@ -216,14 +143,18 @@ def engine_config(args: argparse.Namespace, scfg: ServerConfig, preload: Preload
     from runtime.serving import EngineConfig
 
     device = args.device  # "auto" is resolved by the engine
+    n_ctx = args.ctx_size
+    if args.kv_unified_per_slot > 0 and "-c" not in args.given:  # b1: the pool is n_parallel * N tokens
+        n_ctx = (args.parallel if args.parallel > 0 else 4) * args.kv_unified_per_slot
     return EngineConfig(
-        model_path=args.model, n_ctx=args.ctx_size, n_parallel=args.parallel,
-        kv_unified=True if args.kv_unified else None, swa_full=args.swa_full, ctx_checkpoints=args.ctx_checkpoints,
+        model_path=args.model, n_ctx=n_ctx, n_parallel=args.parallel,
+        kv_unified=args.kv_unified, kv_unified_per_slot=args.kv_unified_per_slot,
+        swa_full=args.swa_full, ctx_checkpoints=args.ctx_checkpoints,
         n_threads=args.threads, device=device,
         cache_ram_mib=args.cache_ram, cache_reuse=args.cache_reuse, cache_idle_slots=args.cache_idle_slots,
         sleep_idle_seconds=args.sleep_idle_seconds,
         slot_prompt_similarity=args.slot_prompt_similarity, slot_save_path=args.slot_save_path,
-        embeddings=args.embeddings or args.reranking, n_predict=args.n_predict, defaults=scfg.defaults,
+        embeddings=args.embeddings, n_predict=args.n_predict, defaults=scfg.defaults, special=args.special,
         chat_template=args.chat_template, chat_template_file=args.chat_template_file,
         verbosity=verbosity(args), n_batch=max(1, args.batch_size), n_ubatch=max(1, args.ubatch_size), kv_dtype=_kv_dtype(args), warmup=args.warmup,
         config_overrides=_rope_overrides(args), lora=lora_adapters(args),
@@ -249,9 +180,47 @@ def verbosity(args: argparse.Namespace) -> int:
 
 
 def _speculative_warning(args: argparse.Namespace, log: Logger) -> None:
-    if any(getattr(args, _dest("_spec_", names)) is not None for names, _ in _SPECULATIVE):
+    if args.speculative:
         log.srv("W", "llama_server", "speculative decoding is not supported: the draft model options are ignored "
                                      "(same output, decoded without a draft)")
+
+
+def _ui_settings(args: argparse.Namespace) -> dict:
+    """--ui-config / --ui-config-file: the web UI's default settings (/props ui_settings)."""
+    if args.ui_config is None:
+        return {}
+    from api.cli_opts_server import json_value
+    from api.cli_spec import Invalid
+
+    try:
+        value = json_value(args.ui_config)
+    except Invalid as e:
+        raise ArgError("--ui-config", f"failed to parse UI config: {e}") from None
+    return value if isinstance(value, dict) else {}
+
+
+def process_escapes(text: str) -> str:
+    """common's string_process_escapes: \\n \\r \\t \\' \\" \\\\ \\xHH (other escapes kept as written)."""
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text):
+            n = text[i + 1]
+            simple = {"n": "\n", "t": "\t", "'": "'", '"': '"', "r": "\r", "\\": "\\"}
+            if n in simple:
+                out.append(simple[n])
+                i += 2
+                continue
+            if n == "x" and i + 3 < len(text) and all(ch in "0123456789abcdefABCDEF" for ch in text[i + 2:i + 4]):
+                out.append(chr(int(text[i + 2:i + 4], 16)))
+                i += 4
+                continue
+            out.append(c + n)
+            i += 2
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def tp_size(args: argparse.Namespace) -> int:
@@ -259,9 +228,8 @@ def tp_size(args: argparse.Namespace) -> int:
     WORLD_SIZE, else 1."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     n = args.tensor_parallel_size
-    if n is None and (getattr(args, _dest("_noeffect_", ("-sm", "--split-mode"))) or "") == "row":
-        shares = getattr(args, _dest("_noeffect_", ("-ts", "--tensor-split"))) or ""
-        n = sum(1 for x in shares.replace("/", ",").split(",") if x.strip() and float(x) > 0) or None
+    if n is None and args.split_mode == "row":
+        n = sum(1 for x in (args.tensor_split or []) if x > 0) or None
     if n is None:
         return world
     if n < 1 or (world > 1 and n != world):
@@ -273,9 +241,18 @@ SWITCH_INTERVAL_S = 0.0005
 
 
 def main(argv: list[str] | None = None) -> int:
-    # as llama-server: "--backend_sampling" is "--backend-sampling"
-    argv = [a.replace("_", "-") if a.startswith("--") else a for a in (sys.argv[1:] if argv is None else argv)]
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)  # llama-server's parser: LLAMA_ARG_* variables, then argv
+    except Exit as e:  # --help, --version, --list-devices, ...
+        sys.stdout.write(e.stdout)
+        sys.stdout.flush()
+        sys.stderr.write(e.stderr)
+        sys.stderr.flush()
+        return e.code
+    except ArgError as e:
+        print(str(e), file=sys.stderr, flush=True)
+        return 1
     # no cyclic garbage collection while starting: the imports and the tokenizer make ~2M objects,
     # and the collections they trigger cost ~0.3 s of the load (qwen2.5 0.5B); `load` freezes
     # what the start made (never traversed again: shorter pauses while serving) and re-enables it
@@ -339,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if args.reuse_port and hasattr(socket, "SO_REUSEPORT"):  # --reuse-port
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if ":" in host and len(scfg.hosts) > 1:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # "::" binds IPv6 only
             # inherited by accepted connections: without it a keep-alive client waits ~40 ms for every

@@ -2,7 +2,7 @@
 and tags, and the agent features that narrow CORS (common/arg.cpp of llama-server b1-0c1e570).
 
 - `--host A,B`: every address is bound (same port); `LLAMA_ARG_HOST` is the default, the flag
-  replaces it.
+  replaces it (the options themselves are in api/cli_opts_server.py).
 - `--cors-origins` (default `*`), `--cors-methods`, `--cors-headers`, `--cors-credentials`
   (api/cors.py). `--tools`, `--mcp-servers-config` or `--mcp-servers-json` without an explicit
   `--cors-origins` make it `localhost`, as llama-server does for security.
@@ -12,41 +12,12 @@ and tags, and the agent features that narrow CORS (common/arg.cpp of llama-serve
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 
 def _csv_set(value: str | None) -> list[str]:
     """llama-server's comma-separated sets (std::set: sorted, unique, stripped, no empties)."""
     return sorted({v.strip() for v in (value or "").split(",") if v.strip()})
-
-
-def add_net_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("listening and CORS")
-    g.add_argument("--host", default=os.environ.get("LLAMA_ARG_HOST", "127.0.0.1"),
-                   help="IP addresses to listen on, comma-separated")
-    g.add_argument("--tags", default=None, metavar="STRING", help="model tags, comma-separated (informational)")
-    g.add_argument("--cors-origins", default=None, metavar="ORIGINS",
-                   help="allowed origins for CORS (default: *); 'localhost' reflects the Origin only if it is "
-                        "localhost")
-    g.add_argument("--cors-methods", default="GET, POST, DELETE, OPTIONS", metavar="METHODS",
-                   help="allowed methods for CORS")
-    g.add_argument("--cors-headers", default="*", metavar="HEADERS", help="allowed headers for CORS")
-    g.add_argument("--cors-credentials", dest="cors_credentials", action="store_true", default=True,
-                   help="allow credentials for CORS (with --cors-origins '*' the Origin is echoed back)")
-    g.add_argument("--no-cors-credentials", dest="cors_credentials", action="store_false")
-    g.add_argument("--ui-mcp-proxy", "--webui-mcp-proxy", dest="ui_mcp_proxy", action="store_true", default=False,
-                   help="experimental: enable the /cors-proxy endpoint (do not expose to untrusted networks)")
-    g.add_argument("--no-ui-mcp-proxy", "--no-webui-mcp-proxy", dest="ui_mcp_proxy", action="store_false")
-    g.add_argument("--tools", default=None, metavar="TOOL1,TOOL2,...",
-                   help="llama-server's built-in agent tools: tritium serves none, but like llama-server it then "
-                        "limits --cors-origins to localhost by default")
-    g.add_argument("--tools-runtime", default=None, metavar="OPTION", help=argparse.SUPPRESS)
-    g.add_argument("--mcp-servers-config", default=None, metavar="PATH", help=argparse.SUPPRESS)
-    g.add_argument("--mcp-servers-json", default=None, metavar="JSON", help=argparse.SUPPRESS)
-    g.add_argument("-ag", "--agent", dest="agent", action="store_true", default=False,
-                   help="the CORS proxy and the built-in tools (see --tools)")
-    g.add_argument("-no-ag", "--no-agent", dest="agent", action="store_false")
 
 
 def hosts(args: argparse.Namespace) -> list[str]:

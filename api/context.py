@@ -16,7 +16,15 @@ from api.engine_api import EngineAPI, TokenizerAPI
 from api.log import Logger
 from runtime.tasks import SamplingParams
 
-BUILD_INFO = "b1-tritium"
+from api.cli_info import BUILD_INFO  # noqa: F401 - re-exported (props)
+
+
+@dataclass
+class RequestDefaults:
+    """A request's defaults for the fields the command line sets (--keep, --no-cache-prompt, -r)."""
+    n_keep: int = 0
+    cache_prompt: bool = True
+    stop: list[str] = field(default_factory=list)  # -r/--reverse-prompt: stop strings of every request
 
 
 @dataclass
@@ -41,7 +49,7 @@ class ServerConfig:
     slot_save_path: str | None = None
     sse_ping_interval: float = 30.0
     max_body_size: int = 32 << 20  # bytes; 0 = no limit (api/guard.py)
-    read_timeout: float = 600.0  # --timeout: seconds per chunk of a request body
+    read_timeout: float = 3600.0  # --timeout: seconds per chunk of a request body
     shutdown_timeout: float = 5.0  # SIGTERM: seconds running requests get to finish
     embeddings: bool = False
     pooling: str = ""  # --pooling; "" = the model's own (GGUF {arch}.pooling_type, else none)
@@ -50,6 +58,16 @@ class ServerConfig:
     reasoning_format: str = "auto"
     reasoning_budget: int = -1
     enable_thinking: bool | None = None
+    reasoning_budget_message: str = ""
+    # --chat-template-kwargs / --reasoning / --reasoning-effort / --reasoning-preserve: the default
+    # chat_template_kwargs, each value as JSON text (common_params::default_template_kwargs)
+    template_kwargs: dict[str, str] = field(default_factory=dict)
+    preserve_reasoning_specified: bool = False
+    skip_chat_parsing: bool = False  # --skip-chat-parsing: everything the model writes is content
+    prefill_assistant: bool = True  # a final assistant message is continued (--no-prefill-assistant: not)
+    spm_infill: bool = False  # /infill puts the suffix first (--spm-infill)
+    request_defaults: RequestDefaults = field(default_factory=RequestDefaults)
+    ui_settings: dict = field(default_factory=dict)  # --ui-config: /props ui_settings
     n_predict: int = -1
     ui: bool = True  # the web chat page at / (api/routes/ui.py)
     public_path: str = ""  # --path: static files served instead of the built-in page (api/routes/ui.py)

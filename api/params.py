@@ -307,9 +307,13 @@ def parse_stop(raw: Any, openai: bool) -> list[str]:
 
 
 def parse_task(body: dict[str, Any], prompt_tokens: list[int], params: SamplingParams, n_predict_default: int,
-               openai: bool = False) -> CompletionTask:
-    """The CompletionTask of a request whose prompt is already tokenized."""
+               openai: bool = False, defaults: Any = None) -> CompletionTask:
+    """The CompletionTask of a request whose prompt is already tokenized; `defaults` (a
+    context.RequestDefaults): the command line's n_keep, cache_prompt and stop strings."""
     f = Fields(body)
+    stop = parse_stop(body.get("stop"), openai)
+    if defaults is not None and not stop:  # b1: no effective stop strings -> the -r ones
+        stop = list(defaults.stop)
     # b1's schema: the first present of n_predict, max_completion_tokens, max_tokens
     n_predict = f.integer("n_predict", f.integer("max_completion_tokens", f.integer("max_tokens", n_predict_default)))
     n_cache_reuse = f.integer("n_cache_reuse", -1) if f.has("n_cache_reuse") else None
@@ -318,11 +322,11 @@ def parse_task(body: dict[str, Any], prompt_tokens: list[int], params: SamplingP
         params=params,
         n_predict=n_predict,
         n_indent=f.integer("n_indent", 0),
-        stop=parse_stop(body.get("stop"), openai),
+        stop=stop,
         id_slot=f.integer("id_slot", -1),
-        cache_prompt=f.boolean("cache_prompt", True),
+        cache_prompt=f.boolean("cache_prompt", True if defaults is None else defaults.cache_prompt),
         n_cache_reuse=n_cache_reuse,
-        n_keep=f.integer("n_keep", 0),
+        n_keep=f.integer("n_keep", 0 if defaults is None else defaults.n_keep),
         stream=f.boolean("stream", False),
         return_tokens=f.boolean("return_tokens", False),
         t_max_predict_ms=f.integer("t_max_predict_ms", -1),

@@ -102,22 +102,69 @@ def _check_surrogates(text: str) -> None:
 
 
 # Python's decoder messages in nlohmann's words (its parser's exception_message): a client never
-# reads Python's "Expecting ',' delimiter"
-_WORDS = [("Expecting ',' delimiter", "value - unexpected {tok}; expected ',' or a closing bracket"),
-          ("Expecting ':' delimiter", "object separator - unexpected {tok}; expected ':'"),
-          ("Expecting property name", "object key - unexpected {tok}; expected string literal"),
-          ("Extra data", "value - unexpected {tok}; expected end of input"),
-          ("Unterminated string", "value - invalid string: missing closing quote"),
+# reads Python's "Expecting ',' delimiter". (where, expected token) per message; None: the context
+_WORDS = [("Expecting ',' delimiter", None),
+          ("Expecting ':' delimiter", ("object separator", "':'")),
+          ("Expecting property name", ("object key", "string literal")),
+          ("Extra data", ("value", "end of input")),
+          ("Expecting value", ("value", "'[', '{', or a literal"))]
+# lexer errors (no token): their own texts
+_LEXER = [("Unterminated string", "value - invalid string: missing closing quote"),
           ("Invalid control character", "value - invalid string: control character must be escaped"),
           ("Invalid \\uXXXX escape", "value - invalid string: '\\u' must be followed by 4 hex digits"),
           ("Invalid \\escape", "value - invalid string: forbidden character after backslash")]
 
 
+def _token_name(text: str, pos: int) -> str | None:
+    """nlohmann's token_type_name of the token at `pos`; None when no token starts there (a lexer
+    error: "invalid literal")."""
+    if pos >= len(text):
+        return "end of input"
+    c = text[pos]
+    if c in "[]{}:,":
+        return f"'{c}'"
+    if c == '"':
+        return "string literal"
+    if c in "-0123456789":
+        return "number literal"
+    for lit in ("true", "false", "null"):
+        if text.startswith(lit, pos):
+            return f"{lit} literal"
+    return None
+
+
+def _container(text: str, pos: int) -> str:
+    """"object" or "array": the innermost container open at `pos` (strings skipped)."""
+    stack, i, n = [], 0, min(pos, len(text))
+    while i < n:
+        c = text[i]
+        if c == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        elif c in "[{":
+            stack.append(c)
+        elif c in "]}" and stack:
+            stack.pop()
+        i += 1
+    return "object" if stack and stack[-1] == "{" else "array"
+
+
 def _nlohmann_words(msg: str, pos: int, text: str) -> str:
-    tok = f"'{text[pos]}'" if pos < len(text) else "end of input"
+    for python, words in _LEXER:
+        if msg.startswith(python):
+            return words
     for python, words in _WORDS:
         if msg.startswith(python):
-            return words.format(tok=tok)
+            if words is None:  # after a value inside a container
+                where = _container(text, pos)
+                words = (where, "'}'" if where == "object" else "']'")
+            where, expected = words
+            name = _token_name(text, pos)
+            if name is None:  # the lexer fails: its `last read` runs from the last string or number token
+                last = f"invalid literal; last read: '{text[_token_start(text, pos):pos + 1]}'"
+                return f"{where} - {last}" + ("" if python == "Expecting value" else f"; expected {expected}")
+            return f"{where} - unexpected {name}; expected {expected}"
     if pos >= len(text):
         return "value - unexpected end of input; expected '[', '{', or a literal"
     return f"value - invalid literal; last read: '{text[pos]}'"

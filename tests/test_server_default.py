@@ -139,15 +139,17 @@ def test_metrics_text_format():
 
 def test_llama_server_script_flags_are_accepted(start_server, tmp_path):
     """A typical llama-server launch line works unchanged: accepted flags (GPU offload, flash
-    attention, batch sizes, mmap/mlock, NUMA, continuous batching, draft model), the ones with an
-    effect here (-C pins the process, --log-file, --no-warmup, -ctk/-ctv, -b, RoPE overrides)."""
+    attention, batch sizes, load mode, NUMA, continuous batching, tensor overrides, draft model and
+    speculative settings), the ones with an effect here (-C pins the process, --log-file,
+    --no-warmup, -ctk/-ctv, -b, RoPE overrides). (b1-0c1e570 has no --mlock / --no-mmap: -lm.)"""
     import os
     log_file = tmp_path / "server.log"
-    srv = start_server("-ngl", "99", "-fa", "on", "-b", "1024", "-ub", "512", "-tb", "2", "--mlock", "--no-mmap",
+    srv = start_server("-ngl", "99", "-fa", "on", "-b", "1024", "-ub", "512", "-tb", "2", "-lm", "mmap+mlock",
                        "--numa", "distribute", "-cb", "--no-warmup", "-C", "1", "-ctk", "f32", "-ctv", "f32",
                        "--rope-freq-base", "20000", "-sm", "none", "-mg", "0", "--threads-http", "4",
-                       "-dt", "0.1", "--no-webui", "-md", "draft.gguf", "--draft-max", "8", "--log-file", str(log_file),
-                       "-dev", "none", "--top-nsigma", "-1", "--ignore-eos")
+                       "-dt", "0.1", "--no-webui", "-md", "draft.gguf", "--spec-draft-n-max", "8",
+                       "--spec-type", "ngram-simple", "-ot", "exps=CPU", "--n-cpu-moe", "4", "--log-file",
+                       str(log_file), "-dev", "none", "--top-nsigma", "-1", "--ignore-eos")
     assert os.sched_getaffinity(srv.proc.pid) == {0}
     r = httpx.post(srv.url + "/completion", json={"prompt": "hello", "n_predict": 4}, timeout=60)
     assert r.status_code == 200 and r.json()["tokens_predicted"] == 4
@@ -158,11 +160,13 @@ def test_llama_server_script_flags_are_accepted(start_server, tmp_path):
 
 
 @pytest.mark.parametrize("flag,value", [("--control-vector", "x.gguf"), ("-mu", "http://h/m.gguf"), ("-ctk", "q8_0"),
-                                        ("--control-vector-scaled", "x.gguf")])
+                                        ("--control-vector-scaled", "x.gguf:0.5"), ("--models-dir", "."),
+                                        ("--context-shift", None)])
 def test_unsupported_llama_server_flags_fail_clearly(flag, value):
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-m", "api.cli", flag, value], capture_output=True, text=True, timeout=60,
+    r = subprocess.run([sys.executable, "-m", "api.cli", flag] + ([value] if value else []), capture_output=True,
+                       text=True, timeout=60,
                        cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     assert r.returncode == 1
     assert r.stderr.startswith('error while handling argument "') and ("not supported" in r.stderr or "unsupported" in r.stderr)
@@ -271,7 +275,7 @@ def test_logit_bias_and_mirostat_flags_set_the_sampling_defaults():
     d = server_config(args).defaults
     assert d.logit_bias == [(15043, 1.0), (11, -2.5)]
     assert (d.mirostat, d.mirostat_eta, d.mirostat_tau) == (2, f32(0.2), 3.0)
-    with pytest.raises(ArgError, match='"--logit-bias": invalid input format'):
+    with pytest.raises(ArgError, match='"-l": invalid input format'):  # the spelling given, as llama-server
         server_config(build_parser().parse_args(["-l", "15043"]))
 
 

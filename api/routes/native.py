@@ -30,7 +30,7 @@ def native_request(ctx: ApiContext, body: dict[str, Any], prompt_tokens: list[in
     """`params`: the body's, when already parsed (one request's prompts share them)."""
     if params is None:
         params = parse_sampling(body, ctx.cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
-    task = parse_task(body, prompt_tokens, params, ctx.cfg.n_predict)
+    task = parse_task(body, prompt_tokens, params, ctx.cfg.n_predict, defaults=ctx.cfg.request_defaults)
     f = Fields(body)
     settings = sampling_settings(params, task.n_predict, task.stream, "Content-only",
                                  reasoning_format_name(ctx.cfg.reasoning_format),
@@ -99,7 +99,8 @@ async def infill(ctx: Ctx, request: Request) -> Response:
     def tokens() -> list[int]:  # off the event loop: the pieces may be megabytes
         prompt_tokens = list(tok.encode(prompt, add_special=False, parse_special=True)) if prompt else []
         return infill_api.format_infill(tok, prefix, suffix, extra, prompt_tokens,
-                                        ctx.engine.cfg.n_batch, ctx.cfg.n_predict, ctx.engine.n_ctx_slot)
+                                        ctx.engine.cfg.n_batch, ctx.cfg.n_predict, ctx.engine.n_ctx_slot,
+                                        ctx.cfg.spm_infill)
     toks = await off_loop(tokens)
     check_context(len(toks), ctx.engine.n_ctx_slot)
     req = await off_loop(native_request, ctx, body, toks, 0)

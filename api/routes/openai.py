@@ -46,7 +46,7 @@ async def oai_completion(ctx: Ctx, request: Request) -> Response:
         check_context(len(toks), ctx.engine.n_ctx_slot)
         if params is None:  # the same for every prompt: parsed (and its grammar compiled) once
             params = await off_loop(parse_sampling, body, cfg.defaults, ctx.tokenizer, ctx.engine.n_ctx_slot)
-        task = parse_task(body, toks, params, cfg.n_predict, openai=True)
+        task = parse_task(body, toks, params, cfg.n_predict, openai=True, defaults=cfg.request_defaults)
         task.media = media
         tasks.extend(with_children(task, n))
         leads.extend([b"data: null\n\n" if i > 0 else b""] + [b""] * (n - 1))

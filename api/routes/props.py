@@ -63,7 +63,8 @@ def modalities(ctx) -> dict[str, bool]:
 @router.get("/props")
 async def props(ctx: Ctx) -> Response:
     cfg, tok, tmpl = ctx.cfg, ctx.tokenizer, ctx.engine.chat_template
-    settings = sampling_settings(cfg.defaults, cfg.n_predict, False, "Content-only", "none", only_metrics=True)
+    settings = sampling_settings(cfg.defaults, cfg.n_predict, False, "Content-only", "none", only_metrics=True,
+                                 stop=cfg.request_defaults.stop, n_keep=cfg.request_defaults.n_keep)
     return json_response({
         "default_generation_settings": {"params": settings, "n_ctx": ctx.engine.n_ctx_slot},
         "total_slots": ctx.engine.n_slots,
@@ -76,7 +77,7 @@ async def props(ctx: Ctx) -> Response:
         "endpoint_props": cfg.props,
         "endpoint_metrics": cfg.metrics,
         "ui": cfg.ui,
-        "ui_settings": {},
+        "ui_settings": cfg.ui_settings,
         "chat_template": chat_api.template_source(tmpl),
         "chat_template_caps": chat_api.template_caps(tmpl),
         "bos_token": chat_api.special_text(tok, tok.bos_id),

@@ -89,7 +89,10 @@ def slot_layout(cfg: EngineConfig, n_ctx_train: int) -> tuple[int, int, bool, in
         n_slots, unified = 4, True
     else:
         n_slots, unified = max(1, cfg.n_parallel), bool(cfg.kv_unified)
-    return n_ctx, n_slots, unified, n_ctx if unified else n_ctx // n_slots
+    n_ctx_slot = n_ctx if unified else n_ctx // n_slots
+    if cfg.kv_unified_per_slot > 0:  # --kv-unified-per-slot N: no slot's context goes beyond N tokens
+        n_ctx_slot = min(n_ctx_slot, cfg.kv_unified_per_slot)
+    return n_ctx, n_slots, unified, n_ctx_slot
 
 
 def _load_adapters(cfg: EngineConfig, lm, model: Model, log: Log) -> None:
@@ -205,7 +208,7 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     # a GGUF's metadata was read by the model loader: the tokenizer is built from it, not parsed again
     tk = tokenizer[0].result()
     chat_template = _chat_template(cfg, tk)
-    vocab = Vocabulary(tk, frozenset(tk.eot_ids), set(tk.control_ids()))
+    vocab = Vocabulary(tk, frozenset(tk.eot_ids), set() if cfg.special else set(tk.control_ids()), cfg.special)
     for w in getattr(tk, "warnings", []):
         log("W", f"load: {w}")
 

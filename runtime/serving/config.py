@@ -19,6 +19,7 @@ class EngineConfig:
     n_ctx: int = 4096  # 0 = the model's training context
     n_parallel: int = -1  # -1 = auto: 4 slots, unified KV
     kv_unified: bool | None = None
+    kv_unified_per_slot: int = 0  # --kv-unified-per-slot N: each slot's context is at most N tokens (0: no cap)
     swa_full: bool = False  # sliding-window layers keep the whole context (else only their window)
     ctx_checkpoints: int = 32  # llama-server's context checkpoints per slot (0: none; plan.prompt_breaks)
     n_threads: int = -1
@@ -30,6 +31,7 @@ class EngineConfig:
     slot_prompt_similarity: float = 0.10
     slot_save_path: str | None = None
     embeddings: bool = False
+    special: bool = False  # --special: control tokens are rendered in the generated text
     n_predict: int = -1
     n_batch: int = 2048
     n_ubatch: int = 512  # rows of one forward: a step with more runs as several (bounds activation memory)

@@ -27,8 +27,9 @@ class GrammarError(ValueError):
 
 
 class Vocabulary:
-    def __init__(self, tokenizer, eog: frozenset[int], control: set[int]):
-        self.tokenizer, self.eog, self.control = tokenizer, eog, control
+    def __init__(self, tokenizer, eog: frozenset[int], control: set[int], special: bool = False):
+        """`special` (--special): control tokens are rendered as text too (then `control` is empty)."""
+        self.tokenizer, self.eog, self.control, self.special = tokenizer, eog, control, special
         self._grammar_compiler = None
         self._compiler_lock = threading.Lock()
         self._precompiler: concurrent.futures.ThreadPoolExecutor | None = None
@@ -61,7 +62,7 @@ class Vocabulary:
     def token_prob(self, tok: int, logprob: float) -> TokenProb:
         """A candidate as llama-server lists it: its piece without special rendering (a control or
         unknown token shows as "", as without --special)."""
-        b = self.tokenizer.piece(tok, special=False)
+        b = self.tokenizer.piece(tok, special=self.special)
         return TokenProb(tok, b.decode("utf-8", "replace"), list(b), logprob)
 
     # ---- set-up at admission ---------------------------------------------------------------
