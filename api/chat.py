@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.chat_checks import check_message_shapes, parse_messages, parse_tools
+from api.chat_kwargs import request_kwargs, template_variables
 from api.errors import ApiError
 from api.params import CHAT_PARSER_FAILED, Fields, schema_to_grammar_or_400
 from runtime.serving.failures import describe
@@ -39,6 +40,8 @@ def special_text(tok: Any, tid: int | None) -> str:
     return tok.piece(tid).decode("utf-8", "replace")
 
 
+PEG_SPACE = " \t\n\v\f\r"  # what llama.cpp's PEG parsers skip between parts (std::isspace)
+
 # user messages (the last ones) whose token positions a chat task carries (chat_task.user_starts)
 USER_STARTS_MAX = 8
 
@@ -66,6 +69,8 @@ class ChatPrep:
     files: list[bytes] = field(default_factory=list)  # the media parts' files, one per media marker in `prompt`
     media: list[Any] = field(default_factory=list)  # their chunks once tokenized (CompletionTask.media)
     part_starts: list[int] = field(default_factory=list)  # where the prompt's text after each marker begins
+    # --skip-chat-parsing: everything the model writes is content (b1's pure content parser)
+    content_only: bool = False
 
 
 def _tool_choice(raw: Any) -> str:
@@ -136,18 +141,23 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         out["n_probs"] = f.integer("top_logprobs", 20)
     elif f.has("top_logprobs"):
         raise ApiError("top_logprobs requires logprobs to be set to true")
+    # --skip-chat-parsing (b1's force_pure_content_parser): the prompt is rendered as usual, the output
+    # is all content: no reasoning or tool-call parsing, no tool grammar, no response_format grammar
+    content_only = bool(getattr(cfg, "skip_chat_parsing", False)) and cfg.jinja
     rf = body.get("response_format")
     if rf is not None:
         if not isinstance(rf, dict):
             raise ApiError("response_format must be an object")
         kind = rf.get("type")
         if kind == "json_object":
-            out["json_schema"] = rf.get("schema", {"type": "object"})
+            schema = rf.get("schema", {"type": "object"})
         elif kind == "json_schema":
             js = rf.get("json_schema") or {}
-            out["json_schema"] = js.get("schema", {"type": "object"}) if isinstance(js, dict) else {"type": "object"}
+            schema = js.get("schema", {"type": "object"}) if isinstance(js, dict) else {"type": "object"}
         elif kind != "text":
             raise ApiError(f'response_format type must be one of "text" or "json_object", but got: {kind}')
+        if kind in ("json_object", "json_schema") and not content_only:
+            out["json_schema"] = schema
     stream_options = body.get("stream_options")
     # a field of b1's schema: an object's include_usage must be a boolean (or null)
     include_usage = isinstance(stream_options, dict) and Fields(stream_options).boolean("include_usage", False)
@@ -163,18 +173,11 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         prefill = content if isinstance(content, str) else ""
         msgs = msgs[:-1]
         add_generation_prompt = True  # the turn before it is opened, then its content follows
-    kwargs: dict[str, Any] = {}
-    ctk = body.get("chat_template_kwargs")
-    if ctk is not None:
-        if not isinstance(ctk, dict):
-            raise ApiError("chat_template_kwargs must be an object")
-        kwargs.update(ctk)
+    # the server's kwargs (--chat-template-kwargs, --reasoning*, ...) and the request's (api/chat_kwargs.py)
+    kwargs, enable_thinking = request_kwargs(cfg, tmpl, body)
     if "add_generation_prompt" in kwargs:  # llama.cpp's extra_context overrides the template's variable
         add_generation_prompt = bool(kwargs.pop("add_generation_prompt"))  # jinja truthiness
-    if cfg.enable_thinking is not None:
-        kwargs.setdefault("enable_thinking", cfg.enable_thinking)
-    if f.has("reasoning_effort"):
-        kwargs.setdefault("reasoning_effort", f.string("reasoning_effort", ""))
+    kwargs = template_variables(kwargs, enable_thinking)
     # the template sees each tool as llama-server re-serializes it (common_chat_tools_to_json_oaicompat):
     # name, description, parameters only (a Responses tool's "strict" is not printed)
     fns = [t.get("function") if isinstance(t, dict) else None for t in tools]
@@ -208,11 +211,14 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     # b1-0c1e570 ignores the tools of a template that cannot render tool calls (its generated
     # parser has no tool syntax to read: no grammar, the output is content)
     caps = template_caps(tmpl)
-    if tools and not caps.get("supports_tool_calls", True):
+    if tools and not caps.get("supports_tool_calls", True) or content_only:
         tools = []
+    if content_only:
+        think_prefix = ""
     chat_format = tmpl.format(bool(tools), tool_choice, "json_schema" in out, jinja=cfg.jinja)
     grammar_prefix = ""
-    if chat_format == ChatFormat.PEG_NATIVE and out.get("json_schema") is not None and not body.get("grammar"):
+    if chat_format == ChatFormat.PEG_NATIVE and out.get("json_schema") is not None and not body.get("grammar") \
+            and not content_only:
         # b1-0c1e570: the schema's JSON, bare or in a ```json fence (the content is the JSON alone),
         # the grammar primed with a prefilled assistant turn (the JSON may have begun there)
         out["grammar"] = schema_to_grammar_or_400(out.pop("json_schema"), json_response_grammar, chat=True)
@@ -221,7 +227,7 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
                     # b1-0c1e570's default: whether the template can render several calls
                     f.boolean("parallel_tool_calls", caps.get("supports_parallel_tool_calls", False)),
                     include_usage, ChatFormat.PEG_NATIVE if cfg.jinja else ChatFormat.CONTENT_ONLY, grammar_prefix,
-                    gen_prompt + prefill, user_prefixes, files)
+                    gen_prompt + prefill, user_prefixes, files, content_only=content_only)
 
 
 def media_options(server: Any) -> dict[str, Any] | None:
@@ -269,11 +275,20 @@ class ChatOutput:
     def __init__(self, prep: ChatPrep):
         self.prep = prep
         self.parse_tools = bool(prep.tools) and prep.tool_choice != "none"
-        self.stream = StreamingChatParser(prep.chat_format, prep.reasoning_format, bool(prep.think_prefix),
-                                          self.parse_tools, prep.think_prefix + prep.prefill)
+        # --skip-chat-parsing: no reasoning split either
+        self.format = ChatFormat.CONTENT_ONLY if prep.content_only else prep.chat_format
+        self.reasoning_format = "none" if prep.content_only else prep.reasoning_format
+        self.stream = StreamingChatParser(self.format, self.reasoning_format, bool(prep.think_prefix),
+                                          self.parse_tools, "" if prep.content_only else prep.think_prefix + prep.prefill)
         self.has_tool_calls = False
+        self._leading = prep.content_only  # the pure content parser skips the whitespace the text starts with
 
     def add(self, text: str) -> list[dict[str, Any]]:
+        if self._leading:
+            text = text.lstrip(PEG_SPACE)
+            if not text:
+                return []
+            self._leading = False
         deltas = self.stream.feed(text)
         self.has_tool_calls |= any("tool_calls" in d for d in deltas)
         return deltas
@@ -284,7 +299,9 @@ class ChatOutput:
         return deltas
 
     def final_message(self, content: str) -> dict[str, Any]:
-        msg = parse_chat_output(content, self.prep.chat_format, self.prep.reasoning_format,
+        if self.prep.content_only:  # b1's pure content parser: literal(generation_prompt) << content(rest)
+            return {"role": "assistant", "content": content.lstrip(PEG_SPACE)}
+        msg = parse_chat_output(content, self.format, self.reasoning_format,
                                 bool(self.prep.think_prefix), self.parse_tools,
                                 self.prep.think_prefix + self.prep.prefill)
         self.has_tool_calls = bool(msg.tool_calls)

@@ -185,6 +185,22 @@ def _speculative_warning(args: argparse.Namespace, log: Logger) -> None:
                                      "(same output, decoded without a draft)")
 
 
+def preserve_reasoning_notes(scfg: ServerConfig, tmpl) -> list[tuple[str, str]]:
+    """What llama-server logs at load about --reasoning-preserve and the template (server_context::init)."""
+    supported = bool((getattr(tmpl, "caps", None) or {}).get("supports_preserve_reasoning"))
+    specified = scfg.preserve_reasoning_specified
+    enabled = scfg.template_kwargs.get("preserve_reasoning", "true") == "true"
+    out = []
+    if supported and not specified:
+        out.append(("W", "chat template supports preserving reasoning, it is enabled by default (may use more "
+                         "tokens, disable via --no-reasoning-preserve)"))
+    if supported and not enabled:
+        out.append(("I", "chat template supports preserving reasoning, consider enabling it via --reasoning-preserve"))
+    if not supported and specified and enabled:
+        out.append(("W", "chat template does NOT support preserving reasoning, --reasoning-preserve has no effect"))
+    return out
+
+
 def _ui_settings(args: argparse.Namespace) -> dict:
     """--ui-config / --ui-config-file: the web UI's default settings (/props ui_settings)."""
     if args.ui_config is None:
@@ -356,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         scfg.model_path = ecfg.model_path or scfg.model_path
         log.srv("I", "load_model", f"initializing, n_slots = {engine.n_slots}, n_ctx_slot = {engine.n_ctx_slot}, "
                                    f"kv_unified = '{str(engine.kv_unified).lower()}'")
+        for level, msg in preserve_reasoning_notes(scfg, engine.chat_template):
+            log.srv(level, "init", msg)
         if ecfg.cache_ram_mib != 0:
             limit = "no limit" if ecfg.cache_ram_mib < 0 else f"{ecfg.cache_ram_mib} MiB"
             log.srv("I", "load_model", f"prompt cache is enabled, size limit: {limit}", min_verbosity=4)

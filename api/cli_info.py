@@ -132,3 +132,37 @@ def cached_models() -> list[str]:
 def write(text: str, stream=None) -> None:
     (stream or sys.stdout).write(text)
     (stream or sys.stdout).flush()
+
+
+def markdown_table(options: list[Opt]) -> str:
+    """The README's flag table: llama-server's options grouped by what they do in tritium (first
+    spelling of each), the same text the README carries (tests/test_cli_args.py checks it)."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for o in options:
+        if o.section is Section.TRITIUM:
+            continue
+        if o.effect is Effect.APPLIES:
+            key = ("takes effect", "")
+        elif o.effect is Effect.EXIT:
+            key = ("prints and exits", "")
+        elif o.effect is Effect.NO_EFFECT:
+            key = ("accepted, no effect", o.note)
+        elif o.effect is Effect.PENDING:
+            key = ("parsed, refused at start-up (not supported yet)", o.note)
+        else:
+            key = ("refused as by llama-server b1-0c1e570", o.note or "the argument has been removed")
+        groups.setdefault(key, []).append(next((a for a in o.args if a.startswith("--")), o.args[0]))
+    order = ["takes effect", "prints and exits", "accepted, no effect",
+             "parsed, refused at start-up (not supported yet)", "refused as by llama-server b1-0c1e570"]
+    rows = ["| flags | in tritium |", "| --- | --- |"]
+    for what in order:
+        for (w, why), flags in groups.items():
+            if w == what:
+                rows.append(f"| {', '.join(f'`{f}`' for f in flags)} | {what}{': ' + why if why else ''} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    from api.cli_args import OPTIONS
+
+    write(markdown_table(OPTIONS))

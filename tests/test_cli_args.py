@@ -58,10 +58,14 @@ def test_no_spelling_of_tritiums_own_is_passed_off_as_llama_servers():
 
 
 def test_effects_are_documented():
-    """Every option that does nothing here says why; every pending one names what it needs."""
+    """Every option that does nothing here says why; every pending one names what it needs; the
+    README's flag table is the one these notes make (python -m api.cli_info prints it)."""
+    from api.cli_info import markdown_table
+
     for o in OPTIONS:
         if o.effect in (Effect.NO_EFFECT, Effect.PENDING):
             assert o.note, o.args
+    assert markdown_table(OPTIONS) in (ROOT / "README.md").read_text()
 
 
 # ---- a value for every option ------------------------------------------------------------------

@@ -257,7 +257,8 @@ def detect_caps(template: jinja2.Template, env: jinja2.Environment, source: str)
         {"role": "user", "content": "User message"},
         {"role": "assistant", "content": "Assistant message", "reasoning_content": "Reasoning content"},
         {"role": "user", "content": "User message"},
-    ], [], extra={"enable_thinking": True})
+    ], [], extra={"enable_thinking": True, "preserve_thinking": True, "clear_thinking": False,  # caps_apply_
+                  "truncate_history_thinking": False, "drop_thinking": False})            # preserve_reasoning
     if placeholder in r.text:
         caps["supports_preserve_reasoning"] = True
     # reasoning effort: does the template read the variable at all?

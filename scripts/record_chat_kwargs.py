@@ -1,0 +1,120 @@
+"""Record llama-server b1-0c1e570's answers about chat template kwargs and reasoning flags.
+
+    python scripts/record_chat_kwargs.py [/path/to/llama-server] [--model M.gguf]
+
+Starts the reference binary with each case's flags (the built-in tiny model of tritium, whose file
+is generated deterministically, and tests/data/templates/kwargs-probe.jinja, a template printing the
+variables), sends each request and keeps the answer (status and JSON; of a chat completion only the
+message and finish reason) and the load log's lines about preserving reasoning, in
+tests/data/llama_server_chat_kwargs.json. tests/test_chat_kwargs.py sends the same to tritium.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "data" / "llama_server_chat_kwargs.json"
+TEMPLATE = ROOT / "tests" / "data" / "templates" / "kwargs-probe.jinja"
+
+HISTORY = [{"role": "user", "content": "hi"},
+           {"role": "assistant", "content": "hello", "reasoning_content": "earlier thought"},
+           {"role": "user", "content": "and now?"}]
+
+
+def apply(**extra) -> tuple[str, dict]:
+    return "/apply-template", {"messages": HISTORY, **extra}
+
+
+def chat(**extra) -> tuple[str, dict]:
+    return "/v1/chat/completions", {"messages": HISTORY, "max_tokens": 8, "temperature": 0, **extra}
+
+
+T = ["--chat-template-file", str(TEMPLATE)]
+CASES: list[tuple[list[str], list[tuple[str, dict]]]] = [
+    (T, [apply(), apply(chat_template_kwargs={"enable_thinking": False, "custom": "c1"}),
+         apply(reasoning_effort="high"), apply(reasoning_effort="none"), apply(reasoning_effort=""),
+         apply(chat_template_kwargs={"enable_thinking": "false"}), apply(chat_template_kwargs={"enable_thinking": 0}),
+         apply(chat_template_kwargs={"preserve_reasoning": False}),
+         apply(chat_template_kwargs={"clear_thinking": True, "reasoning_strength": "s"}, reasoning_effort="low"),
+         apply(chat_template_kwargs={"reasoning_effort": "medium"}), apply(chat_template_kwargs={"custom": 42}),
+         chat(), chat(chat_template_kwargs={"enable_thinking": False})]),
+    (T + ["--reasoning", "off"], [apply(), apply(chat_template_kwargs={"enable_thinking": True})]),
+    (T + ["--chat-template-kwargs", '{"enable_thinking":false,"custom":"server"}'],
+     [apply(), apply(chat_template_kwargs={"custom": "request"})]),
+    (T + ["--reasoning-effort", "low"], [apply(), apply(reasoning_effort="none"), apply(reasoning_effort="high")]),
+    (T + ["--reasoning-effort", "low", "--reasoning-effort", "default"], [apply()]),
+    (T + ["--no-reasoning-preserve"], [apply(), apply(chat_template_kwargs={"preserve_reasoning": True})]),
+    (T + ["--reasoning-preserve"], [apply()]),
+    (T + ["--skip-chat-parsing"], [apply(), chat(), chat(chat_template_kwargs={"enable_thinking": False})]),
+    (["--chat-template", "chatml", "--reasoning-preserve"], [apply()]),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_case(binary: str, model: str, flags: list[str], requests: list[tuple[str, dict]]) -> dict:
+    port = free_port()
+    log = ROOT / f".record-{port}.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([binary, "-m", model, "--port", str(port), "-np", "1", "-c", "512", *flags],
+                                stdout=f, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        answers = []
+        for path, body in requests:
+            r = httpx.post(url + path, json=body, timeout=120)
+            data = r.json()
+            if path.endswith("/chat/completions") and r.status_code == 200:
+                data = {"message": data["choices"][0]["message"], "finish_reason": data["choices"][0]["finish_reason"]}
+            answers.append({"path": path, "body": body, "status": r.status_code, "json": data})
+        lines = [ln.split(" init: ", 1)[1] for ln in log.read_text(errors="replace").splitlines()
+                 if " init: chat template" in ln]
+        return {"flags": flags, "answers": answers, "log": lines}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.unlink()
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    model = str(Path(os.environ.get("TRITIUM_CACHE", Path.home() / ".cache" / "tritium"))
+                / "tritium-builtin-tiny-v1-f32.gguf")
+    if "--model" in args:
+        i = args.index("--model")
+        model = args[i + 1]
+        del args[i:i + 2]
+    binary = args[0] if args else os.environ.get("LLAMA_SERVER", "/work/lsb/llama-server")
+    cases = [run_case(binary, model, flags, reqs) for flags, reqs in CASES]
+    rel = [[a.replace(str(ROOT) + "/", "") for a in c["flags"]] for c in cases]
+    for c, flags in zip(cases, rel):
+        c["flags"] = flags
+    OUT.write_text(json.dumps({"binary": "llama-server b1-0c1e570", "generator": "scripts/record_chat_kwargs.py",
+                               "model": "tritium's built-in tiny model (tritium-builtin-tiny-v1-f32.gguf)",
+                               "cases": cases}, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"{len(cases)} cases -> {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
