@@ -73,6 +73,25 @@ class ChatPrep:
     content_only: bool = False
 
 
+def _int_or(v: Any, default: int) -> int:
+    """nlohmann's json_value for an int: the default when the value is not a number."""
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else default
+
+
+def reasoning_fields(cfg: Any, body: dict[str, Any], tags: tuple[str, str]) -> dict[str, Any]:
+    """The budget fields b1 passes a chat request that has reasoning tags: its budget (its own,
+    thinking_budget_tokens, else --reasoning-budget), the tags, the message, reasoning_control."""
+    budget = _int_or(body.get("reasoning_budget_tokens"), _int_or(body.get("thinking_budget_tokens"), -1))
+    if budget == -1:
+        budget = cfg.reasoning_budget
+    msg = body.get("reasoning_budget_message")
+    control = body.get("reasoning_control")
+    return {"reasoning_budget_tokens": budget, "reasoning_budget_start_tag": tags[0],
+            "reasoning_budget_end_tags": [tags[1]],
+            "reasoning_budget_message": msg if isinstance(msg, str) else cfg.reasoning_budget_message,
+            "reasoning_control": control if isinstance(control, bool) else False}
+
+
 def _tool_choice(raw: Any) -> str:
     """b1-0c1e570 reads `tool_choice` as a string (json_value): any other JSON value, an object naming
     one function included, is its default "auto"; a string must be auto, none or required."""
@@ -223,6 +242,9 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         # the grammar primed with a prefilled assistant turn (the JSON may have begun there)
         out["grammar"] = schema_to_grammar_or_400(out.pop("json_schema"), json_response_grammar, chat=True)
         grammar_prefix = prefill
+    tags = getattr(tmpl, "thinking_tags", None) if cfg.jinja and not content_only else None
+    if tags:  # the template's reasoning tags: the budget sampler (runtime/sampling/reasoning_budget.py)
+        out.update(reasoning_fields(cfg, body, tags))
     return ChatPrep(out, prompt, chat_format, reasoning_format, prefill, think_prefix, tools, tool_choice,
                     # b1-0c1e570's default: whether the template can render several calls
                     f.boolean("parallel_tool_calls", caps.get("supports_parallel_tool_calls", False)),

@@ -117,7 +117,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         dry_multiplier=f32(args.dry_multiplier), dry_base=f32(args.dry_base),
         dry_allowed_length=args.dry_allowed_length, dry_penalty_last_n=args.dry_penalty_last_n,
         dry_sequence_breakers=breakers, samplers=[s for s in args.samplers if s in KNOWN_SAMPLERS],
-        grammar=grammar)
+        grammar=grammar, reasoning_budget_tokens=args.reasoning_budget)
     return ServerConfig(
         model_path=args.model or "", port=args.port, api_keys=_api_keys(args), **cli_net.net_settings(args),
         max_body_size=args.max_body_size, read_timeout=float(args.timeout), shutdown_timeout=args.shutdown_timeout,

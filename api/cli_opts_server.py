@@ -255,11 +255,9 @@ OPTIONS = [
     opt(("-rea", "--reasoning"), "[on|off|auto]", _reasoning, env="LLAMA_ARG_REASONING", section=SV),
     opt(("--reasoning-effort",), "LEVEL", _reasoning_effort, env="LLAMA_ARG_REASONING_EFFORT", section=SV),
     opt(("--reasoning-budget",), "N", checked(_reasoning_budget, "reasoning_budget"), kind=Kind.INT,
-        env="LLAMA_ARG_THINK_BUDGET", section=SV, effect=P, note="the reasoning budget (N >= 0)",
-        startup=lambda ns: "the reasoning budget (--reasoning-budget N >= 0) is not supported yet"
-        if ns.reasoning_budget >= 0 else None),
+        env="LLAMA_ARG_THINK_BUDGET", section=SV),
     opt(("--reasoning-budget-message",), "MESSAGE", store("reasoning_budget_message"),
-        env="LLAMA_ARG_THINK_BUDGET_MESSAGE", section=SV, effect=N, note="used by the reasoning budget only"),
+        env="LLAMA_ARG_THINK_BUDGET_MESSAGE", section=SV),
     opt(("--reasoning-preserve",), None, _reasoning_preserve, neg=("--no-reasoning-preserve",),
         env="LLAMA_ARG_REASONING_PRESERVE", section=SV),
     opt(("--chat-template",), "JINJA_TEMPLATE", lambda ns, v: (setattr(ns, "chat_template", v),

@@ -130,6 +130,10 @@ class EngineAPI(Protocol):
 
     def metrics(self) -> dict[str, float]: ...
 
+    def control(self, cmpl_id: str, action: str) -> dict[str, Any]:
+        """POST /v1/chat/completions/control: {"success": bool[, "message": str]}."""
+        ...
+
     def lora_adapters(self) -> list[dict[str, Any]]:
         """GET /lora-adapters: [{id, path, scale, task_name, prompt_prefix}]."""
         ...

@@ -143,6 +143,7 @@ BODIES: dict[str, dict[str, Any]] = {
                              "user": string}, "prompt"),
     "/v1/chat/completions": body({**SAMPLING, **CHAT}, "messages"),
     "/v1/chat/completions/input_tokens": body({**SAMPLING, **CHAT}, "messages"),
+    "/v1/chat/completions/control": body({"id": string, "action": {"enum": ["reasoning_end"]}}, "id", "action"),
     "/apply-template": body(TEMPLATE, "messages"),
     "/v1/responses": body(RESPONSES, "input"),
     "/v1/responses/input_tokens": body(RESPONSES, "input"),

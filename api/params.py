@@ -257,7 +257,26 @@ def parse_sampling(body: dict[str, Any], defaults: SamplingParams, tokenizer: An
         p.grammar = grammar
     # else: the server's --grammar / --json-schema default ("" without one)
     p.grammar_lazy = f.boolean("grammar_lazy", p.grammar_lazy)
+    _reasoning_tags(body, p, tokenizer)
     return p
+
+
+def _reasoning_tags(body: dict[str, Any], p: SamplingParams, tokenizer: Any) -> None:
+    """reasoning_budget_start_tag / reasoning_budget_end_tags (or _end_tag) / reasoning_budget_message
+    as token ids (b1's schema; a chat request gets them from its template: api/chat.py)."""
+    def ids(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special=False, parse_special=True))
+    start = body.get("reasoning_budget_start_tag")
+    if isinstance(start, str):
+        p.reasoning_start = ids(start)
+    ends = body.get("reasoning_budget_end_tags", body.get("reasoning_budget_end_tag"))
+    if isinstance(ends, str):
+        ends = [ends]
+    if isinstance(ends, list):
+        p.reasoning_end = [ids(t) for t in ends if isinstance(t, str) and t]
+    if "reasoning_budget_message" in body and p.reasoning_end:
+        msg = body["reasoning_budget_message"]
+        p.reasoning_forced = (ids(msg) if isinstance(msg, str) and msg else []) + list(p.reasoning_end[0])
 
 
 # b1-0c1e570's prefix for a chat schema (response_format, a tool's parameters) its generated chat

@@ -53,6 +53,14 @@ class SamplingParams:
     grammar_lazy: bool = False
     grammar_triggers: list[str] = field(default_factory=list)
     preserved_tokens: list[int] = field(default_factory=list)
+    # the reasoning budget (runtime/sampling/reasoning_budget.py), made when the start and end tags
+    # are known and a budget (>= 0) or reasoning_control asks for it: the tags' token ids, and what
+    # is forced to end a reasoning block (the budget message, then the first end tag)
+    reasoning_budget_tokens: int = -1
+    reasoning_control: bool = False
+    reasoning_start: list[int] = field(default_factory=list)
+    reasoning_end: list[list[int]] = field(default_factory=list)
+    reasoning_forced: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -78,6 +86,7 @@ class CompletionTask:
     is_child: bool = False  # one of the n - 1 extra completions of `n`: its slot keeps no cache afterwards
     chat_format: str = "Content-only"  # echoed in generation_settings: llama.cpp's name of the parser format
     user_starts: list[int] = field(default_factory=list)  # chat: token positions where user messages begin
+    cmpl_id: str = ""  # an OpenAI-style completion's id ("chatcmpl-..."): /v1/chat/completions/control finds it
     infill: bool = False  # an /infill task: like llama-server's, it never saves to or loads from --cache-ram
     # images / audio clips of the prompt (runtime.vision.media.MediaChunk: where their tokens sit in
     # prompt_tokens, which are negative ids there; their preprocessed inputs, opaque to api/)

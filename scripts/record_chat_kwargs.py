@@ -37,6 +37,39 @@ def chat(**extra) -> tuple[str, dict]:
     return "/v1/chat/completions", {"messages": HISTORY, "max_tokens": 8, "temperature": 0, **extra}
 
 
+def control(**body) -> tuple[str, dict]:
+    return "/v1/chat/completions/control", body
+
+
+def live(action: str = "reasoning_end", **extra) -> tuple[str, dict]:
+    """A streamed chat completion; after its first chunk, a control request naming its id."""
+    return "live", {"action": action, "chat": {"messages": HISTORY, "max_tokens": 300, "temperature": 0,
+                                               "ignore_eos": True, "stream": True, **extra}}
+
+
+def run_live(url: str, body: dict) -> dict:
+    """What a control request answers mid-stream, and what the stream said before and after it:
+    reasoning and content text (their lengths after, and whether the forced end came at once)."""
+    before = {"reasoning": "", "content": ""}
+    after = {"reasoning": "", "content": ""}
+    answer = None
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body["chat"], timeout=300) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            delta = (chunk.get("choices") or [{}])[0].get("delta", {})
+            side = before if answer is None else after
+            side["reasoning"] += delta.get("reasoning_content") or ""
+            side["content"] += delta.get("content") or ""
+            if answer is None and (delta.get("reasoning_content") or delta.get("content")):
+                c = httpx.post(url + "/v1/chat/completions/control", json={"id": chunk["id"], "action": body["action"]},
+                               timeout=60)
+                answer = {"status": c.status_code, "json": c.json()}
+    return {"control": answer, "reasoning_after": len(after["reasoning"]) > 0, "content_after": len(after["content"]) > 0,
+            "content_before": before["content"]}
+
+
 T = ["--chat-template-file", str(TEMPLATE)]
 CASES: list[tuple[list[str], list[tuple[str, dict]]]] = [
     (T, [apply(), apply(chat_template_kwargs={"enable_thinking": False, "custom": "c1"}),
@@ -55,6 +88,16 @@ CASES: list[tuple[list[str], list[tuple[str, dict]]]] = [
     (T + ["--reasoning-preserve"], [apply()]),
     (T + ["--skip-chat-parsing"], [apply(), chat(), chat(chat_template_kwargs={"enable_thinking": False})]),
     (["--chat-template", "chatml", "--reasoning-preserve"], [apply()]),
+    # the reasoning budget and /v1/chat/completions/control
+    (T, [chat(max_tokens=12, reasoning_budget_tokens=3), chat(max_tokens=12, reasoning_budget_tokens=0),
+         chat(max_tokens=16, reasoning_budget_tokens=2, reasoning_budget_message=" Enough."),
+         chat(max_tokens=12, thinking_budget_tokens=4), chat(max_tokens=12, reasoning_budget_tokens=-5),
+         control(), control(id="chatcmpl-x"), control(id="chatcmpl-x", action="reasoning_end"),
+         control(id=5, action="reasoning_end"), live(reasoning_control=True), live(reasoning_control=False)]),
+    (T + ["--reasoning-budget", "3", "--reasoning-budget-message", " Stop."],
+     [chat(max_tokens=14), chat(max_tokens=14, reasoning_budget_tokens=1), chat(max_tokens=12, stream=False,
+                                                                               reasoning_budget_tokens=-1)]),
+    (T + ["--skip-chat-parsing", "--reasoning-budget", "2"], [chat(max_tokens=10)]),
 ]
 
 
@@ -82,6 +125,9 @@ def run_case(binary: str, model: str, flags: list[str], requests: list[tuple[str
             time.sleep(0.2)
         answers = []
         for path, body in requests:
+            if path == "live":
+                answers.append({"path": path, "body": body, "live": run_live(url, body)})
+                continue
             r = httpx.post(url + path, json=body, timeout=120)
             data = r.json()
             if path.endswith("/chat/completions") and r.status_code == 200:

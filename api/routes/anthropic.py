@@ -33,6 +33,7 @@ async def messages(ctx: Ctx, request: Request) -> Response:
     prep, task, _ = await chat_task(ctx, body)
     model = ctx.cfg.model_name
     msg_id = "chatcmpl-" + random_id()
+    task.cmpl_id = msg_id  # /v1/chat/completions/control
     handle = ctx.engine.submit(task)
     parser = ChatOutput(prep)
     if not task.stream:

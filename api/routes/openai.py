@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -118,10 +119,26 @@ async def chat_completions(ctx: Ctx, request: Request) -> Response:
     prep, task, params = await chat_task(ctx, body)
     n = n_choices(body, ctx.engine.n_slots)
     cmpl_id = "chatcmpl-" + random_id()
+    task.cmpl_id = cmpl_id  # /v1/chat/completions/control finds the live completion by it
     if not task.stream:
         return await chat_whole(ctx, request, prep, task, params.n_probs, n, cmpl_id)
     streams = [chat_stream(ctx, prep, t, params.n_probs, cmpl_id, i) for i, t in enumerate(with_children(task, n))]
     return await stream_many(cfg.sse_ping_interval, streams, True)
+
+
+@router.post("/v1/chat/completions/control")
+async def chat_control(ctx: Ctx, request: Request) -> Response:
+    """b1-0c1e570's control of a live chat completion: {"id": "chatcmpl-...", "action":
+    "reasoning_end"} ends its reasoning now (it needs `reasoning_control: true` in that request)."""
+    body = await read_json(request)
+    cmpl_id, action = body.get("id"), body.get("action")
+    cmpl_id = cmpl_id if isinstance(cmpl_id, str) else ""
+    action = action if isinstance(action, str) else ""
+    if not cmpl_id:
+        raise ApiError("missing completion id")
+    if action != "reasoning_end":
+        raise ApiError("unknown control action")
+    return await answer(await asyncio.to_thread(ctx.engine.control, cmpl_id, action))
 
 
 def chat_stream(ctx: ApiContext, prep: chat_api.ChatPrep, task: CompletionTask, n_probs: int, cmpl_id: str,

@@ -45,6 +45,8 @@ class SamplerState:
     bias_vals: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
     bans: tuple[int, ...] = ()  # tokens whose bias is -inf (and EOG under ignore_eos)
     finite_bias: bool = False  # some bias is finite and nonzero (it can promote a token)
+    # the reasoning budget (runtime/sampling/reasoning_budget.py): applied before everything else
+    budget: Any = None
     _on_device: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -83,6 +85,8 @@ class SamplerState:
         return self._on_device[key]
 
     def accept(self, token: int, grammar: bool = True) -> None:
+        if self.budget is not None:
+            self.budget.accept(token)
         self.history.append(token)
         if grammar and self.grammar is not None and token not in self.eog_ids:
             self.grammar.advance(token)
@@ -106,8 +110,20 @@ def apply_bias(row: torch.Tensor, st: SamplerState) -> torch.Tensor:
     return row
 
 
+def forcing(st: SamplerState) -> int | None:
+    """The token the reasoning budget forces now (it ends a reasoning block), or None."""
+    return st.budget.forced_token() if st.budget is not None else None
+
+
 def apply_bias_and_mask(row: torch.Tensor, st: SamplerState) -> torch.Tensor:
-    """Logit bias, ignore_eos and the grammar mask on one full logit row [V] (in place)."""
+    """The reasoning budget's forced token, logit bias, ignore_eos and the grammar mask on one full
+    logit row [V] (in place)."""
+    forced = forcing(st)
+    if forced is not None:  # llama.cpp applies the budget sampler first: every other logit -inf
+        keep = float(row[forced]) if 0 <= forced < row.numel() else NEG_INF
+        row.fill_(NEG_INF)
+        if 0 <= forced < row.numel():
+            row[forced] = keep
     apply_bias(row, st)
     if st.grammar is not None:
         mask = st.grammar.allowed_mask()  # [V] bool; EOG allowed exactly when the grammar may end
@@ -300,7 +316,7 @@ def topk_needed(st: SamplerState | None) -> tuple[int, tuple[int, ...]]:
     if st is None:
         return 0, ()
     p = st.params
-    if st.grammar is not None or p.n_probs > 0 or p.dry_multiplier != 0 or \
+    if st.grammar is not None or forcing(st) is not None or p.n_probs > 0 or p.dry_multiplier != 0 or \
             p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
         return 0, ()
     # a -inf bias only bans its token (ignore_eos arrives as such biases, as llama-server echoes
@@ -339,5 +355,5 @@ def _greedy_cpu(row: np.ndarray, st: SamplerState) -> int:
 
 def _is_plain_greedy(st: SamplerState) -> bool:
     p = st.params
-    return (p.temperature <= 0 and st.grammar is None and p.n_probs <= 0 and p.repeat_penalty == 1.0
+    return (p.temperature <= 0 and st.grammar is None and forcing(st) is None and p.n_probs <= 0 and p.repeat_penalty == 1.0
             and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0 and p.dry_multiplier == 0)

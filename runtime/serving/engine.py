@@ -214,6 +214,28 @@ class Engine:
             return self.run_on_loop(lambda: restore_slot(self.kv, s, self.cfg.slot_save_path, filename, n_stream))
         return self.run_on_loop(lambda: erase_slot(self.kv, s))
 
+    def control(self, cmpl_id: str, action: str) -> dict:
+        """`/v1/chat/completions/control` on the engine thread: `reasoning_end` makes the budget
+        sampler of the live completion `cmpl_id` force the end of its reasoning now (b1's
+        SERVER_TASK_TYPE_CONTROL): {"success": bool[, "message": why not]}."""
+        def run() -> dict:
+            s = next((s for s in self.slots if s.req is not None and cmpl_id
+                      and getattr(s.req.task, "cmpl_id", "") == cmpl_id), None)
+            if s is None:
+                self._log("W", f"srv  process_sing: control {action} on unknown completion id={cmpl_id}, "
+                               "no live slot")
+                return {"success": False, "message": "no active completion for this id"}
+            if action != "reasoning_end":
+                return {"success": False, "message": "unknown control action"}
+            if not s.req.task.params.reasoning_control:
+                return {"success": False, "message": "reasoning control not enabled for this completion"}
+            if s.req.sampler is not None and s.req.sampler.budget is not None:
+                s.req.sampler.budget.force()  # only while counting (b1 answers success either way)
+            return {"success": True}
+        if self._thread is None or not self._thread.is_alive():
+            return run()
+        return self.run_on_loop(run, timeout=30)
+
     # ---- the loop ----------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop:

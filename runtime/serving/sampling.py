@@ -14,12 +14,15 @@ from collections import OrderedDict
 import torch
 
 from grammar import SAMPLER_INIT_FAILED, GrammarTooLarge
+from runtime.sampling.reasoning_budget import ReasoningBudget, utf8_is_complete
 from runtime.sampling.sampler import Sampled, SamplerState, sample_batch
 from runtime.sampling.samplers import dry_breaker_ids
 from runtime.serving.plan import StepPlan
 from runtime.serving.slots import Request, Slot
 from runtime.serving.stop_match import StopMatcher, StopScan
 from runtime.tasks import TokenProb
+
+INT_MAX = (1 << 31) - 1  # an unlimited budget (reasoning_control alone)
 
 
 class GrammarError(ValueError):
@@ -76,6 +79,7 @@ class Vocabulary:
             req.sampler.dry_breakers = (p.dry_breaker_ids if p.dry_breaker_ids is not None
                                         else dry_breaker_ids(self.tokenizer, p.dry_sequence_breakers))
         req.sampler.history.extend(t for t in req.prompt if t >= 0)  # (media rows are no tokens)
+        req.sampler.budget = self.reasoning_budget(p, req.task.generation_prompt)
         if not p.grammar:
             return
         try:
@@ -92,6 +96,26 @@ class Vocabulary:
             req.sampler.grammar = matcher
             if grammar_prefix:
                 self._advance_grammar_over(matcher, grammar_prefix)
+
+    def reasoning_budget(self, p, generation_prompt: str) -> ReasoningBudget | None:
+        """The budget sampler of a task (common_sampler_init): when the reasoning tags are known and
+        a budget or reasoning_control asks for it; it has read the generation prompt's tokens."""
+        if not (p.reasoning_start and p.reasoning_end and (p.reasoning_budget_tokens >= 0 or p.reasoning_control)):
+            return None
+
+        def utf8_complete(tok: int) -> bool:
+            return utf8_is_complete(self.tokenizer.piece(tok, special=False))
+        budget = ReasoningBudget([list(p.reasoning_start)], [list(e) for e in p.reasoning_end],
+                                 list(p.reasoning_forced), p.reasoning_budget_tokens if p.reasoning_budget_tokens >= 0
+                                 else INT_MAX, utf8_complete)
+        if generation_prompt:
+            toks = self.tokenizer.encode(generation_prompt, add_special=False, parse_special=True)
+            for i, t in enumerate(toks):
+                piece = self.tokenizer.piece(t)
+                if i == 0 and piece[:1].isspace() and not generation_prompt[:1].isspace():
+                    continue  # some tokenizers add a space before the first special token
+                budget.accept(t)
+        return budget
 
     @staticmethod
     def _advance_grammar_over(matcher, text: str) -> None:
