@@ -22,8 +22,10 @@ below the first query's window (p < n_past - W + 1, whole blocks only) and alloc
 micro-batch writes; so a sequence holds at most ceil((W - 1 + rows) / BS) + 1 SWA blocks and the
 pool is sized for every slot's window plus one micro-batch (`swa_blocks_for`). `SeqKV.swa_start`:
 positions below it have no SWA K/V any more; a cached prefix can only be resumed at n_past when
-`window_ok(seq, n_past)` (the next token's window is still there: llama-server's pos_min check,
-without its context checkpoints). Exports carry `swa_start` (their SWA rows below it are zeros).
+`window_ok(seq, n_past)` (the next token's window is still there: llama-server's pos_min check),
+or when a context checkpoint holds it (`checkpoint`: `SeqKV.swa_ckpt[c]`, the window's rows before
+the batch at c, restored by `truncate(seq, c - 1)`). Exports carry `swa_start` (their SWA rows below
+it are zeros), not the checkpoints.
 
 Hybrid models (qwen35 / qwen35moe: gated linear-attention layers beside full attention) keep each
 sequence's recurrent state (`runtime.model.recurrent.RecurrentStore`, attached as `rs`) here too,
@@ -109,6 +111,9 @@ class SeqKV:
     rs: int = -1  # hybrid models: this sequence's cell of the recurrent state (-1: none yet)
     # hybrid models: n -> (conv [L, K - 1, C], ssm [L, H, S, S]) host copies of the state after n tokens
     rs_ckpt: dict = field(default_factory=dict)
+    # sliding-window models: c -> (first position, K list, V list: the SWA layers' rows [first, c) on
+    # the host), the window held before the batch starting at c (a context checkpoint, resumed at c - 1)
+    swa_ckpt: dict = field(default_factory=dict)
 
 
 def swa_blocks_for(window: int, n_seqs: int, n_ubatch: int, block_size: int) -> int:
@@ -236,6 +241,30 @@ class KVCache:
                     self.swa_pool.release(b)
             del seq.swa_blocks[keep:]
             seq.swa_start = min(seq.swa_start, n) if seq.swa_blocks else 0
+            seq.swa_ckpt = {c: st for c, st in seq.swa_ckpt.items() if 1 < c and c - 1 <= n}
+            ck = seq.swa_ckpt.get(n + 1)
+            if n > 0 and ck is not None and seq.swa_start > max(0, n - self.window + 1):
+                self._restore_window(seq, n, *ck)
+
+    def _restore_window(self, seq: SeqKV, n: int, first: int, ks: list, vs: list) -> None:
+        """The SWA layers' rows back from a context checkpoint (rows [first, ...)): those the window
+        of position n reads, from its first block on, in fresh blocks."""
+        BS, table, pool = self.block_size, seq.swa_blocks, self.swa_pool
+        lo = max(first, max(0, n - self.window + 1) // BS * BS)
+        need = self.blocks_needed(n)
+        table.extend([NULL_BLOCK] * (need - len(table)))
+        for j in range(lo // BS, need):
+            if table[j] != NULL_BLOCK and pool.refs[table[j]] > 1:
+                table[j] = self._copy_block(table[j], swa=True)
+            if table[j] == NULL_BLOCK:
+                table[j] = pool.alloc()
+        slots = self.swa_slot_mapping(seq, lo, n).to(self.device)
+        a, b = lo - first, n - first
+        swa_layers = [l for l in range(self.n_layers) if self.is_swa[l]]
+        for i, l in enumerate(swa_layers):
+            kernels.write_kv(ks[i][a:b].to(self.device, self.dtype), vs[i][a:b].to(self.device, self.dtype),
+                             self.k[l], self.v[l], slots)
+        seq.swa_start = lo
 
     def clear(self, seq: SeqKV) -> None:
         self.truncate(seq, 0)
@@ -283,21 +312,31 @@ class KVCache:
         every position from n_past - W + 1 is still held by the SWA layers."""
         if self.rs is not None and 0 < n_past != seq.n_tokens and n_past not in seq.rs_ckpt:
             return False  # the recurrent state is that after n_tokens, or a checkpoint's
-        return not self.window or n_past == 0 or seq.swa_start <= max(0, n_past - self.window + 1)
+        if not self.window or n_past == 0:
+            return True
+        # (a context checkpoint saved before the batch at n_past + 1 holds the window: `truncate` restores it)
+        return seq.swa_start <= max(0, n_past - self.window + 1) or (n_past + 1) in seq.swa_ckpt
 
     # ---- recurrent state (hybrid models) -------------------------------------------------
     def checkpoint(self, seq: SeqKV, keep: list[int]) -> None:
-        """A context checkpoint of the recurrent state after the sequence's n_tokens (taken
-        before a batch that starts there); checkpoints not at a position of `keep` are dropped."""
-        if self.rs is None or seq.rs < 0:
-            return
-        if seq.n_tokens in keep:
-            seq.rs_ckpt[seq.n_tokens] = self.rs.export(seq.rs)
-        seq.rs_ckpt = {c: st for c, st in seq.rs_ckpt.items() if c in keep}
-
-    def recurrent_bytes(self, seq: SeqKV) -> int:
-        """Host bytes an export of `seq` adds for its recurrent state and checkpoints."""
-        return 0 if self.rs is None else self.rs.shape.cell_bytes() * (1 + len(seq.rs_ckpt))
+        """A context checkpoint after the sequence's n_tokens (taken before a batch that starts
+        there): hybrid models' recurrent state; sliding-window models' window (the rows the SWA
+        layers hold, as llama-server's checkpoint saves its SWA cache). Checkpoints not at a
+        position of `keep` are dropped."""
+        n = seq.n_tokens
+        if self.rs is not None and seq.rs >= 0:
+            if n in keep:
+                seq.rs_ckpt[n] = self.rs.export(seq.rs)
+            seq.rs_ckpt = {c: st for c, st in seq.rs_ckpt.items() if c in keep}
+        if self.window and n > 1:
+            if n in keep:
+                first = min(seq.swa_start, n)
+                slots = self.swa_slot_mapping(seq, first, n, write=False).to(self.device)
+                H, D = self.k[0].shape[2], self.head_dim
+                swa_layers = [l for l in range(self.n_layers) if self.is_swa[l]]
+                seq.swa_ckpt[n] = (first, [self.k[l].view(-1, H, D)[slots].cpu() for l in swa_layers],
+                                   [self.v[l].view(-1, H, D)[slots].cpu() for l in swa_layers])
+            seq.swa_ckpt = {c: st for c, st in seq.swa_ckpt.items() if c in keep}
 
     def swa_blocks_in_use(self) -> int:
         return 0 if not self.window else self.swa_pool.num_blocks - 1 - self.swa_pool.n_free

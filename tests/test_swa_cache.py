@@ -235,3 +235,27 @@ def test_decode_graph_buffers_carry_the_swa_tables(engines, gemma_path):
         assert e.kv.swa_blocks_in_use() <= (WINDOW + 15) // 16 + 1
     finally:
         e.stop()
+
+
+def test_context_checkpoint_restores_the_window():
+    """A context checkpoint taken before the batch at c holds the window the SWA layers had then; a
+    sequence truncated to c - 1 after its window moved on gets those rows back (llama-server's
+    checkpoint restore), and only then counts its window as held."""
+    kv = _swa_cache()
+    s = SeqKV()
+    written = [_write(kv, s, p, 1) for p in range(20)]
+    kv.checkpoint(s, [20])  # before the batch starting at position 20
+    assert set(s.swa_ckpt) == {20} and s.swa_ckpt[20][0] == s.swa_start == 12
+    for p in range(20, 40):
+        _write(kv, s, p, 1)
+    assert s.swa_start == 32 and kv.window_ok(s, 19)  # (through the checkpoint)
+    kv.truncate(s, 19)
+    assert s.swa_start == 12 and kv.window_ok(s, 19)  # (from the window's first block, 14 // 4 * 4)
+    ks, vs = kv.gather(s, 14, 19)  # the next token (19) reads 14..18
+    for p in range(14, 19):
+        assert torch.equal(ks[0][p - 14], written[p][0][0][0]) and torch.equal(vs[2][p - 14], written[p][1][2][0])
+    # positions the checkpoint does not cover, and checkpoints past a truncation, are gone
+    kv.truncate(s, 10)
+    assert s.swa_ckpt == {} and not kv.window_ok(s, 10)
+    kv.clear(s)
+    assert kv.swa_blocks_in_use() == 0

@@ -160,6 +160,12 @@ class Scheduler:
             n_past = len(prompt) - 1  # the last prompt token is always evaluated (its logits are needed)
         if r.media:
             n_past = r.media.align(n_past)  # a cached prefix holds whole media chunks
+        if n_past > 0 and not self.kv.window_ok(s.seq, n_past) and not self.recurrent and self.swa_checkpoints:
+            # the sliding-window layers dropped it: resume before the newest context checkpoint that
+            # holds the window (llama-server restores its saved SWA cache there; `KVCache.truncate`)
+            c = next((c for c in reversed(s.checkpoints) if 1 < c and c - 1 <= n_past
+                      and self.kv.window_ok(s.seq, c - 1)), None)
+            n_past = n_past if c is None else c - 1
         if n_past > 0 and not self.kv.window_ok(s.seq, n_past):  # the sliding-window layers dropped it
             self.log("W", f"slot update_slots: id {s.id:2d} | task {h.id} | forcing full prompt re-processing due to "
                           "lack of cache data (likely due to SWA or hybrid/recurrent memory, see "
