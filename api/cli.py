@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from api import cli_net
 from api.cli_args import ArgError, Exit, build_parser, refusal
 from api.log import Logger
+from runtime.launch import router_child
 from runtime.launch import start as launch
 from runtime.tasks import SamplingParams
 
@@ -284,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     except ArgError as e:
         print(str(e), file=sys.stderr, flush=True)
         return 1
+    from api.router_cli import is_router_mode, run_router
+    if is_router_mode(args):  # no model: several, each in a worker process (api/router_cli.py)
+        gc.enable()
+        return run_router(args, argv, scfg)
     log = Logger(verbosity(args), log_file=args.log_file)
 
     def say(level: str, msg: str) -> None:
@@ -386,10 +391,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             ecfg = engine_config(args, scfg, preload)
             ecfg.log = log.raw
+            router_child.loading(0.0)
             launch.start_engine(ecfg, lambda engine: setattr(server, "engine", engine),
                                 lambda engine: loaded(ecfg, engine))
             server.set_ready()
             log.srv("I", "llama_server", "model loaded")
+            if router_child.is_child():  # a router's worker: tell it (runtime/launch/router_child.py)
+                from api.routes.props import model_data
+                router_child.loading(1.0)
+                router_child.notify("ready", model_data(server))
             for host in scfg.hosts:
                 scheme = "https" if tls else "http"
                 log.srv("I", "llama_server", f"listening on {scheme}://{f'[{host}]' if ':' in host else host}:{port}")
@@ -404,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
             gc.freeze()
             gc.enable()
 
+    if router_child.is_child():
+        router_child.watch_stdin(lambda m: log.srv("I", "setup", m))
     threading.Thread(target=load, name="tritium-load", daemon=True).start()
     try:
         uv.run(sockets=socks)

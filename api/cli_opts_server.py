@@ -13,7 +13,6 @@ from api.cli_spec import (Effect, Invalid, Kind, Section, checked, const, is_aut
 
 N, P, SV = Effect.NO_EFFECT, Effect.PENDING, Section.SERVER
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
-ROUTER = "router mode (serving several models: --models-dir / --models-preset) is not supported yet"
 
 DEFAULTS = dict(
     embd_normalize=2, host="127.0.0.1", port=8080, reuse_port=False, public_path="", cors_origins=None,
@@ -241,14 +240,11 @@ OPTIONS = [
     opt(("--slots",), None, store("slots"), neg=("--no-slots",), env="LLAMA_ARG_ENDPOINT_SLOTS", section=SV),
     opt(("--slot-save-path",), "PATH", _dir("slot_save_path"), section=SV),
     opt(("--media-path",), "PATH", _dir("media_path"), section=SV),
-    opt(("--models-dir",), "PATH", store("models_dir"), env="LLAMA_ARG_MODELS_DIR", section=SV, effect=P,
-        note="router mode", startup=lambda ns: ROUTER if ns.models_dir else None),
-    opt(("--models-preset",), "PATH", store("models_preset"), env="LLAMA_ARG_MODELS_PRESET", section=SV, effect=P,
-        note="router mode", startup=lambda ns: ROUTER if ns.models_preset else None),
-    opt(("--models-max",), "N", store("models_max"), kind=Kind.INT, env="LLAMA_ARG_MODELS_MAX", section=SV,
-        effect=N, note="router mode only (one model is served)"),
+    opt(("--models-dir",), "PATH", store("models_dir"), env="LLAMA_ARG_MODELS_DIR", section=SV),
+    opt(("--models-preset",), "PATH", store("models_preset"), env="LLAMA_ARG_MODELS_PRESET", section=SV),
+    opt(("--models-max",), "N", store("models_max"), kind=Kind.INT, env="LLAMA_ARG_MODELS_MAX", section=SV),
     opt(("--models-autoload",), None, store("models_autoload"), neg=("--no-models-autoload",),
-        env="LLAMA_ARG_MODELS_AUTOLOAD", section=SV, effect=N, note="router mode only (one model is served)"),
+        env="LLAMA_ARG_MODELS_AUTOLOAD", section=SV),
     opt(("--jinja",), None, store("jinja"), neg=("--no-jinja",), env="LLAMA_ARG_JINJA", section=SV),
     opt(("--reasoning-format",), "FORMAT", store("reasoning_format", _reasoning_format), env="LLAMA_ARG_THINK",
         section=SV),

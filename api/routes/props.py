@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from api import chat as chat_api
-from api.context import BUILD_INFO, Ctx
+from api.context import BUILD_INFO, ApiContext, Ctx
 from api.errors import json_response, not_supported
 from api.inputs import read_json
 from api.params import sampling_settings
@@ -23,11 +23,9 @@ async def health() -> Response:
     return json_response({"status": "ok"})
 
 
-@router.get("/models")
-@router.get("/v1/models")
-async def models(ctx: Ctx) -> Response:
+def model_data(ctx: ApiContext) -> dict[str, Any]:
+    """The model's OpenAI-style entry (`/v1/models` data[0]; what a router's worker reports)."""
     info = dict(ctx.engine.model_info)
-    name = ctx.cfg.model_name
     meta: dict[str, Any] = {
         "vocab_type": info.get("vocab_type", 0),
         "n_vocab": info.get("n_vocab", ctx.tokenizer.n_vocab),
@@ -39,6 +37,14 @@ async def models(ctx: Ctx) -> Response:
     }
     if "ftype" in info:
         meta["ftype"] = info["ftype"]
+    return {"id": ctx.cfg.model_name, "aliases": list(ctx.cfg.aliases), "tags": list(ctx.cfg.tags), "object": "model",
+            "created": int(time.time()), "owned_by": "llamacpp", "meta": meta}
+
+
+@router.get("/models")
+@router.get("/v1/models")
+async def models(ctx: Ctx) -> Response:
+    name = ctx.cfg.model_name
     caps = ["completion", "multimodal"] if any(modalities(ctx).values()) else ["completion"]
     return json_response({
         "models": [{
@@ -48,10 +54,7 @@ async def models(ctx: Ctx) -> Response:
                         "parameter_size": "", "quantization_level": ""},
         }],
         "object": "list",
-        "data": [{
-            "id": name, "aliases": list(ctx.cfg.aliases), "tags": list(ctx.cfg.tags), "object": "model", "created": int(time.time()),
-            "owned_by": "llamacpp", "meta": meta,
-        }],
+        "data": [model_data(ctx)],
     })
 
 

@@ -25,6 +25,14 @@ MODEL=$WORK/tiny-qwen2-f32.gguf
 MMPROJ=$WORK/tiny-gemma3-mmproj-f16.gguf  # the vision tests' projector, on the same text model
 [ -f $MMPROJ ] || venv/bin/python "$HERE/make_mmproj.py" $MMPROJ > /dev/null
 rm -rf suite && cp -r $SRC suite && cd suite
+# the router tests' models, offline: the tiny model under their names in llama.cpp's Hugging Face cache layout
+# (utils.py sets LLAMA_CACHE=tmp), which a router started without -m lists and loads
+C=0123456789abcdef0123456789abcdef01234567
+for rf in ggml-org/tinygemma3-GGUF/tinygemma3-Q8_0.gguf ggml-org/test-model-stories260K/stories260K-F32.gguf \
+          ggml-org/test-model-stories260K-infill/stories260K-infill-F32.gguf; do
+  repo=${rf%/*}; d=tmp/models--${repo//\//--}
+  mkdir -p $d/refs $d/snapshots/$C && echo $C > $d/refs/main && ln -s "$MODEL" $d/snapshots/$C/${rf##*/}
+done
 venv=../venv/bin/python
 $venv - <<'PY'
 p = "utils.py"; s = open(p).read()
