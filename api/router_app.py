@@ -31,7 +31,7 @@ from api.header_case import CanonicalHeaderCase
 from api.log import Logger
 from api.proxy import open_proxy
 from api.strict_json import loads
-from runtime.launch.model_sources import ModelSource, remove_cached
+from runtime.launch.model_sources import ModelSource, hf_cache_dir, remove_cached
 from runtime.launch.router import ModelRouter, ModelStatus, RouterError
 
 __all__ = ["create_router_app", "RouterContext"]
@@ -55,6 +55,8 @@ class RouterContext:
         self.cfg, self.models, self.log = cfg, models, log
         self.ui_settings = ui_settings or {}
         self.stopping = False
+        self.hf_token: str | None = None  # POST /models downloads (--hf-token, else HF_TOKEN)
+        self.offline = False
 
 
 def _ctx(request: Request) -> RouterContext:
@@ -217,6 +219,23 @@ async def unload_model(request: Request) -> Response:
     return json_response({"success": True})
 
 
+async def download_model(request: Request) -> Response:
+    """`POST /models {"model": "user/repo[:quant]"}`: into the Hugging Face cache, then listed."""
+    from runtime.launch.hf_download import HfModelRequest, download_model as fetch
+
+    ctx = _ctx(request)
+    data = loads(await request.body())
+    name = data.get("model") if isinstance(data, dict) and isinstance(data.get("model"), str) else ""
+    if not name:
+        return _err("model must be a non-empty string")
+    req = HfModelRequest(name, token=ctx.hf_token, offline=ctx.offline, cache_dir=str(hf_cache_dir()))
+    try:
+        await ctx.models.download(name, lambda: fetch(req))
+    except RouterError as ex:
+        return _err(str(ex), "invalid_request_error" if ex.invalid else "server_error")
+    return json_response({"success": True})
+
+
 async def delete_model(request: Request) -> Response:
     ctx = _ctx(request)
     name = request.query_params.get("model", "")
@@ -312,6 +331,7 @@ def create_router_app(cfg: ServerConfig, models: ModelRouter, log: Logger, ui_se
     routes += [Route(p, list_models, methods=["GET"]) for p in ("/models", "/v1/models")]
     routes += [Route("/models/load", load_model, methods=["POST"]), Route("/models/unload", unload_model, methods=["POST"]),
                Route("/models/sse", models_sse, methods=["GET"]), Route("/models", delete_model, methods=["DELETE"]),
+               Route("/models", download_model, methods=["POST"]),
                Route("/props", props, methods=["GET"])]
     routes += [Route(p, proxy_post, methods=["POST"]) for p in PROXY_POST]
     routes += [Route(p, proxy_get, methods=["GET"]) for p in PROXY_GET]

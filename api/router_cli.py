@@ -103,6 +103,7 @@ def run_router(args: argparse.Namespace, argv: list[str], cfg: ServerConfig) -> 
             return 1
         app = create_router_app(cfg, models, log, ui)
         ctx = app.state.server
+        ctx.hf_token, ctx.offline = args.hf_token or os.environ.get("HF_TOKEN"), args.offline
 
         def on_exit(msg: str) -> None:
             ctx.stopping = True

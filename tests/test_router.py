@@ -239,3 +239,54 @@ def test_sigterm_takes_the_workers_down(preset_router, models_dir):
         while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_download_into_the_cache_and_delete(server_env, models_dir, tmp_path):
+    """`POST /models` downloads a Hub model into the cache the router lists (a local stand-in for
+    the Hub), with its SSE events; `DELETE /models?model=` removes its files."""
+    from tests.conftest import ServerProcess
+    from tests.local_hub import LocalHub
+
+    gguf = (models_dir / "tiny-a.gguf").read_bytes()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = dict(server_env, LLAMA_CACHE=str(tmp_path / "cache"), HF_HUB_DISABLE_TELEMETRY="1")
+    env.pop("MODEL_ENDPOINT", None)
+    with LocalHub({"local/tiny": {"tiny-F32.gguf": gguf, "README.md": b"# tiny\n"}}) as hub:
+        env["HF_ENDPOINT"] = hub.url
+        srv = ServerProcess(["--models-dir", str(empty), "--no-warmup"], tmp_path / "dl.log", env).wait_ready()
+        try:
+            got: list[dict] = []
+            ready = threading.Event()
+
+            def listen():
+                with httpx.stream("GET", srv.url + "/models/sse", timeout=60) as s:
+                    ready.set()
+                    for line in s.iter_lines():
+                        if line.startswith("data: "):
+                            got.append(json.loads(line[6:]))
+                            if got[-1]["event"] in ("download_finished", "download_failed"):
+                                return
+            t = threading.Thread(target=listen, daemon=True)
+            t.start()
+            assert ready.wait(10)
+            assert httpx.post(srv.url + "/models", json={"model": ""}).json()["error"]["message"] == \
+                "model must be a non-empty string"
+            r = httpx.post(srv.url + "/models", json={"model": "local/tiny:F32"})
+            assert r.json() == {"success": True}
+            t.join(60)
+            assert [e["event"] for e in got][-1] == "download_finished"
+            m = _models(srv.url)["local/tiny:F32"]
+            assert m["source"] == "cache" and m["can_remove"] is True and m["status"]["value"] == "unloaded"
+            r = httpx.post(srv.url + "/models", json={"model": "local/tiny:F32"})
+            assert r.status_code == 400 and r.json()["error"]["message"] == "model 'local/tiny:F32' already exists"
+            r = httpx.post(srv.url + "/v1/completions", json={"model": "local/tiny:F32", "prompt": "hi",
+                                                              "max_tokens": 2}, timeout=600)
+            assert r.status_code == 200  # its worker reads the cached file
+            assert httpx.delete(srv.url + "/models", params={"model": "local/tiny:F32"}).json() == {"success": True}
+            assert "local/tiny:F32" not in _models(srv.url)
+            assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and p.stat().st_size == len(gguf)]
+            r = httpx.delete(srv.url + "/models", params={"model": "tiny-a"})
+            assert r.status_code == 500 and "not found" in r.json()["error"]["message"]
+        finally:
+            srv.stop()

@@ -39,6 +39,7 @@ class HfModelRequest:
     token: str | None = None     # --hf-token / HF_TOKEN
     offline: bool = False        # --offline
     endpoint: str | None = None  # None: MODEL_ENDPOINT, HF_ENDPOINT, else huggingface.co
+    cache_dir: str | None = None  # None: huggingface_hub's (HF_HUB_CACHE / HF_HOME)
 
 
 def split_repo_tag(value: str) -> tuple[str, str]:
@@ -111,12 +112,12 @@ def _endpoint(req: HfModelRequest) -> str | None:
     return e.rstrip("/") if e else None
 
 
-def _cached_files(repo: str) -> list[str]:
+def _cached_files(repo: str, cache_dir: str | None = None) -> list[str]:
     """The files cached for the repository's `main` (huggingface_hub's cache layout)."""
     from huggingface_hub import constants
     from huggingface_hub.file_download import repo_folder_name
 
-    folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
+    folder = Path(cache_dir or constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
     try:
         commit = (folder / "refs" / "main").read_text().strip()
     except OSError:
@@ -139,7 +140,7 @@ def list_files(req: HfModelRequest, repo: str, log=None) -> list[str]:
         except Exception as e:  # noqa: BLE001 - as llama.cpp: fall back to the cache
             if log:
                 log(f"could not list {repo} on the Hub ({type(e).__name__}: {e}); trying the cache")
-    return _cached_files(repo)
+    return _cached_files(repo, req.cache_dir)
 
 
 def _progress_bar():
@@ -171,7 +172,7 @@ def download_model(req: HfModelRequest, log=None) -> Path:
     paths = []
     for f in chosen:
         try:
-            paths.append(Path(hf_hub_download(repo, f, revision="main", endpoint=_endpoint(req),
+            paths.append(Path(hf_hub_download(repo, f, revision="main", endpoint=_endpoint(req), cache_dir=req.cache_dir,
                                               token=req.token or None, local_files_only=req.offline,
                                               tqdm_class=_progress_bar())))
         except Exception as e:  # noqa: BLE001 - reported as the download failure it is

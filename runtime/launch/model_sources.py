@@ -158,12 +158,14 @@ def remove_cached(repo_tag: str) -> bool:
         d = hf_cache_dir() / ("models--" + repo.replace("/", "--"))
         shutil.rmtree(d, ignore_errors=True)
         return not d.exists()
-    gone = False
-    for _, rel, p in _cached_files(repo):
-        if _split_tag(rel)[1] == tag.upper():
-            p.unlink(missing_ok=True)
-            gone = True
-    return gone
+    doomed = [p for _, rel, p in _cached_files(repo) if _split_tag(rel)[1] == tag.upper()]
+    blobs = {os.path.normpath(p.parent / os.readlink(p)) for p in doomed if p.is_symlink()}
+    for p in doomed:
+        p.unlink(missing_ok=True)
+    kept = {os.path.normpath(p.parent / os.readlink(p)) for _, _, p in _cached_files(repo) if p.is_symlink()}
+    for b in blobs - kept:  # the blobs no other snapshot entry points at
+        Path(b).unlink(missing_ok=True)
+    return bool(doomed)
 
 
 # ---- --models-dir (common/preset.cpp load_from_models_dir) ----------------------------------------

@@ -25,7 +25,7 @@ import time
 from typing import Callable
 
 from runtime.launch.model_sources import (HF_FILE, HF_REPO, LOAD_ON_STARTUP, MODEL, PRESET_ONLY, STOP_TIMEOUT,
-                                          ModelPreset, resolve_cached)
+                                          ModelPreset, ModelSource, resolve_cached)
 from runtime.launch.router_state import (CHILD_ADDR, CMD_EXIT, CMD_STATE, DEFAULT_STOP_TIMEOUT, ModelEntry,
                                          ModelStatus, RouterError, RouterSettings, WaitQueue, Worker, free_port)
 
@@ -56,6 +56,7 @@ class ModelRouter:
         self.startup: list[str] | None = None
         self.reloading = False
         self.subscribers: set[asyncio.Queue] = set()
+        self._downloads: set[asyncio.Task] = set()
         self._changed = asyncio.Event()
 
     # ---- the table -----------------------------------------------------------------------------
@@ -402,6 +403,33 @@ class ModelRouter:
         for n in wanted:
             self.log("I", f"(startup) loading model {n}")
             await self.load(n)
+
+    async def download(self, name: str, fetch: Callable[[], object]) -> None:
+        """`POST /models`: `fetch()` (a blocking download into the cache) runs in a thread while
+        `name` is listed `downloading`; then the cache is listed again (`download_finished`), or
+        the entry goes (`download_failed`)."""
+        if self.get(name) is not None:
+            raise RouterError(f"model '{name}' already exists", invalid=True)
+        self.log("I", f"starting download for model '{name}'")
+        e = ModelEntry(name, ModelSource.CACHE, {HF_REPO: name}, status=ModelStatus.DOWNLOADING)
+        e.args = self._args(e)
+        self.models[name] = e
+        self._sse("model_status", name, {"status": ModelStatus.DOWNLOADING.value})
+
+        async def run() -> None:
+            try:
+                await asyncio.to_thread(fetch)
+                ok = True
+            except Exception as ex:  # noqa: BLE001 - reported as b1 reports a failed download
+                self.log("E", f"download failed for model name={name}: {ex}")
+                ok = False
+            if self.models.get(name) is e:
+                del self.models[name]
+            self._sse("download_finished" if ok else "download_failed", name, {})
+            if ok:
+                await self.reload()
+        self._downloads.add(t := asyncio.ensure_future(run()))
+        t.add_done_callback(self._downloads.discard)
 
     # ---- requests ------------------------------------------------------------------------------
 
