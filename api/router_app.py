@@ -31,7 +31,7 @@ from api.header_case import CanonicalHeaderCase
 from api.log import Logger
 from api.proxy import open_proxy
 from api.strict_json import loads
-from runtime.launch.model_sources import ModelSource, hf_cache_dir, remove_cached
+from runtime.launch.model_sources import ModelSource, hf_cache_dir
 from runtime.launch.router import ModelRouter, ModelStatus, RouterError
 
 __all__ = ["create_router_app", "RouterContext"]
@@ -241,18 +241,10 @@ async def delete_model(request: Request) -> Response:
     name = request.query_params.get("model", "")
     if not name:
         return _err("model must be a non-empty string")
-    e = ctx.models.models.get(name)
-    if e is None:
-        return _err(f"model name={name} is not found", "server_error")
-    if e.source is not ModelSource.CACHE:
-        return _err(f"model name={name} is not removable (not from cache)", "server_error")
-    if e.running:
-        ctx.models.unload(name)
-        await ctx.models._wait_until(lambda: name not in ctx.models.models or not ctx.models.models[name].running)
-    ok = await asyncio.to_thread(remove_cached, name)
-    ctx.log.srv("I", "remove", f"removing model name={name} from cache ({'succeeded' if ok else 'partial'})")
-    ctx.models.models.pop(name, None)
-    ctx.models._sse("model_remove", name, {})
+    try:
+        await ctx.models.remove(name)
+    except RouterError as ex:
+        return _err(str(ex), "server_error")
     return json_response({"success": True})
 
 

@@ -25,7 +25,7 @@ import time
 from typing import Callable
 
 from runtime.launch.model_sources import (HF_FILE, HF_REPO, LOAD_ON_STARTUP, MODEL, PRESET_ONLY, STOP_TIMEOUT,
-                                          ModelPreset, ModelSource, resolve_cached)
+                                          ModelPreset, ModelSource, remove_cached, resolve_cached)
 from runtime.launch.router_state import (CHILD_ADDR, CMD_EXIT, CMD_STATE, DEFAULT_STOP_TIMEOUT, ModelEntry,
                                          ModelStatus, RouterError, RouterSettings, WaitQueue, Worker, free_port)
 
@@ -430,6 +430,21 @@ class ModelRouter:
                 await self.reload()
         self._downloads.add(t := asyncio.ensure_future(run()))
         t.add_done_callback(self._downloads.discard)
+
+    async def remove(self, name: str) -> None:
+        """`DELETE /models?model=`: a cached model's worker stopped, its files deleted (b1's remove)."""
+        e = self.models.get(name)
+        if e is None:
+            raise RouterError(f"model name={name} is not found")
+        if e.source is not ModelSource.CACHE:
+            raise RouterError(f"model name={name} is not removable (not from cache)")
+        if e.running:
+            self.unload(name)
+            await self._wait_until(lambda: name not in self.models or not self.models[name].running)
+        ok = await asyncio.to_thread(remove_cached, name)
+        self.log("I", f"removing model name={name} from cache ({'succeeded' if ok else 'partial'})")
+        self.models.pop(name, None)
+        self._sse("model_remove", name, {})
 
     # ---- requests ------------------------------------------------------------------------------
 
