@@ -180,7 +180,7 @@ async def list_models(request: Request) -> Response:
         info: dict[str, Any] = {
             "id": e.name, "aliases": list(e.aliases), "tags": list(e.tags), "object": "model", "owned_by": "llamacpp",
             "created": now, "status": status,
-            "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+            "architecture": {"input_modalities": list(e.inputs), "output_modalities": ["text"]},
             "source": e.source.value, "can_remove": e.source is ModelSource.CACHE,
         }
         if e.running:

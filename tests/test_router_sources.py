@@ -9,7 +9,8 @@ import pytest
 from api.cli_args import OPTIONS, build_parser
 from api.router_args import OptionTable
 from api.router_cli import is_router_mode
-from runtime.launch.model_sources import (ModelSource, PresetError, cached_models, collect_presets, load_ini,
+from runtime.launch.model_sources import (ModelSource, PresetError, cached_mmproj, cached_models, collect_presets,
+                                          load_ini, mmproj_inputs,
                                           load_models_dir, remove_cached, resolve_cached)
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -134,3 +135,27 @@ def test_router_mode_decision(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITIUM_DEFAULT_MODEL", "builtin")
     assert not is_router_mode(p.parse_args([]))  # the built-in model asked for
     assert is_router_mode(p.parse_args(["--models-dir", "d"]))
+
+
+def test_cached_projector_and_its_inputs(tmp_path, monkeypatch):
+    """A cached VLM's worker gets the repository's mmproj (b1's find_best_mmproj: same folder or
+    above, matching quant first, else the closest width) and /models says what it takes in."""
+    from gguf import GGUFValueType, GGUFWriter
+
+    monkeypatch.setenv("LLAMA_CACHE", str(tmp_path))
+    snap = _cache_repo(tmp_path, "u/vlm", ["vlm-Q4_K_M.gguf", "vlm-Q8_0.gguf", "mmproj-vlm-f16.gguf",
+                                           "mmproj-vlm-Q8_0.gguf", "deeper/mmproj-x-f16.gguf"])
+    assert resolve_cached("u/vlm:Q8_0").name == "vlm-Q8_0.gguf"
+    assert cached_mmproj("u/vlm:Q8_0") == snap / "mmproj-vlm-Q8_0.gguf"  # the matching quant
+    assert cached_mmproj("u/vlm:Q4_K_M") == snap / "mmproj-vlm-Q8_0.gguf"  # 8 bits closer to 4 than 16
+    _cache_repo(tmp_path, "u/text", ["t-Q8_0.gguf"])
+    assert cached_mmproj("u/text:Q8_0") is None
+    proj = tmp_path / "p.gguf"
+    w = GGUFWriter(str(proj), "clip")
+    w.add_key_value("clip.has_vision_encoder", True, GGUFValueType.BOOL)
+    w.add_key_value("clip.has_audio_encoder", True, GGUFValueType.BOOL)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    assert mmproj_inputs(proj) == ["text", "image", "audio"]
+    assert mmproj_inputs(snap / "mmproj-vlm-f16.gguf") == ["text"]  # not a GGUF: nothing more

@@ -25,6 +25,7 @@ from typing import Callable
 from runtime.launch.hf_download import find_best_model
 
 __all__ = ["ModelSource", "ModelPreset", "PresetError", "hf_cache_dir", "cached_models", "resolve_cached",
+           "cached_mmproj", "mmproj_inputs",
            "remove_cached", "load_models_dir", "load_ini", "collect_presets",
            "LOAD_ON_STARTUP", "STOP_TIMEOUT", "DEDUP_CACHE_MODELS", "PRESET_ONLY"]
 
@@ -33,6 +34,7 @@ LOAD_ON_STARTUP, STOP_TIMEOUT, DEDUP_CACHE_MODELS = "load-on-startup", "stop-tim
 PRESET_ONLY = (LOAD_ON_STARTUP, STOP_TIMEOUT, DEDUP_CACHE_MODELS)
 MODEL, HF_REPO, HF_FILE, MMPROJ, DRAFT_HF, DRAFT_MODEL = "model", "hf-repo", "hf-file", "mmproj", "hf-repo-draft", \
     "model-draft"  # (b1's keys: an option's last spelling, api/router_args.py)
+MMPROJ_AUTO = "mmproj-auto"  # false: --no-mmproj
 
 Canon = Callable[[str, str], "tuple[str, str] | None"]  # (key, value) -> (canonical key, value) | None: unknown
 
@@ -145,6 +147,50 @@ def resolve_cached(repo_tag: str, hf_file: str = "") -> Path | None:
         return files.get(hf_file)
     best = find_best_model(list(files), tag)
     return files[best] if best else None
+
+
+def _bits(path: str) -> int:
+    tag = _split_tag(path)[1]
+    m = re.search(r"\d+", tag)
+    return int(m.group(0)) if m else 0
+
+
+def cached_mmproj(repo_tag: str) -> Path | None:
+    """The projector `-hf repo[:tag]` brings along (b1's find_best_mmproj): a cached `*mmproj*.gguf`
+    in the model's folder or above, the deepest first, then the one whose quant tag matches, then the
+    closest quant width."""
+    repo, _, tag = repo_tag.partition(":")
+    files = {rel: p for _, rel, p in _cached_files(repo)}
+    model = find_best_model(list(files), tag)
+    if model is None:
+        return None
+    want = int(m.group(0)) if tag and (m := re.search(r"\d+", tag)) else (_bits(model) if not tag else 0)
+    mdir = model.split("/")[:-1]
+    best, key = None, None
+    for rel in files:
+        if not rel.endswith(".gguf") or "mmproj" not in rel:
+            continue
+        sdir = rel.split("/")[:-1]
+        if sdir != mdir[:len(sdir)]:
+            continue
+        exact = bool(tag) and f"-{tag.upper()}." in rel.upper()
+        k = (len(sdir), exact, -abs(_bits(rel) - want))
+        if key is None or k > key:
+            best, key = rel, k
+    return files[best] if best else None
+
+
+def mmproj_inputs(path: str | os.PathLike) -> list[str]:
+    """`GET /models` input modalities of a model served with this projector (mtmd_get_cap_from_file:
+    the header's clip.has_vision_encoder / has_audio_encoder); an unreadable file adds nothing."""
+    from runtime.model.gguf import read_gguf_metadata
+
+    try:
+        md = read_gguf_metadata(path)
+    except Exception:  # noqa: BLE001 - as b1: a warning's worth, no capability
+        return ["text"]
+    return ["text"] + (["image"] if md.get("clip.has_vision_encoder") else []) + \
+        (["audio"] if md.get("clip.has_audio_encoder") else [])
 
 
 def remove_cached(repo_tag: str) -> bool:

@@ -24,8 +24,9 @@ import sys
 import time
 from typing import Callable
 
-from runtime.launch.model_sources import (HF_FILE, HF_REPO, LOAD_ON_STARTUP, MODEL, PRESET_ONLY, STOP_TIMEOUT,
-                                          ModelPreset, ModelSource, remove_cached, resolve_cached)
+from runtime.launch.model_sources import (HF_FILE, HF_REPO, LOAD_ON_STARTUP, MMPROJ, MMPROJ_AUTO, MODEL, PRESET_ONLY,
+                                          STOP_TIMEOUT, ModelPreset, ModelSource, cached_mmproj, mmproj_inputs,
+                                          remove_cached, resolve_cached)
 from runtime.launch.router_state import (CHILD_ADDR, CMD_EXIT, CMD_STATE, DEFAULT_STOP_TIMEOUT, ModelEntry,
                                          ModelStatus, RouterError, RouterSettings, WaitQueue, Worker, free_port)
 
@@ -146,13 +147,18 @@ class ModelRouter:
             self.log("I", f"  [{e.source.value:>10}] {n}{info}")
 
     def _args(self, e: ModelEntry) -> list[str]:
+        """The worker's command line (and, as b1's update_caps, what its projector takes in)."""
         opts = {k: v for k, v in e.options.items() if k not in PRESET_ONLY}
-        if opts.get(HF_REPO) and not opts.get(MODEL):  # a cached model: its file, read offline
+        if opts.get(HF_REPO) and not opts.get(MODEL):  # a cached model: its files, read offline
             path = resolve_cached(opts[HF_REPO], opts.get(HF_FILE, ""))
             if path is not None:
+                mmproj = cached_mmproj(opts[HF_REPO]) if opts.get(MMPROJ_AUTO, "true") == "true" else None
                 opts.pop(HF_REPO)
                 opts.pop(HF_FILE, None)
                 opts[MODEL] = str(path)
+                if mmproj is not None and not opts.get(MMPROJ):
+                    opts[MMPROJ] = str(mmproj)
+        e.inputs = mmproj_inputs(opts[MMPROJ]) if opts.get(MMPROJ) else ["text"]
         opts.update(host=CHILD_ADDR, port=str(e.port), alias=e.name)
         return [sys.executable, "-m", "api.cli", *self._render(opts)]
 

@@ -70,6 +70,7 @@ class ModelEntry:
     exit_code: int = 0
     stop_timeout: int = DEFAULT_STOP_TIMEOUT
     hidden: bool = False
+    inputs: list[str] = field(default_factory=lambda: ["text"])  # what its projector takes in (GET /models)
     worker: Worker | None = None
     req_count: int = 0
 
