@@ -296,9 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     launch.pin_process(cpus, args.prio, say)
     _speculative_warning(args, log)
     if args.hf_repo:
-        path = launch.fetch_hf(args.hf_repo, args.hf_file, args.hf_token, args.offline, say)
-        if path is None:
+        got = launch.fetch_hf(args.hf_repo, args.hf_file, args.hf_token, args.offline, say,
+                              mmproj=args.mmproj_auto and not args.mmproj and not args.mmproj_url)
+        if got is None:
             return 1
+        path, args.mmproj = got[0], args.mmproj or got[1]
         args.model = scfg.model_path = path
         scfg.alias = scfg.alias or args.hf_repo
     if args.mmproj_url and not args.mmproj:  # -mmu

@@ -8,7 +8,7 @@ import os
 import httpx
 import pytest
 
-from runtime.launch.hf_download import HfDownloadError, pick_files, split_repo_tag
+from runtime.launch.hf_download import HfDownloadError, find_best_mmproj, pick_files, split_repo_tag
 from tests.conftest import ServerProcess
 from tests.local_hub import LocalHub
 
@@ -45,6 +45,18 @@ def test_pick_hf_file():
         pick_files(REPO_FILES, "", "nope.gguf")
 
 
+def test_find_best_mmproj():
+    """llama.cpp's find_best_sibling(files, model, "mmproj"): the model's folder or one above it,
+    the deepest first, then the quant bits closest to the model's, then the listing's order."""
+    files = ["mmproj-F32.gguf", "mmproj-BF16.gguf", "mmproj-Q8_0.gguf", "a/mmproj-f16.gguf", "b/mmproj-Q4_0.gguf",
+             "a/b/mmproj-f16.gguf", "mmproj.txt"]
+    assert find_best_mmproj(files, "a/model-Q4_K_M.gguf") == "a/mmproj-f16.gguf"  # its folder wins
+    assert find_best_mmproj(files, "model-Q4_K_M.gguf") == "mmproj-Q8_0.gguf"  # 8 bits: closest to 4
+    assert find_best_mmproj(files, "model-F16.gguf") == "mmproj-BF16.gguf"  # 16 == 16 before F32's
+    assert find_best_mmproj(files, "c/model-Q8_0-00001-of-00002.gguf") == "mmproj-Q8_0.gguf"
+    assert find_best_mmproj(["model-Q8_0.gguf"], "model-Q8_0.gguf") is None
+
+
 def test_split_repo_tag():
     assert split_repo_tag("user/repo") == ("user/repo", "")
     assert split_repo_tag("user/repo:Q4_K_M") == ("user/repo", "Q4_K_M")
@@ -71,6 +83,33 @@ def _server(args, tmp_path, env, name):
     return ServerProcess(["--no-warmup", "-c", "512", "-np", "1", *args], tmp_path / f"{name}.log", env)
 
 
+def test_hf_download_with_its_mmproj(tmp_path, server_env):
+    """A repository with a projector: -hf fetches it too and the server takes images (llama-server's
+    --mmproj-auto, on by default); --no-mmproj leaves it."""
+    from runtime.vision.tiny_mmproj import write_pair
+
+    model, mmproj = write_pair(tmp_path, "gemma3")
+    repo = {"vlm-Q8_0.gguf": model.read_bytes(), "mmproj-vlm-f16.gguf": mmproj.read_bytes(),
+            "old/mmproj-vlm-f16.gguf": b"not this one"}
+    env = dict(server_env, HF_HUB_CACHE=str(tmp_path / "hf-cache"), HF_HUB_DISABLE_TELEMETRY="1")
+    env.pop("MODEL_ENDPOINT", None)
+    with LocalHub({"local/vlm": repo}) as hub:
+        env["HF_ENDPOINT"] = hub.url
+        srv = _server(["-hf", "local/vlm"], tmp_path, env, "vlm")
+        try:
+            srv.wait_ready(120)
+            assert httpx.get(srv.url + "/props").json()["modalities"]["vision"] is True
+        finally:
+            srv.stop()
+        assert hub.downloads("mmproj-vlm-f16.gguf") == 1 and hub.downloads("old/mmproj-vlm-f16.gguf") == 0
+        srv = _server(["-hf", "local/vlm", "--no-mmproj", "--offline"], tmp_path, env, "vlm-no")
+        try:
+            srv.wait_ready(120)
+            assert httpx.get(srv.url + "/props").json()["modalities"]["vision"] is False
+        finally:
+            srv.stop()
+
+
 def test_hf_download_then_offline(tiny_ggufs, tmp_path, server_env):
     tiny_gguf, other_gguf = tiny_ggufs
     cache = tmp_path / "hf-cache"
@@ -80,7 +119,7 @@ def test_hf_download_then_offline(tiny_ggufs, tmp_path, server_env):
     env.pop("MODEL_ENDPOINT", None)
     with LocalHub({"local/tiny": repo}) as hub:
         env["HF_ENDPOINT"] = hub.url
-        srv = _server(["-hf", "local/tiny"], tmp_path, env, "online")
+        srv = _server(["-hf", "local/tiny", "--no-mmproj"], tmp_path, env, "online")
         try:
             srv.wait_ready(120)
             props = httpx.get(srv.url + "/props").json()
@@ -98,7 +137,7 @@ def test_hf_download_then_offline(tiny_ggufs, tmp_path, server_env):
         assert "100%" in log  # huggingface_hub's progress bar
         assert hub.auth and set(hub.auth) == {"Bearer hf_secret"}  # HF_TOKEN reached the Hub
         # -hff and --hf-token: that file, that token
-        srv = _server(["-hf", "local/tiny:Q4_K_M", "-hff", "tiny-Q8_0.gguf", "--hf-token", "hf_other"], tmp_path,
+        srv = _server(["-hf", "local/tiny:Q4_K_M", "-hff", "tiny-Q8_0.gguf", "--hf-token", "hf_other", "--no-mmproj"], tmp_path,
                       env, "hff")
         try:
             srv.wait_ready(120)

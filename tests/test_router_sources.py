@@ -138,8 +138,9 @@ def test_router_mode_decision(monkeypatch, tmp_path):
 
 
 def test_cached_projector_and_its_inputs(tmp_path, monkeypatch):
-    """A cached VLM's worker gets the repository's mmproj (b1's find_best_mmproj: same folder or
-    above, matching quant first, else the closest width) and /models says what it takes in."""
+    """A cached VLM's worker gets the repository's mmproj (b1's find_best_mmproj, the one -hf uses:
+    same folder or above, the deepest, then the closest quant width to the model's; -hff's file
+    counts as the model) and /models says what it takes in."""
     from gguf import GGUFValueType, GGUFWriter
 
     monkeypatch.setenv("LLAMA_CACHE", str(tmp_path))
@@ -148,6 +149,8 @@ def test_cached_projector_and_its_inputs(tmp_path, monkeypatch):
     assert resolve_cached("u/vlm:Q8_0").name == "vlm-Q8_0.gguf"
     assert cached_mmproj("u/vlm:Q8_0") == snap / "mmproj-vlm-Q8_0.gguf"  # the matching quant
     assert cached_mmproj("u/vlm:Q4_K_M") == snap / "mmproj-vlm-Q8_0.gguf"  # 8 bits closer to 4 than 16
+    assert cached_mmproj("u/vlm", "vlm-Q8_0.gguf") == snap / "mmproj-vlm-Q8_0.gguf"
+    assert cached_mmproj("u/vlm", "nope.gguf") is None
     _cache_repo(tmp_path, "u/text", ["t-Q8_0.gguf"])
     assert cached_mmproj("u/text:Q8_0") is None
     proj = tmp_path / "p.gguf"

@@ -7,6 +7,9 @@ llama.cpp's rules (common/download.cpp `common_download_get_hf_plan`, `find_best
   matches `TAG[.-]` (case-insensitive) for the tag given, or for Q4_K_M then Q8_0 without one;
   without a tag, else the first model GGUF. Of a split model (`-00001-of-0000N.gguf`) only the first
   part is picked, and then every part is downloaded.
+- With the model, its multimodal projector (unless --no-mmproj, --mmproj or -mmu): the GGUF with
+  `mmproj` in its path, in the model's folder or one above it, the deepest, then the one whose quant
+  bits are closest to the model's (`find_best_sibling`).
 - The files are listed at the repository's `main` branch in the order the Hub returns them; when
   the listing fails (or `--offline`) the files cached for `main` are used instead.
 
@@ -21,11 +24,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["HfModelRequest", "HfDownloadError", "split_repo_tag", "pick_files", "download_model"]
+__all__ = ["HfModelRequest", "HfDownloadError", "split_repo_tag", "pick_files", "find_best_mmproj", "download_model",
+           "download_files"]
 
 DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
 _SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.I)
 _NOT_MODEL = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+_TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.I)
 
 
 class HfDownloadError(Exception):
@@ -102,6 +107,31 @@ def pick_files(files: list[str], tag: str = "", hf_file: str | None = None) -> l
     return [f for f in files if (s := _split_info(f)) is not None and s[0] == info[0] and s[2] == info[2]]
 
 
+def _quant_bits(path: str) -> int:
+    """extract_quant_bits: the first number of the file's quant tag (Q4_K_M -> 4, F16 -> 16), else 0."""
+    info = _split_info(path)
+    t = _TAG.search(info[0]) if info else None
+    m = re.search(r"[0-9]+", t.group(1)) if t else None
+    return int(m.group(0)) if m else 0
+
+
+def find_best_mmproj(files: list[str], model: str) -> str | None:
+    """llama.cpp's find_best_sibling(files, model, "mmproj") (no tag): the deepest folder shared with
+    the model, then the closest quant bits; the first in the listing's order on a tie."""
+    bits, folder = _quant_bits(model), model.split("/")[:-1]
+    best, best_key = None, (-1, 0)
+    for f in files:
+        if not f.endswith(".gguf") or "mmproj" not in f:
+            continue
+        own = f.split("/")[:-1]
+        if own != folder[:len(own)]:  # not in the model's folder or one above it
+            continue
+        depth, diff = len(own), abs(_quant_bits(f) - bits)
+        if best is None or depth > best_key[0] or (depth == best_key[0] and diff < best_key[1]):
+            best, best_key = f, (depth, diff)
+    return best
+
+
 def _available(files: list[str]) -> str:
     ggufs = [f for f in files if f.endswith(".gguf")]
     return "; available GGUF files: " + ", ".join(ggufs) if ggufs else ""
@@ -161,6 +191,12 @@ def _progress_bar():
 def download_model(req: HfModelRequest, log=None) -> Path:
     """Downloads (or finds in the cache) the model `req` names; returns the local path of its
     first file. Raises HfDownloadError in the user's terms."""
+    return download_files(req, log)[0]
+
+
+def download_files(req: HfModelRequest, log=None, mmproj: bool = False) -> tuple[Path, Path | None]:
+    """`download_model`, and with `mmproj` the model's projector when the repository has one:
+    (the model's first file, the projector's or None)."""
     from huggingface_hub import hf_hub_download
 
     repo, tag = split_repo_tag(req.repo)
@@ -169,8 +205,9 @@ def download_model(req: HfModelRequest, log=None) -> Path:
         raise HfDownloadError(f"no files found for {repo}" + (" in the cache (offline mode)" if req.offline
                                                                else " on the Hub nor in the cache"))
     chosen = pick_files(files, tag, req.file)
+    proj = find_best_mmproj(files, chosen[0]) if mmproj else None
     paths = []
-    for f in chosen:
+    for f in chosen + ([proj] if proj else []):
         try:
             paths.append(Path(hf_hub_download(repo, f, revision="main", endpoint=_endpoint(req), cache_dir=req.cache_dir,
                                               token=req.token or None, local_files_only=req.offline,
@@ -178,7 +215,7 @@ def download_model(req: HfModelRequest, log=None) -> Path:
         except Exception as e:  # noqa: BLE001 - reported as the download failure it is
             where = "is not available in cache (offline mode)" if req.offline else "could not be downloaded"
             raise HfDownloadError(f"{repo}/{f} {where}: {type(e).__name__}: {e}") from e
-    return paths[0]
+    return paths[0], paths[-1] if proj else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable
 
-from runtime.launch.hf_download import find_best_model
+from runtime.launch.hf_download import find_best_mmproj, find_best_model
 
 __all__ = ["ModelSource", "ModelPreset", "PresetError", "hf_cache_dir", "cached_models", "resolve_cached",
            "cached_mmproj", "mmproj_inputs",
@@ -149,34 +149,13 @@ def resolve_cached(repo_tag: str, hf_file: str = "") -> Path | None:
     return files[best] if best else None
 
 
-def _bits(path: str) -> int:
-    tag = _split_tag(path)[1]
-    m = re.search(r"\d+", tag)
-    return int(m.group(0)) if m else 0
-
-
-def cached_mmproj(repo_tag: str) -> Path | None:
-    """The projector `-hf repo[:tag]` brings along (b1's find_best_mmproj): a cached `*mmproj*.gguf`
-    in the model's folder or above, the deepest first, then the one whose quant tag matches, then the
-    closest quant width."""
+def cached_mmproj(repo_tag: str, hf_file: str = "") -> Path | None:
+    """The cached projector `-hf repo[:tag]` (`-hff`) brings along: hf_download.find_best_mmproj
+    over the repository's cached files, as b1's update_caps (common_download_get_hf_plan offline)."""
     repo, _, tag = repo_tag.partition(":")
     files = {rel: p for _, rel, p in _cached_files(repo)}
-    model = find_best_model(list(files), tag)
-    if model is None:
-        return None
-    want = int(m.group(0)) if tag and (m := re.search(r"\d+", tag)) else (_bits(model) if not tag else 0)
-    mdir = model.split("/")[:-1]
-    best, key = None, None
-    for rel in files:
-        if not rel.endswith(".gguf") or "mmproj" not in rel:
-            continue
-        sdir = rel.split("/")[:-1]
-        if sdir != mdir[:len(sdir)]:
-            continue
-        exact = bool(tag) and f"-{tag.upper()}." in rel.upper()
-        k = (len(sdir), exact, -abs(_bits(rel) - want))
-        if key is None or k > key:
-            best, key = rel, k
+    model = hf_file if hf_file in files else None if hf_file else find_best_model(list(files), tag)
+    best = find_best_mmproj(list(files), model) if model else None
     return files[best] if best else None
 
 

@@ -152,11 +152,12 @@ class ModelRouter:
         if opts.get(HF_REPO) and not opts.get(MODEL):  # a cached model: its files, read offline
             path = resolve_cached(opts[HF_REPO], opts.get(HF_FILE, ""))
             if path is not None:
-                mmproj = cached_mmproj(opts[HF_REPO]) if opts.get(MMPROJ_AUTO, "true") == "true" else None
+                auto = opts.get(MMPROJ_AUTO, "true") == "true" and not opts.get(MMPROJ) and not opts.get("mmproj-url")
+                mmproj = cached_mmproj(opts[HF_REPO], opts.get(HF_FILE, "")) if auto else None
                 opts.pop(HF_REPO)
                 opts.pop(HF_FILE, None)
                 opts[MODEL] = str(path)
-                if mmproj is not None and not opts.get(MMPROJ):
+                if mmproj is not None:
                     opts[MMPROJ] = str(mmproj)
         e.inputs = mmproj_inputs(opts[MMPROJ]) if opts.get(MMPROJ) else ["text"]
         opts.update(host=CHILD_ADDR, port=str(e.port), alias=e.name)

@@ -56,18 +56,20 @@ def pin_process(cpus: set[int] | None, prio: int, say: Say) -> None:
             say("W", f"could not set the process priority {prio}: {e}")
 
 
-def fetch_hf(repo: str, file: str | None, token: str | None, offline: bool, say: Say) -> str | None:
-    """-hf: the model file from the Hub (or its cache); None (reported) when it cannot be had."""
-    from runtime.launch.hf_download import HfDownloadError, HfModelRequest, download_model
+def fetch_hf(repo: str, file: str | None, token: str | None, offline: bool, say: Say,
+             mmproj: bool = False) -> tuple[str, str | None] | None:
+    """-hf: the model file from the Hub (or its cache) and, with `mmproj`, the repository's projector
+    for it (None when it has none); None (reported) when the model cannot be had."""
+    from runtime.launch.hf_download import HfDownloadError, HfModelRequest, download_files
 
     req = HfModelRequest(repo, file=file, token=token or os.environ.get("HF_TOKEN"), offline=offline)
     try:
-        path = download_model(req, log=lambda m: say("W", m))
+        path, proj = download_files(req, log=lambda m: say("W", m), mmproj=mmproj)
     except HfDownloadError as e:
         say("E", f"failed to fetch model metadata: {e}")
         return None
-    say("I", f"model from {repo}: {path}")
-    return str(path)
+    say("I", f"model from {repo}: {path}" + (f" (multimodal projector {proj})" if proj else ""))
+    return str(path), None if proj is None else str(proj)
 
 
 def fetch_url(url: str, offline: bool, say: Say) -> str | None:
