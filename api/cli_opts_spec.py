@@ -104,7 +104,6 @@ def _float(v: str) -> float:
 _FIM = dict(port=8012, ubatch_size=1024, batch_size=1024, ctx_size=0, cache_reuse=256)
 _GPT_OSS = dict(port=8013, ubatch_size=2048, batch_size=32768, parallel=2, ctx_size=131072 * 2, temp=1.0, top_p=1.0,
                 top_k=0, min_p=0.01, jinja=True)
-VISION = "a projector fetched with the -hf model (the --vision-gemma presets' images)"
 OPTIONS = [
     opt(("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"), "<user>/<model>[:quant]", _spec(),
         env="LLAMA_ARG_SPEC_DRAFT_HF_REPO", section=SP, effect=N, note=SPEC_NOTE),
@@ -219,11 +218,11 @@ OPTIONS += [
     opt(("--gpt-oss-120b-default",), None, _preset(hf_repo="ggml-org/gpt-oss-120b-GGUF", **_GPT_OSS),
         section=Section.SERVER),
     opt(("--vision-gemma-4b-default",), None, _preset(hf_repo="ggml-org/gemma-3-4b-it-qat-GGUF", port=8014,
-                                                      ctx_size=0, jinja=True, vision=True),
-        section=Section.SERVER, effect=Effect.PENDING, note=VISION, startup=lambda ns: VISION + " is not supported yet"),
+                                                      ctx_size=0, jinja=True),
+        section=Section.SERVER),  # -hf brings the repository's projector along (--mmproj-auto)
     opt(("--vision-gemma-12b-default",), None, _preset(hf_repo="ggml-org/gemma-3-12b-it-qat-GGUF", port=8014,
-                                                       ctx_size=0, jinja=True, vision=True),
-        section=Section.SERVER, effect=Effect.PENDING, note=VISION, startup=lambda ns: VISION + " is not supported yet"),
+                                                       ctx_size=0, jinja=True),
+        section=Section.SERVER),
     opt(("--spec-default",), None, const("speculative"), section=Section.SERVER, effect=N, note=SPEC_NOTE),
 ]
 # tritium's own (llama-server has none of these spellings)
