@@ -300,14 +300,16 @@ def decode_image(data: bytes, max_pixels: int) -> tuple[int, int, bytes] | None:
 
 
 def tune(backend: Backend, weights: list[QWeight], dtype: torch.dtype, max_rows: int,
-         head: QWeight | None = None, head_rows: int = 16) -> int:
+         head: QWeight | None = None, head_rows: int = 16, head_dtype: torch.dtype | None = None) -> int:
     """Once at start-up: choose the launch configs of every matmul shape a model can run, `weights`
-    at 1..`max_rows` rows and the output `head` at 1..`head_rows` (Triton on CUDA: each config
-    timed once, the choice kept under $TRITIUM_CACHE so the next start skips it; nothing is
-    tuned while serving). Returns the number of shapes timed now (0 for the other backends)."""
+    at 1..`max_rows` rows in `dtype` and the output `head` at 1..`head_rows` in `head_dtype`
+    (default float32, what the model's head reads) (Triton on CUDA: each config checked against
+    the first one's output, then timed once, the choice kept under $TRITIUM_CACHE so the next start
+    skips it; nothing is tuned while serving). Returns the number of shapes timed now (0 for the
+    other backends)."""
     if backend.name != "triton" or not weights or weights[0].data.device.type != "cuda":
         return 0
     from .triton.tuning import tune_qmatmul
 
-    return tune_qmatmul(weights, dtype, max_rows, head, head_rows)
+    return tune_qmatmul(weights, dtype, max_rows, head, head_rows, head_dtype)
 

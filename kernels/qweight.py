@@ -30,6 +30,12 @@ side by side.
 `repacked`: a "rows" weight's x8 panels already computed by `kernels.prepack_quantized` (the server
 repacks while it imports), which the CPU backend's `prepare_weights` then takes as they are.
 
+Or, on CUDA (`kernels.triton.prepare_weight`), into "gpu": the codes and the scale factors of
+Q8_0 Q4_0 Q5_0 Q4_K Q5_K Q6_K in arrays of their own, aligned for 128-bit loads (`GpuPack`; layout
+in kernels/triton/packed.py); `data` is the codes (`gpu.lo`). A "gpu" weight with `parts` holds
+several such matrices that read the same input (q/k/v, gate/up, of different types): `rows` is
+their sum and a matmul returns their outputs side by side (the input quantized once).
+
 `mapped`: `data` views a file mapping that is never written (the GGUF loader's), so a backend that
 repacks the weight may drop those pages from memory afterwards (no second copy of the model).
 """
@@ -49,18 +55,34 @@ FLOAT_TYPES = {
 
 
 @dataclass
+class GpuPack:
+    """A quantized matrix in the "gpu" layout (kernels/triton/packed.py): codes and factors apart."""
+    lo: torch.Tensor  # int32 [rows, K/8] nibble words (Q8_0: [rows, K/4] int8 words)
+    hi: torch.Tensor | None  # int32 high-bit plane: Q5_0/Q5_K [rows, K/32], Q6_K [rows, K/16]
+    d: torch.Tensor  # float16 super-scales (see packed.py)
+    sc: torch.Tensor | None  # sub-block scales: uint8 [rows, K/32] (Q4_K, Q5_K), int8 [rows, K/16] (Q6_K)
+    mn: torch.Tensor | None  # uint8 sub-block mins [rows, K/32] (Q4_K, Q5_K)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.lo, self.hi, self.d, self.sc, self.mn) if t is not None)
+
+
+@dataclass
 class QWeight:
     data: torch.Tensor  # uint8 [rows, row_bytes] (quantized) or float [rows, cols]
     qtype: GGMLQuantizationType
     rows: int  # output features
     cols: int  # input features
-    layout: str = "rows"  # "rows" | "cols" | "tiles64" | "tiles64_c8" | "tiles64_c4" | "x8" (module docstring)
+    layout: str = "rows"  # "rows" | "cols" | "tiles64" | "tiles64_c8" | "tiles64_c4" | "x8" | "gpu" (module docstring)
     scales: torch.Tensor | None = None  # tiles64_c*: A [tiles, cols / group, 64]
     offsets: torch.Tensor | None = None  # tiles64_c*: B
     group: int = 0  # tiles64_c*: weights per (A, B) pair along a row
     mapped: bool = False  # data views a never-written file mapping (module docstring)
     kernel: Any = None  # x8: the backend's handle on the repacked weight (kernels.cpu.qdot.QdotGroup)
     repacked: Any = None  # "rows": its x8 panels computed ahead (kernels.prepack_quantized), for prepare_weights
+    gpu: GpuPack | None = None  # "gpu": the arrays (data is gpu.lo)
+    parts: list["QWeight"] | None = None  # "gpu" group: member weights reading one input, outputs side by side
 
     @property
     def is_float(self) -> bool:
@@ -76,6 +98,10 @@ class QWeight:
 
     @property
     def nbytes(self) -> int:
+        if self.parts is not None:
+            return sum(p.nbytes for p in self.parts)
+        if self.gpu is not None:
+            return self.gpu.nbytes
         extra = [t for t in (self.scales, self.offsets) if t is not None]
         return sum(t.numel() * t.element_size() for t in [self.data, *extra])
 
@@ -84,7 +110,7 @@ class QWeight:
             return None if t is None else t.to(device)
         if torch.device(device) == self.data.device:
             return self
-        if self.kernel is not None:
+        if self.kernel is not None or self.layout == "gpu":
             raise ValueError(f"a {self.layout!r} weight stays on the device it was prepared for")
         return QWeight(self.data.to(device), self.qtype, self.rows, self.cols, self.layout,
                        mv(self.scales), mv(self.offsets), self.group)

@@ -60,7 +60,10 @@ def test_collection_follows_the_dispatch_layer(tmp_path):
     assert len(tiled) == 5 and (64, 64, 64) in tiled and (128, 128, 32) in tiled
     assert (32, 64, 128) not in tiled  # the spilling config is gone
     decode = [v["kwargs"] for v in variants if v["kernel"].endswith("_paged_decode_kernel")]
-    assert {kw["BLOCK_G"] for kw in decode} == {4}  # GQA group of llama3-8b/gemma, not 16 rows
+    # the GQA groups of llama3-8b / gemma (4 heads) padded to one 16-row tl.dot tile (<= 128 registers)
+    assert {kw["BLOCK_G"] for kw in decode} == {16} and all(kw["num_warps"] in (4, 8) for kw in decode)
+    q8 = [v["kwargs"] for v in variants if v["kernel"].endswith("_qmm_q8_gemv_kernel")]
+    assert {kw["BLOCK_M"] for kw in q8} == {1, 8} and all(kw["ASM"] for kw in q8)  # dp4a, decode rows
     assert any(kw["SOFTCAP"] for kw in decode)
     full = _script("--list", "--shape", "qwen3-235b-attn", "--act", "bfloat16", "--only", "attention",
                    tmp_path=tmp_path)

@@ -9,6 +9,7 @@ import os
 if os.environ.get("TRITIUM_KERNEL_DEVICE", "cpu") == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import importlib
 import math
 import random
 
@@ -261,7 +262,7 @@ def test_tuner_never_tunes_while_serving_and_keeps_its_choice_on_disk(tmp_path, 
     speed = {"a": 3.0, "b": 1.0, "c": 2.0}
     timed = []
 
-    def fastest(cands, run):
+    def fastest(cands, run, device):
         timed.append([c.kwargs["n"] for c in cands])
         return min(cands, key=lambda c: speed[c.kwargs["n"]])
 
@@ -269,22 +270,169 @@ def test_tuner_never_tunes_while_serving_and_keeps_its_choice_on_disk(tmp_path, 
     cfgs = [triton.Config({"n": n}) for n in "abc"]
     gpu = types.SimpleNamespace(type="cuda")
     ran = []
+
+    def run(c):
+        ran.append(c.kwargs["n"])
+        return torch.ones(3)  # every candidate agrees
+
     t = tuning.Tuner("test", cfgs)
-    assert t.launch((64, 4096), {}, gpu, lambda c: ran.append(c.kwargs["n"])).kwargs["n"] == "a"
+    assert t.launch((64, 4096), {}, gpu, run).kwargs["n"] == "a"
     assert (t.misses, timed) == (1, [])
     with tuning.tuning():
-        assert t.launch((64, 4096), {}, gpu, lambda c: ran.append(c.kwargs["n"])).kwargs["n"] == "b"
-        assert t.launch((64, 4096), {}, gpu, lambda c: ran.append(c.kwargs["n"])).kwargs["n"] == "b"
-    assert timed == [["a", "b", "c"]] and ran == ["a", "b", "b"]
+        assert t.launch((64, 4096), {}, gpu, run).kwargs["n"] == "b"
+        assert t.launch((64, 4096), {}, gpu, run).kwargs["n"] == "b"
+    assert timed == [["a", "b", "c"]] and ran == ["a", "a", "b", "c", "b", "b"]  # checked, then chosen
     assert list((tmp_path / "triton-tune").glob("test-Fake_GPU_80GB-*.json"))
     fresh = tuning.Tuner("test", cfgs)
-    assert fresh.launch((64, 4096), {}, gpu, lambda c: None).kwargs["n"] == "b"
+    assert fresh.launch((64, 4096), {}, gpu, run).kwargs["n"] == "b"
     assert (fresh.misses, fresh.timed, len(timed)) == (0, 0, 1)
     other = tuning.Tuner("test", cfgs[::-1])  # another config list: another table
-    assert other.launch((64, 4096), {}, gpu, lambda c: None).kwargs["n"] == "c"
-    # pruned to one candidate, or not on a GPU: nothing to choose
+    assert other.launch((64, 4096), {}, gpu, run).kwargs["n"] == "c"
+    # pruned to one candidate, or off CUDA outside the warm-up: nothing to choose
     one = tuning.Tuner("test1", cfgs, prune=lambda cs, meta: cs[2:])
     with tuning.tuning():
-        assert one.launch((1,), {}, gpu, lambda c: None).kwargs["n"] == "c"
-        assert t.launch((9,), {}, torch.device("cpu"), lambda c: None).kwargs["n"] == "a"
+        assert one.launch((1,), {}, gpu, run).kwargs["n"] == "c"
+    assert t.launch((9,), {}, torch.device("cpu"), run).kwargs["n"] == "a"
     assert len(timed) == 1
+
+
+def test_tuning_rejects_a_wrong_candidate(tmp_path, monkeypatch):
+    """Start-up tuning of the real dp4a GEMV (the interpreter on the CPU; the host clock times):
+    one candidate is made to write a wrong output, as a miscompiled config would; it is rejected
+    before any timing, never chosen, and the launch's result is right. A candidate that raises is
+    rejected too."""
+    import warnings
+
+    import triton
+
+    from kernels.triton import tuning
+
+    qmatmul_q8 = importlib.import_module("kernels.triton.qmatmul_q8")  # the module (the package exports the function)
+    monkeypatch.setenv("TRITIUM_CACHE", str(tmp_path))
+    cfgs = [triton.Config({"BLOCK_N": 16, "G": 4}, num_warps=2), triton.Config({"BLOCK_N": 8, "G": 2}, num_warps=1),
+            triton.Config({"BLOCK_N": 4, "G": 4}, num_warps=1), triton.Config({"BLOCK_N": 2, "G": 1}, num_warps=1)]
+    broken, raising = cfgs[1], cfgs[3]
+    tuner = tuning.Tuner("q8_test", cfgs, tol=qmatmul_q8.Q8GEMV.tol)
+    monkeypatch.setattr(qmatmul_q8, "Q8GEMV", tuner)
+    real_launch = tuner.launch
+    timed = []
+
+    def launch(key, meta, device, run):
+        def run_maybe_broken(c):
+            if c is raising:
+                raise RuntimeError("ptxas failed")  # as a config that does not compile
+            y = run(c)
+            if c is broken:
+                y[:, ::3] += 1.0  # a wrong output, finite
+            return y
+        return real_launch(key, meta, device, run_maybe_broken)
+
+    monkeypatch.setattr(tuner, "launch", launch)
+    real_fastest = tuning._fastest
+
+    def fastest(cands, run, device):
+        timed.append(list(cands))
+        return real_fastest(cands, run, device)
+
+    monkeypatch.setattr(tuning, "_fastest", fastest)
+    w = OPS.prepare_weight(qw_dev(random_qweight(Q.Q4_0, 16, 64)))
+    x = dev(torch.randn(1, 64))
+    with warnings.catch_warnings(record=True) as caught, tuning.tuning():
+        warnings.simplefilter("always")
+        y = OPS.qmatmul(x, w)
+    assert tuner.rejected == 2 and len(timed) == 1
+    assert broken not in timed[0] and raising not in timed[0] and len(timed[0]) == 2
+    assert sum("rejected" in str(c.message) for c in caught) == 2
+    key = next(iter(tuner.table))
+    assert tuner.configs[tuner.table[key]] not in (broken, raising)
+    assert rel_err(y, _q8_act(x.cpu()) @ OPS.dequantize(w).double().cpu().T) < 1e-5
+
+
+def _q8_act(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to its q8_1 codes (per 32: scale amax / 127, round to nearest), float64."""
+    M, K = x.shape
+    g = x.double().reshape(M, K // 32, 32)
+    amax = g.abs().amax(-1, keepdim=True)
+    q = torch.where(amax > 0, torch.round(g.float() * (127.0 / amax.float())).double(), torch.zeros_like(g))
+    return (q * (amax.float() / 127.0).double()).reshape(M, K)
+
+
+PACKED = [Q.Q8_0, Q.Q4_0, Q.Q5_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+
+
+@pytest.mark.parametrize("qtype", PACKED, ids=lambda q: q.name)
+def test_repacked_weights_dequantize_exactly(qtype):
+    """The GPU layout (kernels/triton/packed.py) holds the same values as the GGUF blocks."""
+    w = random_qweight(qtype, 13, 512)
+    p = OPS.prepare_weight(qw_dev(w))
+    assert p.layout == "gpu" and p.gpu.lo.dtype == torch.int32 and p.gpu.lo.is_contiguous()
+    want = dequant_oracle(w)
+    assert rel_err(OPS.dequantize(p, torch.float32), want) == 0.0
+    ids = torch.tensor([12, 0, 5, 5, 1])
+    assert rel_err(OPS.embedding(dev(ids), p), want[ids]) == 0.0
+    assert p.nbytes <= w.nbytes * 1.03  # the codes and factors, no float copy
+
+
+@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("qtype", PACKED, ids=lambda q: q.name)
+def test_q8_gemv(qtype, M):
+    """Decode rows: exactly the product with the activations rounded to their q8_1 codes, and
+    within 2% of the float product."""
+    K = 512
+    w = random_qweight(qtype, 37, K)
+    p = OPS.prepare_weight(qw_dev(w))
+    xbig = torch.randn(M, K + 8)
+    x = xbig[:, 3:3 + K]
+    y = OPS.qmatmul(dev(x), p)
+    assert y.shape == (M, 37) and y.dtype == torch.float32
+    assert rel_err(y, _q8_act(x.contiguous()) @ dequant_oracle(w).T) < (1e-5 if DEV == "cpu" else 1e-4)
+    assert rel_err(y, x.double() @ dequant_oracle(w).T) < 2e-2
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("M,xdtype", [(9, torch.float32), (37, torch.float32), (20, torch.bfloat16)])
+def test_packed_tiled(qtype, M, xdtype):
+    """Prompt rows on the repacked weights: the tensor-core kernel, float (not quantized) activations."""
+    w = random_qweight(qtype, 23, 256 if qtype != Q.Q8_0 else 96)
+    p = OPS.prepare_weight(qw_dev(w))
+    x = torch.randn(M, w.cols).to(xdtype)
+    y = OPS.qmatmul(dev(x), p)
+    assert y.dtype == xdtype
+    assert rel_err(y, x.double() @ dequant_oracle(w).T) < (F32_TOL if xdtype == torch.float32 else 2 * TOL[xdtype])
+
+
+@pytest.mark.parametrize("M", [2, 12])
+def test_prepared_group_of_mixed_types(M):
+    """q / k / v of two types (Q4_K_M's Q6_K attn_v): one weight, one input quantization, the
+    parts' outputs side by side, as the separate products."""
+    ws = [random_qweight(Q.Q4_K, 24, 256), random_qweight(Q.Q4_K, 8, 256), random_qweight(Q.Q6_K, 8, 256)]
+    (g,) = OPS.prepare_weights([qw_dev(w) for w in ws])
+    assert g.layout == "gpu" and g.rows == 40 and [p.rows for p in g.parts] == [32, 8]
+    assert [p.qtype for p in g.parts] == [Q.Q4_K, Q.Q6_K]
+    x = torch.randn(M, 256)
+    y = OPS.qmatmul(dev(x), g)
+    parts = [OPS.qmatmul(dev(x), OPS.prepare_weight(qw_dev(w))) for w in ws]
+    assert torch.equal(y.cpu(), torch.cat([t.cpu() for t in parts], 1))
+    assert rel_err(OPS.dequantize(g), torch.cat([dequant_oracle(w) for w in ws])) == 0.0
+
+
+def test_every_tuned_config_computes_the_product():
+    """Each candidate of every matmul tuner, launched on its own (under the interpreter every
+    config runs here; on a GPU at start-up they are only compared with the first)."""
+    qmatmul_gemv, qmatmul_q8, qmatmul_tiled = (importlib.import_module(f"kernels.triton.{m}")
+                                               for m in ("qmatmul_gemv", "qmatmul_q8", "qmatmul_tiled"))
+    cases = [(qmatmul_q8.Q8GEMV, Q.Q4_K, 3, 512, True), (qmatmul_tiled.PACKED_TILED, Q.Q6_K, 40, 256, True),
+             (qmatmul_gemv.GEMV, Q.Q4_K, 5, 512, False), (qmatmul_tiled.TILED, Q.Q8_0, 33, 128, False)]
+    for tuner, qt, M, K, prepared in cases:
+        w = random_qweight(qt, 19, K)
+        wd = OPS.prepare_weight(qw_dev(w)) if prepared else qw_dev(w)
+        x = torch.randn(M, K)
+        want = (_q8_act(x) if tuner is qmatmul_q8.Q8GEMV else x.double()) @ dequant_oracle(w).T
+        saved = tuner.configs
+        try:
+            for c in saved:
+                tuner.configs = [c]
+                y = OPS.qmatmul(dev(x), wd)
+                assert rel_err(y, want) < (1e-5 if DEV == "cpu" else 3e-3), (tuner.name, c)
+        finally:
+            tuner.configs = saved

@@ -5,11 +5,13 @@ TRITIUM_KERNEL_DEVICE=cuda) against the torch reference ops and the CPU backend,
 (the reference's greedy tokens, teacher-forced into every path, so that one near-tie cannot
 send the paths down different continuations).
 
-Tolerances follow the precision: float32 activations agree to rounding (relative 2e-3 over all
-logits); bfloat16 rounds every op's output to 8 bits of mantissa, in another order per path, so
-the logits agree to ~3e-2 and greedy tokens are measured over many prompts: every position
-whose reference margin (top-1 minus top-2) exceeds twice the observed logit error must agree,
-and at least 90% of all positions."""
+Tolerances follow the precision: the Triton path's decode matmuls (up to 8 rows) quantize their
+activations to 8 bits per 32 (q8_1, llama.cpp's CUDA dot products: kernels/triton/qmatmul_q8.py),
+and bfloat16 rounds every op's output to 8 bits of mantissa, in another order per path, so the
+logits agree to ~3e-2 (relative, over all logits) and greedy tokens are measured over many
+prompts: every position whose reference margin (top-1 minus top-2) exceeds twice the observed
+logit error must agree, and at least 90% of all positions (the output head reads at most 8 rows
+here: quantized activations at every step)."""
 from __future__ import annotations
 
 import os
@@ -77,11 +79,10 @@ def _run(lm, backend: str, seqs: list[list[int]], forced: list[list[int]] | None
 
 
 def _compare(got: torch.Tensor, want: torch.Tensor, act_dtype: torch.dtype, what: str):
-    """Logits within the precision's tolerance; greedy agreement where the margin is clear, and
-    over 90% of all positions."""
+    """Logits within the tolerance (module docstring); greedy agreement where the margin is clear,
+    and over 90% of all positions."""
     rel = float((got - want).norm() / want.norm())
-    tol = 2e-3 if act_dtype == torch.float32 else 3e-2
-    assert rel < tol, (what, rel, tol)
+    assert rel < 3e-2, (what, rel)
     err = float((got - want).abs().max())
     top2 = want.topk(2, dim=-1).values
     margin = top2[..., 0] - top2[..., 1]

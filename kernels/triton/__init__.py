@@ -9,8 +9,10 @@ autotune configs beside it:
 | file | kernel |
 | --- | --- |
 | `dequant.py` | `_dequant_rows_kernel`: `dequantize`, `embedding` |
-| `qmatmul_gemv.py` | `_qmm_gemv_kernel`: `qmatmul` for M <= 16 |
-| `qmatmul_tiled.py` | `_qmm_tiled_kernel` (`tl.dot`): `qmatmul` for larger M |
+| `packed.py` | the GPU repack of quantized weights (`pack`), `_dequant_packed_kernel` |
+| `qmatmul_q8.py` | `_quant_act_kernel` + `_qmm_q8_gemv_kernel` (dp4a): `qmatmul` of repacked weights, M <= 8 |
+| `qmatmul_tiled.py` | `_qmm_packed_tiled_kernel` (`tl.dot`): repacked weights, larger M; `_qmm_tiled_kernel`: GGUF blocks |
+| `qmatmul_gemv.py` | `_qmm_gemv_kernel`: `qmatmul` of types without a repack (GGUF blocks), M <= 16 |
 | `paged_decode.py` | `_paged_decode_kernel`: `paged_attention` when every q_len is 1 (split-K) |
 | `merge_splits.py` | `_merge_splits_kernel`: merges the split-K partials |
 | `paged_prefill.py` | `_paged_prefill_kernel`: `paged_attention` for prefill / mixed batches |
@@ -40,38 +42,87 @@ from ..ref import fused_decoder  # noqa: F401  (none: CUDA graphs cut the per-op
 from ..ref import gdn_gates, sigmoid  # noqa: F401  (pointwise torch on the device)
 from .moe_gemm import moe_ffn  # noqa: F401
 from .dense_attention import dense_attention  # noqa: F401
-from .dequant import dequantize, embedding  # noqa: F401
+from . import dequant, packed
 from .layer_norm import layer_norm  # noqa: F401
 from .linear_attn import gated_delta_net, ssm_conv  # noqa: F401
 from .norm import add_rms_norm, rms_norm  # noqa: F401
 from .paged_decode import paged_decode
 from .paged_prefill import paged_prefill
 from .qmatmul_gemv import GEMV_MAX_M, qmatmul_gemv
-from .qmatmul_tiled import qmatmul_tiled
+from .qmatmul_q8 import Q8_MAX_M, qmatmul_q8, quantize_act
+from .qmatmul_tiled import qmatmul_packed_tiled, qmatmul_tiled
 from .rope import rope  # noqa: F401
 from .silu_mul import silu_mul  # noqa: F401
 from .write_kv import write_kv  # noqa: F401
 
 
 def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: bool = True) -> QWeight:
-    """The Triton kernels read the GGUF block format as it is: nothing to prepare."""
-    return w
+    """Once at load: the types of `packed.PACKED_TYPES` repacked into the "gpu" layout (codes and
+    scale factors apart, aligned for 16-byte loads; same values); the others, and float weights,
+    as they are (GGUF blocks). The flags are the CPU path's and change nothing here."""
+    return packed.pack(w) if packed.packs(w) else w
 
 
 def prepare_weights(ws: list[QWeight], unpack_quantized: bool = False, pack_quantized: bool = True) -> list[QWeight]:
-    """Weights reading the same input: concatenated where they share a type (`ref.cat_rows`)."""
-    return cat_rows(ws)
+    """Weights reading the same input: consecutive ones of one type concatenated (`ref.cat_rows`)
+    and repacked; when every one repacks, one "gpu" weight whose `parts` are those (a matmul
+    quantizes the input once and writes the parts' outputs side by side, no concatenation)."""
+    runs: list[list[QWeight]] = []
+    for w in ws:
+        if runs and runs[-1][0].qtype == w.qtype and runs[-1][0].cols == w.cols:
+            runs[-1].append(w)
+        else:
+            runs.append([w])
+    out = []
+    for r in runs:
+        joined = cat_rows(r)
+        if len(joined) != 1:  # not joinable (a layout other than "rows"): each as it is
+            return [prepare_weight(w) for w in ws]
+        out.append(prepare_weight(joined[0]))
+    if len(out) > 1 and all(o.layout == "gpu" for o in out):
+        return [QWeight(out[0].data, out[0].qtype, sum(o.rows for o in out), out[0].cols, layout="gpu", parts=out)]
+    return out
+
+
+def dequantize(w: QWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    if w.parts is not None:
+        return torch.cat([dequantize(p, dtype) for p in w.parts], 0)
+    if w.layout == "gpu":
+        return packed.dequantize_packed(w, None, dtype)
+    return dequant.dequantize(w, dtype)
+
+
+def embedding(ids: torch.Tensor, w: QWeight) -> torch.Tensor:
+    if w.layout == "gpu" and w.parts is None:
+        return packed.dequantize_packed(w, ids.to(device=w.data.device, dtype=torch.int64).contiguous(), torch.float32)
+    if w.layout == "gpu":
+        return dequantize(w)[ids.to(device=w.data.device, dtype=torch.int64)]
+    return dequant.embedding(ids, w)
 
 
 def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
-    """y[M, N] = x[M, K] @ dequant(W)^T in x.dtype: the GEMV kernel for decode batches (M <= 16),
-    the `tl.dot` kernel for prefill."""
+    """y[M, N] = x[M, K] @ dequant(W)^T in x.dtype. Repacked weights: the dp4a GEMV on activations
+    quantized once per call for M <= Q8_MAX_M, the `tl.dot` kernel above; GGUF-block weights: the
+    dequantizing GEMV for M <= 16, the `tl.dot` kernel above."""
     M, K = x.shape
     assert K == w.cols, (x.shape, w.cols)
     y = torch.empty(M, w.rows, dtype=x.dtype, device=x.device)
     if M == 0:
         return y
-    return qmatmul_gemv(x, w, y) if M <= GEMV_MAX_M else qmatmul_tiled(x, w, y)
+    if w.layout != "gpu":
+        return qmatmul_gemv(x, w, y) if M <= GEMV_MAX_M else qmatmul_tiled(x, w, y)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    xq = quantize_act(x) if M <= Q8_MAX_M else None
+    r0 = 0
+    for p in w.parts or [w]:
+        out = y[:, r0:r0 + p.rows]
+        if xq is not None:
+            qmatmul_q8(x, p, out, xq)
+        else:
+            qmatmul_packed_tiled(x, p, out)
+        r0 += p.rows
+    return y
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float,

@@ -101,9 +101,18 @@ class Scope:
         return self.acts or (ACT_QUICK if self.quick else ACTS)
 
 
+def prepared(w: QWeight) -> QWeight:
+    """`w` as the Triton backend prepares it at load (repacked types: the "gpu" layout), its arrays
+    on the meta device (shapes only: nothing is computed or read)."""
+    from . import prepare_weight
+
+    return prepare_weight(QWeight(w.data.to("meta"), w.qtype, w.rows, w.cols))
+
+
 def qmatmul_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
     """Every GGUF type x activation dtype x decode row count (GEMV BLOCK_M 1..16) and a prefill
-    batch (tiled kernel), over each model's (N, K) pairs whose K the type's block divides."""
+    batch (tiled kernel), over each model's (N, K) pairs whose K the type's block divides; both
+    for the weights as loaded (repacked where the type has a repack) and in GGUF blocks."""
     from . import qmatmul
 
     quick = sc.quick
@@ -116,13 +125,18 @@ def qmatmul_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
                 if K % _block(qn):
                     continue
                 w = empty_qweight(qn, N, K)
+                wp = prepared(w)
                 for act in sc.act_dtypes():
-                    for M in ((1, 16, 64) if quick else (1, 2, 3, 5, 9, 64)):
+                    for M in ((1, 8, 16, 64) if quick else (1, 2, 3, 5, 8, 9, 16, 32, 64)):
                         if quick and (N, K) != (s.C, s.F):
                             continue
                         x = torch.empty(M, K, dtype=act)
-                        yield f"qmatmul {s.name} {qn} {N}x{K} M={M} {str(act)[6:]}", (
-                            lambda x=x, w=w: qmatmul(x, w))
+                        if not quick or M != 8:
+                            yield f"qmatmul {s.name} {qn} {N}x{K} M={M} {str(act)[6:]}", (
+                                lambda x=x, w=w: qmatmul(x, w))
+                        if wp.layout == "gpu" and (not quick or M != 16):
+                            yield f"qmatmul {s.name} {qn} {N}x{K} M={M} {str(act)[6:]} repacked", (
+                                lambda x=x, w=wp: qmatmul(x, w))
 
 
 def dequant_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
@@ -137,6 +151,9 @@ def dequant_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
             w = empty_qweight(qn, 1024, s.C)
             ids = torch.zeros(7, dtype=torch.int64)
             yield f"embedding {s.name} {qn}", (lambda w=w, ids=ids: embedding(ids, w))
+            wp = prepared(w)
+            if wp.layout == "gpu":  # a tied output head is also the embedding table
+                yield f"embedding {s.name} {qn} repacked", (lambda w=wp, ids=ids: embedding(ids, w))
             for dt in () if quick else (torch.float32, torch.float16, torch.bfloat16):
                 yield f"dequantize {s.name} {qn} {dt}", (lambda w=w, dt=dt: dequantize(w, dt))
 
@@ -253,6 +270,18 @@ def vision_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
         yield f"layer_norm {name}", (lambda x=x, w=w: layer_norm(x, w, w, 1e-6))
 
 
+def alternative_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
+    """Kernels compiled for comparison only (`scripts/gpu_model.py`): the dequantize-to-FMA GEMV
+    beside the dp4a one, on the repacked weights."""
+    from .qmatmul_q8 import qmatmul_fma
+
+    for s in sc.models(SHAPES[:1]):
+        for qn in Q_QUICK if sc.quick else ("Q4_K", "Q6_K", "Q8_0"):
+            w = prepared(empty_qweight(qn, s.C, s.F))
+            x = torch.empty(1, s.F, dtype=torch.bfloat16)
+            yield f"fma gemv {s.name} {qn}", (lambda x=x, w=w: qmatmul_fma(x, w, torch.empty(1, w.rows, dtype=x.dtype)))
+
+
 # op family -> its cases; extend here when a kernel is added
 CASES: dict[str, Callable[[Scope], Iterator[tuple[str, Case]]]] = {
     "qmatmul": qmatmul_cases,
@@ -261,6 +290,7 @@ CASES: dict[str, Callable[[Scope], Iterator[tuple[str, Case]]]] = {
     "small": small_cases,
     "moe": moe_cases,
     "vision": vision_cases,
+    "alternatives": alternative_cases,
 }
 
 

@@ -29,23 +29,3 @@ def attend_tile(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, valid, scale, soft
     v = tl.load(vc_ptr + off[:, None] + d[None, :] * stride_cd, mask=kvmask, other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc
-
-
-@triton.jit
-def attend_tile_fma(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, valid, scale, softcap, m_i, l_i, acc,
-                    SOFTCAP: tl.constexpr):
-    """`attend_tile` for fewer than 16 query rows (a decode program's GQA group): products and
-    sums on the CUDA cores, in float32, instead of `tl.dot`'s 16-row tensor-core tiles (4 of 16
-    rows would be used for 4 heads per KV head). Keep R * BLOCK_N * BLOCK_D small (registers)."""
-    k = tl.load(kc_ptr + off[:, None] + d[None, :] * stride_cd, mask=kvmask, other=0.0).to(tl.float32)
-    sc = tl.sum(q.to(tl.float32)[:, None, :] * k[None, :, :], axis=2) * scale  # [R, BLOCK_N]
-    if SOFTCAP:
-        sc = softcap * _tanh(sc / softcap)
-    sc = tl.where(valid, sc, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(sc - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(vc_ptr + off[:, None] + d[None, :] * stride_cd, mask=kvmask, other=0.0).to(tl.float32)
-    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-    return m_new, l_i, acc

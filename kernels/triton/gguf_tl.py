@@ -33,11 +33,6 @@ BF16: tl.constexpr = tl.constexpr(30)
 SUPPORTED = {0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30}
 
 
-def configs_for_mode(configs):
-    """The interpreter would 'benchmark' every config: keep one there."""
-    return configs[:1] if interpreting() else configs
-
-
 def weight_args(w: QWeight):
     """(data, row stride, GGML type number) of a GGUF-layout weight, as the kernels take them."""
     qt = int(w.qtype)

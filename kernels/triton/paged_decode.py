@@ -1,9 +1,12 @@
 """Paged attention, decode: one query per sequence, all query heads of one KV head per program
-(GQA: BLOCK_G = the group size rounded to a power of two; groups under 16 heads use
-`attend_tile_fma` on the CUDA cores, not 16-row `tl.dot` tiles that would be mostly padding), KV
-gathered through the block table, split-K over the context for long sequences with a second kernel
-merging the partial softmaxes (`merge_splits.py`). float32 softmax, optional tanh soft-capping
-and sliding window (splits before the window read nothing).
+(GQA: BLOCK_G = the group size rounded up to a power of two, at least 16: a `tl.dot` tile; the
+padding rows cost tensor-core work, which is free here, and no registers: the CUDA-core version
+this replaced held [G, BLOCK_N, D] products and needed 169-255 registers), KV gathered through the
+block table, split-K over the context with a second kernel merging the partial softmaxes
+(`merge_splits.py`). The split count is fixed at launch (a CUDA graph keeps its grid) from the
+batch and the table's width; each split's share of a sequence comes from its live length in the
+kernel, so a short sequence in a wide table still spreads over every split. float32 softmax,
+optional tanh soft-capping and sliding window (splits before the window read nothing).
 Reference: `kernels.ref.paged_attention` (all q_len == 1)."""
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .. import ref
-from .attend_tile import attend_tile, attend_tile_fma
+from .attend_tile import attend_tile
 from .merge_splits import merge_splits
 
 reference = ref.paged_attention
@@ -21,7 +24,7 @@ reference = ref.paged_attention
 @triton.jit
 def _paged_decode_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, lens_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr,
-    scale, softcap, window, G, D, BS, chunk,
+    scale, softcap, window, G, D, BS,
     stride_qt, stride_qh, stride_qd,
     stride_cb, stride_ct, stride_ch, stride_cd,
     stride_bts, stride_ot, stride_oh,
@@ -34,9 +37,14 @@ def _paged_decode_kernel(
     qrow = tl.load(cu_ptr + s).to(tl.int64)
     qlen = tl.load(cu_ptr + s + 1) - tl.load(cu_ptr + s)
     L = tl.load(lens_ptr + s)
-    start = split * chunk
-    end = tl.minimum(L, start + chunk)
+    first = 0
     if WINDOW:  # sliding window: the query at L - 1 sees keys L - window .. L - 1
+        first = tl.maximum(0, L - window) // BLOCK_N * BLOCK_N
+    # this split's share of the live keys, in whole BLOCK_N tiles
+    chunk = tl.cdiv(tl.cdiv(L - first, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = first + split * chunk
+    end = tl.minimum(L, start + chunk)
+    if WINDOW:
         start = tl.maximum(start, L - window)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -56,12 +64,8 @@ def _paged_decode_kernel(
             blk = tl.load(bt_ptr + s * stride_bts + tok // BS, mask=tmask, other=0).to(tl.int64)
             off = blk * stride_cb + (tok % BS) * stride_ct + kvh * stride_ch
             kvmask = tmask[:, None] & dmask[None, :]
-            if BLOCK_G >= 16:
-                m_i, l_i, acc = attend_tile(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, tmask[None, :],
-                                             scale, softcap, m_i, l_i, acc, SOFTCAP)
-            else:
-                m_i, l_i, acc = attend_tile_fma(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, tmask[None, :],
-                                                 scale, softcap, m_i, l_i, acc, SOFTCAP)
+            m_i, l_i, acc = attend_tile(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, tmask[None, :],
+                                         scale, softcap, m_i, l_i, acc, SOFTCAP)
         omask = gmask[:, None] & dmask[None, :]
         if NUM_SPLITS == 1:
             o = acc / l_i[:, None]
@@ -77,7 +81,8 @@ def _paged_decode_kernel(
 
 
 def num_splits_for(S: int, KVH: int, max_ctx: int, n_sm: int = 132) -> int:
-    """Enough programs to fill the GPU, each split at least 256 keys, a power of two <= 32."""
+    """Enough programs to fill the GPU twice over, no more splits than 256-key pieces of the table's
+    width, a power of two <= 32."""
     want = max(1, (2 * n_sm) // max(1, S * KVH))
     cap = max(1, max_ctx // 256)
     n = min(want, cap, 32)
@@ -98,12 +103,15 @@ def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale
         n_sm = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
         num_splits = num_splits_for(S, KVH, max_ctx, n_sm)
     BLOCK_D = triton.next_power_of_2(D)
-    BLOCK_G = triton.next_power_of_2(G)
-    if BLOCK_G >= 16:  # tl.dot tiles
-        BLOCK_N, warps = (64 if D <= 128 else 32), 4
-    else:  # CUDA-core products: R x BLOCK_N x BLOCK_D within 16K elements (64 per thread)
-        BLOCK_N, warps = max(16, min(64, 16384 // (BLOCK_G * BLOCK_D))), 8
-    chunk = triton.cdiv(triton.cdiv(max_ctx, num_splits), BLOCK_N) * BLOCK_N
+    BLOCK_G = max(16, triton.next_power_of_2(G))
+    # K and V tiles of 4K elements per 4 warps (head dim 256: 8K per 8 warps): at most 128 registers
+    # under triton 3.6 and 3.9, no spills (scripts/gpu_model.py checks it)
+    if BLOCK_G > 16:
+        BLOCK_N, warps = 16, 4
+    elif BLOCK_D <= 128:
+        BLOCK_N, warps = max(16, 4096 // BLOCK_D), 4
+    else:
+        BLOCK_N, warps = 32, 8
     if num_splits > 1:
         po = torch.empty(S, H, num_splits, D, dtype=torch.float32, device=q.device)
         pm = torch.empty(S, H, num_splits, dtype=torch.float32, device=q.device)
@@ -113,7 +121,7 @@ def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale
     bt = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
     _paged_decode_kernel[(S, KVH, num_splits)](
         q, k_cache, v_cache, bt, cu_seqlens_q, kv_lens, out, po, pm, pl,
-        float(scale), float(softcap), int(window), G, D, BS, chunk,
+        float(scale), float(softcap), int(window), G, D, BS,
         *q.stride(), *k_cache.stride(), bt.stride(0), out.stride(0), out.stride(1),
         NUM_SPLITS=num_splits, SOFTCAP=softcap > 0.0, WINDOW=window > 0,
         BLOCK_G=BLOCK_G, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=warps,

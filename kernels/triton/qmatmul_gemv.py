@@ -11,7 +11,7 @@ import triton.language as tl
 
 from .. import ref
 from ..qweight import QWeight
-from .gguf_tl import configs_for_mode, dequant_tile, weight_args
+from .gguf_tl import dequant_tile, weight_args
 from .tuning import Tuner, register
 
 reference = ref.qmatmul
@@ -27,14 +27,14 @@ def _gemv_prune(configs, meta):
 
 # BLOCK_N=32/BLOCK_K=128 was dropped: 148-163 registers at one row, no faster in theory than
 # 16 x 128 (same bytes per program, twice the live values)
-_GEMV_CONFIGS = configs_for_mode([
+_GEMV_CONFIGS = [
     triton.Config({"BLOCK_N": 16, "BLOCK_K": 128}, num_warps=4),
     triton.Config({"BLOCK_N": 8, "BLOCK_K": 256}, num_warps=4),
     triton.Config({"BLOCK_N": 16, "BLOCK_K": 256}, num_warps=8),
     triton.Config({"BLOCK_N": 4, "BLOCK_K": 256}, num_warps=2),
     triton.Config({"BLOCK_N": 8, "BLOCK_K": 64}, num_warps=2),
     triton.Config({"BLOCK_N": 2, "BLOCK_K": 256}, num_warps=2),
-])
+]
 GEMV = register(Tuner("qmm_gemv", _GEMV_CONFIGS, _gemv_prune))
 
 
@@ -72,6 +72,7 @@ def qmatmul_gemv(x: torch.Tensor, w: QWeight, y: torch.Tensor) -> torch.Tensor:
             x, data, y, M, N, K, x.stride(0), x.stride(1), stride_w, y.stride(0), y.stride(1),
             QTYPE=qt, BLOCK_M=BM, **c.all_kwargs(),
         )
+        return y
 
     GEMV.launch((BM, N, K, qt, x.dtype), {"BLOCK_M": BM}, x.device, run)
     return y

@@ -147,7 +147,7 @@ def _load_model(cfg: EngineConfig, log: Log, on_read: Callable[[Any], None] | No
     if on_read is not None:
         on_read(lm)
     if group is None:
-        return lm, Model(lm, device, numerics=cfg.numerics)
+        return lm, Model(lm, device, backend=cfg.kernel_backend, numerics=cfg.numerics)
     full = lm
     lm, shard = shard_loaded(lm, group)
     model = Model(lm, device, tp=shard, numerics=cfg.numerics)

@@ -65,5 +65,8 @@ class EngineConfig:
     image_min_tokens: int = -1
     image_max_tokens: int = -1
     media_marker: str = "<__media__>"
+    # the model's kernel backend ("torch" | "cpu" | "triton"; None: the device's, kernels.Backend.for_device):
+    # tests run the whole engine on the Triton kernels on CPU tensors under TRITON_INTERPRET=1
+    kernel_backend: str | None = None
     # the CLI's read of model_path started before its imports (runtime.launch.preload.Preload), taken once by the load
     preload: Any = None
