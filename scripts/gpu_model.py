@@ -593,8 +593,11 @@ def compare_dot_products(arch: int, jobs: int) -> list[dict]:
     (`_qmm_fma_gemv_kernel`): instructions, global loads and registers per weight of the main loop."""
     from gguf import GGMLQuantizationType as Q
 
-    from kernels.qweight import QWeight
-    from kernels.triton import aot_cases, qmatmul_q8
+    import importlib
+
+    from kernels.triton import aot_cases
+
+    qmatmul_q8 = importlib.import_module("kernels.triton.qmatmul_q8")  # the module (the package exports the function)
 
     s = LLAMA3_8B
     pairs = [(Q.Q4_K, s["F"], s["C"]), (Q.Q6_K, s["C"], s["F"])]
