@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Download, on a machine with the package index, the wheels scripts/gpu_check.sh installs on the
-# GPU machine (Python 3.12, torch 2.11.0+cu130, triton 3.6.0, no package index there):
+# GPU machine (Python 3.12, torch 2.11.0+cu130, triton 3.6.0, no package index there), and copy the
+# Llama 3 vocabulary (128,256 tokens, ../shared/vocab/ggml-vocab-llama-bpe.gguf, 7.8 MB) its model uses:
 #
 #   scripts/gpu_wheels.sh [DIR]        # default DIR: gpu_wheels/ (git-ignored)
 #
@@ -22,8 +23,8 @@ PKGS=(
   # the HTTP server
   fastapi starlette pydantic pydantic-core annotated-types typing-extensions typing-inspection
   annotated-doc anyio opentelemetry-api uvicorn click h11
-  # tests and the bench client
-  httpx httpcore pytest pluggy iniconfig packaging pygments pytest-xdist execnet
+  # the bench client (pytest and pytest-xdist are on the machine's image already)
+  httpx httpcore
 )
 
 pinned=()
@@ -36,5 +37,7 @@ mkdir -p "$DIR"
 $PIP download --no-deps --only-binary :all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any \
   -d "$DIR" "${pinned[@]}"
+VOCAB=${VOCAB:-../shared/vocab/ggml-vocab-llama-bpe.gguf}
+[ -f "$VOCAB" ] && cp "$VOCAB" "$DIR/" || echo "no $VOCAB: gpu_check.sh will look for ../shared/vocab on the GPU machine"
 ls "$DIR" > "$DIR/MANIFEST.txt"
 echo "$(ls "$DIR"/*.whl | wc -l) wheels, $(du -sh "$DIR" | cut -f1) in $DIR (git-ignored: carry it, see the header)"

@@ -19,10 +19,16 @@ KERNELS = {f"{p.stem}.{m}" for p in (ROOT / "kernels" / "triton").glob("*.py")
 import aot_compile  # noqa: E402  (importing it changes nothing: the compiling runs in subprocesses)
 
 
+def _session_cache(tmp_path: Path) -> Path:
+    """The pytest session's base temporary folder / triton-sm90-cache (tmp_path is a child of it)."""
+    return tmp_path.parent / "triton-sm90-cache"
+
+
 def _script(*args, tmp_path, timeout=900):
     """scripts/aot_compile.py in a subprocess without TRITON_INTERPRET (the test suite runs
-    under the interpreter; the compile check needs the real JIT)."""
-    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    under the interpreter; the compile check needs the real JIT). Triton's cache is the session's
+    (shared with tests/test_gpu_model.py, which compiles many of the same variants)."""
+    env = dict(os.environ, TRITON_CACHE_DIR=str(_session_cache(tmp_path)))
     env.pop("TRITON_INTERPRET", None)
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "aot_compile.py"), *args],
                           capture_output=True, text=True, timeout=timeout, env=env)
@@ -38,6 +44,8 @@ def test_quick_compiles_every_kernel_for_sm90(tmp_path):
     for r in rows:
         assert r["ok"] and r["arch"] == 90 and not r["problems"], r
         assert 0 < r["registers"] <= 255 and r["spill_stores"] == 0, r
+        if r["kernel"].endswith("_paged_decode_kernel"):
+            assert r["registers"] <= 128, r
         assert 0 <= r["smem"] <= aot_compile.SMEM_LIMIT[90], r
     mma = {r["mma"] for r in rows if r["kernel"].endswith("_qmm_tiled_kernel")}
     assert "wgmma" in mma, mma  # Hopper tensor-core path for the prefill matmul
@@ -74,6 +82,9 @@ def test_check_flags_spills_and_shared_memory():
     r = aot_compile.Result("k", "v", 90, True, registers=200, spill_stores=8, smem=300 * 1024)
     aot_compile.check(r, spill_budget=0)
     assert len(r.problems) == 2
+    r = aot_compile.Result("paged_decode._paged_decode_kernel", "v", 90, True, registers=129, spill_stores=0, smem=0)
+    aot_compile.check(r, spill_budget=0)
+    assert r.problems == ["129 registers > 128"]  # decode attention: two blocks per SM and more
     r = aot_compile.Result("k", "v", 80, True, registers=64, spill_stores=8, smem=100 * 1024)
     aot_compile.check(r, spill_budget=64)
     assert r.problems == []

@@ -42,7 +42,7 @@ def test_sass_main_loop_counts():
     lo = s.loop
     assert (lo.instructions, lo.ldg, lo.ldg_bytes, lo.dp4a, lo.mma) == (6, 2, 24, 1, 1)
     assert dict(lo.ldg_widths) == {16: 1, 8: 1}
-    assert (s.outside.instructions, s.outside.ldg_bytes) == (6, 2)  # NOPs not counted
+    assert (s.outside.instructions, s.outside.ldg_bytes) == (5, 2)  # NOPs not counted
 
 
 def test_occupancy_from_registers_and_shared_memory():
@@ -62,7 +62,8 @@ def test_static_model_targets(tmp_path):
     """The CI run: the model traced through the real decoder on the meta device, its kernels
     compiled for sm_90; `--check` holds (kernels/README.md)."""
     out = tmp_path / "model.json"
-    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    # the session's triton cache, shared with tests/test_aot_compile.py (many of the same variants)
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path.parent / "triton-sm90-cache"))
     env.pop("TRITON_INTERPRET", None)
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_model.py"), "--ci", "--check", "--jobs",
                         str(max(2, os.cpu_count() or 2)), "--json", str(out)],
