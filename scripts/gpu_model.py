@@ -582,12 +582,12 @@ def run(arch: int, jobs: int, gpus=("H100", "H200"), only: str | None = None, qu
     result["attention_decode"] = [
         {"config": _cfg(la), "registers": compiled[k].registers, "spill_stores": compiled[k].spill_stores,
          "blocks_per_sm": occupancy(compiled[k], GPUS["H100"])} for k, la in attn.items()]
-    result["dot_products"] = compare_dot_products(arch, jobs)
+    result["dot_products"] = compare_dot_products(arch, jobs, quick)
     result["seconds"] = time.perf_counter() - t0
     return result
 
 
-def compare_dot_products(arch: int, jobs: int) -> list[dict]:
+def compare_dot_products(arch: int, jobs: int, quick: bool = False) -> list[dict]:
     """The decode GEMV's two designs on the same repacked Llama-3-8B matrices and tiles: q8_1
     activations with dp4a (`_qmm_q8_gemv_kernel`, dispatched) and dequantize-to-FMA
     (`_qmm_fma_gemv_kernel`): instructions, global loads and registers per weight of the main loop."""
@@ -601,7 +601,7 @@ def compare_dot_products(arch: int, jobs: int) -> list[dict]:
 
     s = LLAMA3_8B
     pairs = [(Q.Q4_K, s["F"], s["C"]), (Q.Q6_K, s["C"], s["F"])]
-    tiles = [(32, 8, 4), (16, 8, 4)]
+    tiles = [(32, 8, 4)] if quick else [(32, 8, 4), (16, 8, 4)]
     t = Tracer()
     dev = "meta"
     jobs_ = []
