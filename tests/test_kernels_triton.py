@@ -416,6 +416,28 @@ def test_prepared_group_of_mixed_types(M):
     assert rel_err(OPS.dequantize(g), torch.cat([dequant_oracle(w) for w in ws])) == 0.0
 
 
+@pytest.mark.parametrize("M", [2, 20])  # decode (q8 GEMV / dequantizing GEMV), prompt rows (tiled)
+@pytest.mark.parametrize("qtypes", [(Q.Q4_1, Q.Q4_1, Q.Q5_1), (Q.Q2_K, Q.Q3_K, Q.Q5_K), (Q.Q4_K, Q.Q4_K, Q.Q3_K)],
+                         ids=lambda t: "-".join(q.name for q in t))
+def test_prepared_group_with_types_without_a_repack(qtypes, M):
+    """Q4_1 (the default model's), Q5_1, Q2_K, Q3_K have no GPU repack: `prepare_weights` keeps them
+    in GGUF blocks for the dequantizing kernels, repacks the others of the group, and the group's
+    outputs side by side are the product with every matrix."""
+    packed = importlib.import_module("kernels.triton.packed")
+    K = 256
+    ws = [random_qweight(qt, n, K) for qt, n in zip(qtypes, (24, 8, 8))]
+    out = OPS.prepare_weights([qw_dev(w) for w in ws])
+    assert sum(o.rows for o in out) == 40
+    for o in out:
+        assert (o.layout == "gpu") == (o.qtype in packed.PACKED_TYPES), (o.qtype, o.layout)
+    x = torch.randn(M, K)
+    y = torch.cat([OPS.qmatmul(dev(x), o).cpu() for o in out], 1)
+    want_w = torch.cat([dequant_oracle(w) for w in ws])
+    q8 = M <= 8 and any(o.layout == "gpu" for o in out)  # a repacked part's decode rows: q8_1 activations
+    assert rel_err(y, x.double() @ want_w.T) < (2e-2 if q8 else F32_TOL)
+    assert rel_err(torch.cat([OPS.dequantize(o).cpu() for o in out]), want_w) == 0.0
+
+
 def test_every_tuned_config_computes_the_product():
     """Each candidate of every matmul tuner, launched on its own (under the interpreter every
     config runs here; on a GPU at start-up they are only compared with the first)."""
