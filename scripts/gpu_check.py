@@ -16,6 +16,7 @@ itself is checked without a GPU (`gpu_check.sh --dry-run`, CI).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -291,7 +292,9 @@ def main():
     first = next(iter(models.values()))
     from kernels.triton.tuning import tuning
 
-    with tuning():  # each matmul key's configs checked and timed once (as the engine's start-up does)
+    # each matmul key's configs checked and timed once (as the engine's start-up does); --smoke takes the first
+    # config (every config's check under the interpreter: tests/test_kernels_triton.py's tuning tests)
+    with tuning() if not args.smoke else contextlib.nullcontext():
         run_plan(rep, args, dev, act, models, batches, contexts, prefills, fmt_sweep, all_fmts, first)
     print(f"total {time.time() - t0:.0f} s")
     summary = rep.summary()
