@@ -249,6 +249,29 @@ def moe_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
                         lambda x=x, ex=ex, w=w, ids=ids: moe_ffn(x, ex, w, ids))
 
 
+# gated linear attention (qwen35 / qwen35moe, runtime/model/arch/qwen35.py): (name, key heads, value heads,
+# state size, convolution taps): Qwen3-Next / Qwen3.5's 16 key and 32 value heads of 128, 4 taps
+LINEAR_SHAPES = (("qwen35", 16, 32, 128, 4),)
+
+
+def linear_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
+    """The short convolution and the gated delta rule per batch shape (one decode row, a prompt,
+    several sequences)."""
+    from .linear_attn import gated_delta_net, ssm_conv
+
+    for name, HK, HV, S, K in LINEAR_SHAPES:
+        C = 2 * HK * S + HV * S
+        for T, n in ((1, 1), (64, 2)) if sc.quick else ((1, 1), (8, 8), (64, 2), (512, 1)):
+            cu = torch.tensor([T * i // n for i in range(n + 1)], dtype=torch.int32)
+            cells = torch.arange(n, dtype=torch.int32)
+            x, w, cst = torch.empty(T, C), torch.empty(C, K), torch.empty(n, K - 1, C)
+            yield f"ssm_conv {name} T={T} n={n}", (lambda x=x, w=w, c=cst, cells=cells, cu=cu: ssm_conv(x, w, c, cells, cu))
+            q, k, v = torch.empty(T, HK, S), torch.empty(T, HK, S), torch.empty(T, HV, S)
+            g, b, st = torch.empty(T, HV), torch.empty(T, HV), torch.empty(n, HV, S, S)
+            yield f"gated_delta_net {name} T={T} n={n}", (
+                lambda q=q, k=k, v=v, g=g, b=b, st=st, cells=cells, cu=cu: gated_delta_net(q, k, v, g, b, st, cells, cu))
+
+
 # vision encoders (runtime/vision): (name, width, heads, head dim, patches of a large image)
 VISION_SHAPES = (("siglip-so400m", 1152, 16, 72, 4096), ("qwen2.5-vl-vit", 1280, 16, 80, 4096))
 
@@ -290,6 +313,7 @@ CASES: dict[str, Callable[[Scope], Iterator[tuple[str, Case]]]] = {
     "small": small_cases,
     "moe": moe_cases,
     "vision": vision_cases,
+    "linear": linear_cases,
     "alternatives": alternative_cases,
 }
 
