@@ -190,7 +190,12 @@ def test_model_triton_backend_interpreter(model_files):
     lm = load_model(model_files["q8_0"], progress=lambda m: None)
     got = _forward_steps(Model(lm, "cpu", backend="triton"), PROMPT[:6], 4)
     want = _forward_steps(Model(lm, "cpu", backend="torch"), PROMPT[:6], 4)
-    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    # the Triton decode matmuls quantize activations to q8_1 (llama.cpp's CUDA dot products), so the
+    # logits agree to ~3e-2 relative (tests/test_model_triton.py), and the greedy token where clear
+    assert float((got - want).norm() / want.norm()) < 3e-2
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * float((got - want).abs().max())
+    assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
 
 
 # ---------------------------------------------------------------------------------------------
