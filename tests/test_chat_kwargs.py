@@ -9,39 +9,21 @@ tritium's built-in tiny model; the same requests are sent to tritium-server here
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from record_chat_kwargs import run_live  # noqa: E402  (the recording's own client: the same requests)
+
 CASES = json.loads((ROOT / "tests" / "data" / "llama_server_chat_kwargs.json").read_text())["cases"]
 
 
 def flags(case) -> list[str]:
     return [str(ROOT / a) if a.startswith("tests/") else a for a in case["flags"]]
-
-
-def run_live(url: str, body: dict) -> dict:
-    """scripts/record_chat_kwargs.py's run_live: a control request after a stream's first chunk."""
-    before = {"reasoning": "", "content": ""}
-    after = {"reasoning": "", "content": ""}
-    answer = None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body["chat"], timeout=300) as r:
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            delta = (chunk.get("choices") or [{}])[0].get("delta", {})
-            side = before if answer is None else after
-            side["reasoning"] += delta.get("reasoning_content") or ""
-            side["content"] += delta.get("content") or ""
-            if answer is None and (delta.get("reasoning_content") or delta.get("content")):
-                c = httpx.post(url + "/v1/chat/completions/control", json={"id": chunk["id"], "action": body["action"]},
-                               timeout=60)
-                answer = {"status": c.status_code, "json": c.json()}
-    return {"control": answer, "reasoning_after": len(after["reasoning"]) > 0, "content_after": len(after["content"]) > 0,
-            "content_before": before["content"]}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: " ".join(c["flags"]))
