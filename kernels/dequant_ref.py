@@ -172,6 +172,28 @@ def _deq_q6_k(b: torch.Tensor) -> torch.Tensor:
     return q.reshape(n, 16, 16).mul_(dl).reshape(n, QK_K)
 
 
+# MXFP4's E2M1 values doubled (ggml's kvalues_mxfp4); the block scale is 2^(e - 128), i.e. ggml's
+# GGML_E8M0_TO_FP32_HALF, so that value = kvalue * scale exactly
+KVALUES_MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+
+def e8m0_half(e: torch.Tensor) -> torch.Tensor:
+    """uint8 E8M0 exponents -> float32 2^(e - 128) (ggml_e8m0_to_fp32_half: e < 2 as float32
+    subnormals 0x00200000 << e, else exponent bits e - 1)."""
+    e32 = e.to(torch.int32)
+    bits = torch.where(e32 < 2, torch.bitwise_left_shift(torch.full_like(e32, 0x00200000), e32), (e32 - 1) << 23)
+    return bits.view(torch.float32)
+
+
+def _deq_mxfp4(b: torch.Tensor) -> torch.Tensor:
+    """17 B: e (E8M0) | qs[16]; element j < 16 is the low nibble of qs[j], j >= 16 the high nibble of
+    qs[j - 16] (dequantize_row_mxfp4)."""
+    d = e8m0_half(b[:, :1].contiguous())
+    lut = torch.tensor(KVALUES_MXFP4, dtype=torch.float32, device=b.device)
+    q = _nibbles(b[:, 1:], 16).long()
+    return lut[q].mul_(d)
+
+
 _DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {
     GGMLQuantizationType.Q8_0: _deq_q8_0,
     GGMLQuantizationType.Q4_0: _deq_q4_0,
@@ -183,6 +205,7 @@ _DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = 
     GGMLQuantizationType.Q4_K: _deq_q4_k,
     GGMLQuantizationType.Q5_K: _deq_q5_k,
     GGMLQuantizationType.Q6_K: _deq_q6_k,
+    GGMLQuantizationType.MXFP4: _deq_mxfp4,
 }
 
 SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = frozenset(_DECODERS) | frozenset(FLOAT_TYPES)

@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType
 from .. import ref
 from ..numerics import Numerics
 from ..qweight import QWeight
-from . import gemv, qdot, qgemv
+from . import gemv, mxfp4, qdot, qgemv
 
 # Weights at least this large (elements) use the batched-GEMV kernel for decode batches.
 _BGEMV_MIN_ELEMS = 1 << 16
@@ -103,6 +103,8 @@ def prepare_weight(w: QWeight, unpack_quantized: bool = False, pack_quantized: b
     Weights not on the CPU are returned as they are."""
     if w.layout != "rows" or w.data.device.type != "cpu":
         return w
+    if mxfp4.supported(w):  # stays in its blocks: mxfp4.c reads them in llama.cpp's order
+        return w
     if pack_quantized and _qdot_supports(w) and qdot.available():
         return _qdot_pack([w], numerics)
     if not w.is_float and pack_quantized and qgemv.supports(w) and qgemv.available():
@@ -137,6 +139,8 @@ def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """y[T, rows] = x[T, cols] @ W^T, output dtype = x.dtype."""
     if w.layout == "x8":  # activations quantized per block inside the call, int32 dots
         return qdot.matmul_group(x, w.kernel).to(x.dtype)
+    if w.qtype == mxfp4.MXFP4 and w.layout == "rows":  # q8_0 activations, LUT integer dots (mxfp4.c)
+        return mxfp4.qmatmul(x, w)
     if w.layout in qgemv.LAYOUTS:  # any T: the kernel beats BLAS on dequantized rows here
         nt = 1 if x.shape[0] <= gemv.MAX_M and w.rows * w.cols < _BGEMV_MT_MIN_ELEMS else None
         return qgemv.qgemv(x.float(), w, nt).to(x.dtype)

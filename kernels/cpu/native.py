@@ -13,7 +13,7 @@ A build is reused only for the same sources (and headers), compiler, flags, defi
 the cache key hashes them together with what the compiler reports for those flags
 (`cc <flags> -dM -E`: its version and the CPU features the flags enable, e.g. with -march=native).
 
-`KERNELS` is the library the CPU kernel families live in (gemv.c, qgemv.c, attention.c, pointwise.c;
+`KERNELS` is the library the CPU kernel families live in (gemv.c, qgemv.c, attention.c, pointwise.c, mxfp4.c;
 pool.c), built
 once per instruction set (`kernels_library(isa)`: "avx512", "avx2" (+ FMA, F16C) or "scalar", the
 portable C); `lib()` is the handle of `float_isa()`'s build, or None. `float_isa()`: the float
@@ -135,7 +135,7 @@ _i, _l, _f, _p = ctypes.c_int, ctypes.c_long, ctypes.c_float, ctypes.c_void_p
 _BGEMV = ([_p, _p, _p, _p, _i, _i, _i, _i, _l, _i], None)
 _QGEMV = ([_p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _l, _i], None)
 KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "fattn.c", "pool.c", "pointwise.c",
-                                   "linear_attn.c"), {
+                                   "linear_attn.c", "mxfp4.c"), {
     # gemv.c (kernels/cpu/gemv.py)
     "bgemv_tiles64": _BGEMV, "bgemv_tiles64_f16": _BGEMV, "bgemv_tiles64_bf16": _BGEMV,
     "i8_widening_is_vectorized": ([], _i), "cpu_kernels_isa": ([], ctypes.c_char_p),
@@ -162,6 +162,10 @@ KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "fattn.c",
     "gdn_f32": ([_p, _p, _p, _p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _i, _i], _i),
     "gdn_gates_f32": ([_p, _l, _p, _l, _p, _p, _p, _p, _i, _i], None),
     "sigmoid_f32": ([_p, _p, _l], None),
+    # mxfp4.c (kernels/cpu/mxfp4.py)
+    "mxfp4_q8_0_matmul": ([_p, _l, _i, _i, _p, _p, _i, _p, _l, _i], None),
+    "swiglu_oai_f32": ([_p, _p, _p, _l, _f, _f], None),
+    "softmax_small_f32": ([_p, _i, _i], None),
 })
 
 

@@ -29,8 +29,9 @@ Q4_K: tl.constexpr = tl.constexpr(12)
 Q5_K: tl.constexpr = tl.constexpr(13)
 Q6_K: tl.constexpr = tl.constexpr(14)
 BF16: tl.constexpr = tl.constexpr(30)
+MXFP4: tl.constexpr = tl.constexpr(39)
 
-SUPPORTED = {0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30}
+SUPPORTED = {0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30, 39}
 
 
 def weight_args(w: QWeight):
@@ -96,6 +97,18 @@ def dequant_tile(w_ptr, row_stride, offs_n, offs_k, mask, QTYPE: tl.constexpr):
         h = (_u8(bp + 4 + j // 8, mask) >> (j % 8)) & 1
         q = tl.where(j < 16, b & 15, b >> 4) | (h << 4)
         val = _f16(bp, mask) * q.to(tl.float32) + _f16(bp + 2, mask)
+    elif QTYPE == MXFP4:  # 17 B: e (E8M0) | qs[16]; j<16 low nibble of qs[j], else high nibble of qs[j-16]
+        j = k % 32
+        bp = row + (k // 32) * 17
+        b = _u8(bp + 1 + j % 16, mask)
+        c = tl.where(j < 16, b & 15, b >> 4)
+        m = c & 7  # E2M1 doubled (kvalues_mxfp4): 0 1 2 3 4 6 8 12, sign in bit 3
+        mag = tl.where(m < 4, m, (2 + (m & 1)) << ((m >> 1) - 1))
+        q = tl.where(c >= 8, -mag, mag)
+        e = _u8(bp, mask)
+        # 2^(e - 128) (GGML_E8M0_TO_FP32_HALF): float32 subnormals 0x00200000 << e for e < 2
+        bits = tl.where(e < 2, 0x00200000 << tl.minimum(e, 1), (tl.maximum(e, 1) - 1) << 23)
+        val = bits.to(tl.float32, bitcast=True) * q.to(tl.float32)
     elif QTYPE == Q2_K:  # 84 B: scales[16] (lo4 scale, hi4 min) | qs[64] | d | dmin
         j = k % 256
         bp = row + (k // 256) * 84

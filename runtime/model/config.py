@@ -99,6 +99,7 @@ _FTYPE_NAMES = {
     LlamaFileType.MOSTLY_Q5_0: "Q5_0",
     LlamaFileType.MOSTLY_Q5_1: "Q5_1",
     LlamaFileType.MOSTLY_Q8_0: "Q8_0",
+    LlamaFileType.MOSTLY_MXFP4_MOE: "MXFP4 MoE",
     LlamaFileType.MOSTLY_Q2_K: "Q2_K - Medium",
     LlamaFileType.MOSTLY_Q2_K_S: "Q2_K - Small",
     LlamaFileType.MOSTLY_Q3_K_S: "Q3_K - Small",
