@@ -318,8 +318,8 @@ def agreement(path: str, dev: str, out: str | None, smoke: bool, n_prompts: int 
     from runtime.model.loader import load_model
 
     t0 = time.time()
-    if smoke:
-        n_prompts, n_tokens = 2, 3
+    if smoke:  # a prefill and one decode step
+        n_prompts, n_tokens = 2, 2
     lm = load_model(path, progress=lambda m: None)
     rng = random.Random(0)
     V = lm.config.n_vocab
@@ -352,7 +352,8 @@ def agreement(path: str, dev: str, out: str | None, smoke: bool, n_prompts: int 
     del cpu
     gpu = Model(lm, dev, backend="triton")
     gpu_logits, gpu_toks = run(gpu)
-    forced_logits, forced_toks = run(gpu, forced=cpu_toks)
+    # teacher-forced on the CPU path's tokens: the same feed as the free run where those agree
+    forced_logits, forced_toks = (gpu_logits, gpu_toks) if gpu_toks == cpu_toks else run(gpu, forced=cpu_toks)
     same_seq = sum(all(cpu_toks[i][p] == gpu_toks[i][p] for i in range(n_tokens)) for p in range(n_prompts))
     first_div = [next((i for i in range(n_tokens) if cpu_toks[i][p] != gpu_toks[i][p]), n_tokens)
                  for p in range(n_prompts)]
