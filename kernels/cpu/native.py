@@ -142,7 +142,7 @@ _i, _l, _f, _p = ctypes.c_int, ctypes.c_long, ctypes.c_float, ctypes.c_void_p
 _BGEMV = ([_p, _p, _p, _p, _i, _i, _i, _i, _l, _i], None)
 _QGEMV = ([_p, _p, _p, _p, _p, _p, _i, _i, _i, _i, _l, _i], None)
 KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "fattn.c", "pool.c", "pointwise.c",
-                                   "linear_attn.c", "mxfp4.c"), {
+                                   "linear_attn.c", "mxfp4.c", "kv_quant.c"), {
     # gemv.c (kernels/cpu/gemv.py)
     "bgemv_tiles64": _BGEMV, "bgemv_tiles64_f16": _BGEMV, "bgemv_tiles64_bf16": _BGEMV,
     "i8_widening_is_vectorized": ([], _i), "cpu_kernels_isa": ([], ctypes.c_char_p),
@@ -173,6 +173,12 @@ KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "fattn.c",
     "mxfp4_q8_0_matmul": ([_p, _l, _i, _i, _p, _p, _i, _p, _l, _i], None),
     "swiglu_oai_f32": ([_p, _p, _p, _l, _f, _f], None),
     "softmax_small_f32": ([_p, _i, _i], None),
+    # kv_quant.c (kernels/cpu/kv_quant.py)
+    "kvq_attention_rows": ([_p, _p, _p, _p, _i, _p, _p, _i, _i, _i, _i, _i, _f, _f, _i, _i, _i, _i, _i], _i),
+    "kvq_quantize": ([_p, _p, _l, _i, _i], _i),
+    "kvq_dequantize": ([_p, _p, _l, _i, _i], _i),
+    "kvq_vec_dot": ([_p, _p, _p, _l, _i, _i], _i),
+    "kvq_write": ([_p, _p, _p, _i, _i, _i, _i], None),
 })
 
 
