@@ -189,18 +189,20 @@ def gelu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return _on(gate.device).gelu_mul(gate, up)
 
 
-def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
+def write_kv(k, v, k_cache, v_cache, slot_mapping, k_type=None, v_type=None) -> None:
     """k/v[T, KVH, D] stored in place at slot = block * BS + offset of k/v_cache[NB, BS, KVH, D]
-    (negative slots skipped)."""
-    return _on(k_cache.device).write_kv(k, v, k_cache, v_cache, slot_mapping)
+    (negative slots skipped); k_type / v_type: a quantized cache's GGML type (uint8 [NB, BS, KVH,
+    row_bytes], kernels/kv_quant_ref.py), None for a float cache."""
+    return _on(k_cache.device).write_kv(k, v, k_cache, v_cache, slot_mapping, k_type, v_type)
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,
-                    max_q_len: int | None = None, window: int = 0) -> torch.Tensor:
+                    max_q_len: int | None = None, window: int = 0, k_type=None, v_type=None) -> torch.Tensor:
     """q[T, H, D] over the paged k/v_cache[NB, BS, KVH, D] -> [T, H, D] (docs/DESIGN.md); window > 0:
-    a query at position p sees only keys at positions > p - window (sliding-window layers)."""
+    a query at position p sees only keys at positions > p - window (sliding-window layers);
+    k_type / v_type: quantized caches' GGML types, as in `write_kv`."""
     return _on(q.device).paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale,
-                                         softcap, max_q_len, window)
+                                         softcap, max_q_len, window, k_type, v_type)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -217,11 +217,17 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_type=None,
+    v_type=None,
 ) -> None:
     """k_cache/v_cache[NB, BS, KVH, D]: store k/v[T, KVH, D] at slot = block * BS + offset.
 
-    Negative slots are skipped (padding), as in the Triton kernel.
+    Negative slots are skipped (padding), as in the Triton kernel. k_type / v_type: a quantized
+    cache's GGML type (kernels/kv_quant_ref.py; None: a float cache).
     """
+    if k_type is not None or v_type is not None:
+        from . import kv_quant_ref
+        return kv_quant_ref.write_kv(k, v, k_cache, v_cache, slot_mapping, k_type, v_type)
     NB, BS, KVH, D = k_cache.shape
     slots = slot_mapping.to(device=k_cache.device, dtype=torch.long)
     if bool((slots < 0).any()):
@@ -293,6 +299,8 @@ def paged_attention(
     softcap: float = 0.0,
     max_q_len: int | None = None,
     window: int = 0,
+    k_type=None,
+    v_type=None,
 ) -> torch.Tensor:
     """q[T, H, D] over paged k/v_cache[NB, BS, KVH, D] -> [T, H, D] (see docs/DESIGN.md).
     `max_q_len` (the longest query run, when the caller knows it) lets device kernels skip a host
@@ -301,8 +309,13 @@ def paged_attention(
     Sequence s owns query rows cu[s]:cu[s+1]; query j sits at position kv_lens[s] - q_len + j and
     attends causally to keys 0..pos. Softmax in float32; optional tanh soft-capping of the scores.
     window > 0 (sliding-window layers, llama.cpp's LLAMA_SWA_TYPE_STANDARD): a query at position p
-    sees only keys at positions p - window + 1 .. p.
+    sees only keys at positions p - window + 1 .. p. k_type / v_type: a quantized cache's GGML
+    type (kernels/kv_quant_ref.py: the caches dequantized first; None: a float cache).
     """
+    if k_type is not None or v_type is not None:
+        from . import kv_quant_ref
+        return kv_quant_ref.paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap,
+                                            max_q_len, window, k_type, v_type)
     T, H, D = q.shape
     NB, BS, KVH, _ = k_cache.shape
     cu = cu_seqlens_q.tolist()

@@ -155,9 +155,15 @@ def _tiled(qf, k_cache, v_cache, block_tables, cu, lens, scale, window, out) -> 
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,
-                    max_q_len: int | None = None, window: int = 0, numerics: Numerics = Numerics.GGML) -> torch.Tensor:
+                    max_q_len: int | None = None, window: int = 0, k_type=None, v_type=None,
+                    numerics: Numerics = Numerics.GGML) -> torch.Tensor:
     """The contract of `kernels.ref.paged_attention`; the lengths are read on the host; `numerics`:
-    the backend's (kernels.Backend binds it)."""
+    the backend's (kernels.Backend binds it). A quantized cache (k_type / v_type): kv_quant.py
+    (llama.cpp's order in either numerics: its only CPU path for such caches)."""
+    if k_type is not None or v_type is not None:
+        from .kv_quant import paged_attention as attend_quant
+        return attend_quant(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap, max_q_len,
+                            window, k_type, v_type)
     cu = cu_seqlens_q.tolist()
     lens = kv_lens.tolist()
     S = len(lens)

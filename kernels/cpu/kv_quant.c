@@ -234,8 +234,81 @@ static inline void k_codes(const uint8_t *x, int type, int *c) {
     }
 }
 
+#if defined(__AVX2__)
+/* ggml's bytes_from_bits_32: byte j = 0xFF where bit j of the 32 bits is set */
+static inline __m256i bytes_from_bits_32(const uint8_t *x) {
+    uint32_t x32; memcpy(&x32, x, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x32), shuf);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
+}
+/* the 16 bytes of nibbles -> 32 bytes: elements 0..15 the low nibbles, 16..31 the high ones */
+static inline __m256i nibbles_32(const uint8_t *qs) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(15));
+}
+/* The K block's 32 codes as bytes (signed, or unsigned for Q4_1 / Q5_1), as ggml's AVX2 vec_dot forms them */
+static inline __m256i k_codes_avx2(const uint8_t *x, int type) {
+    switch (type) {
+    case T_Q8_0: return _mm256_loadu_si256((const __m256i *)(x + 2));
+    case T_Q4_0: return _mm256_sub_epi8(nibbles_32(x + 2), _mm256_set1_epi8(8));
+    case T_IQ4_NL: {
+        const __m128i vals = _mm_loadu_si128((const __m128i *)kvalues_iq4nl);
+        const __m128i t = _mm_loadu_si128((const __m128i *)(x + 2)), m4 = _mm_set1_epi8(15);
+        return _mm256_set_m128i(_mm_shuffle_epi8(vals, _mm_and_si128(_mm_srli_epi16(t, 4), m4)),
+                                _mm_shuffle_epi8(vals, _mm_and_si128(t, m4)));
+    }
+    case T_Q4_1: return nibbles_32(x + 4);
+    case T_Q5_0:  /* nibble | 0xF0 where the fifth bit is clear: nibble - 16 */
+        return _mm256_or_si256(nibbles_32(x + 6), _mm256_andnot_si256(bytes_from_bits_32(x + 2), _mm256_set1_epi8((char)0xF0)));
+    default:  /* Q5_1 */
+        return _mm256_or_si256(nibbles_32(x + 8), _mm256_and_si256(bytes_from_bits_32(x + 4), _mm256_set1_epi8(0x10)));
+    }
+}
+/* lane l = the exact sum over bytes 4l .. 4l + 3 of x * y (|products| small enough for maddubs) */
+static inline __m256 lanes_avx2(__m256i x, __m256i y, int unsigned_x) {
+    __m256i p;
+    if (unsigned_x) p = _mm256_maddubs_epi16(x, y);
+    else p = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+static inline float hsum_avx2(__m256 v) {
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+#endif
+
 /* x: the K row (D / 32 blocks of `type`), y: the query as Q8_0 (or Q8_1 for Q4_1 / Q5_1) blocks */
 static float vec_dot_q(const uint8_t *x, const uint8_t *y, int D, int type) {
+#if defined(__AVX2__)
+    {
+        const int nb = D / 32, bx = kvq_block_bytes(type), one = type == T_Q4_1 || type == T_Q5_1;
+        const int by = one ? 36 : 34, two = type == T_IQ4_NL, nb2 = two ? nb & ~1 : nb;
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        float summs = 0.0f;
+        for (int b = 0; b < nb2; ++b) {
+            const uint8_t *xb = x + (size_t)b * bx, *yb = y + (size_t)b * by;
+            const __m256 q = lanes_avx2(k_codes_avx2(xb, type), _mm256_loadu_si256((const __m256i *)(yb + (one ? 4 : 2))), one);
+            if (one) summs = __builtin_fmaf(f16_at(xb + 2), f16_at(yb + 2), summs);
+            const int a = two ? b & 1 : 0;
+            acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(xb) * f16_at(yb)), q, acc[a]);
+        }
+        if (!two) return hsum_avx2(acc[0]) + summs;
+        float sumf = hsum_avx2(_mm256_add_ps(acc[0], acc[1]));
+        for (int b = nb2; b < nb; ++b) {
+            const uint8_t *xb = x + (size_t)b * bx, *yb = y + (size_t)b * by;
+            const int8_t *q = (const int8_t *)(yb + 2);
+            int c[32], s = 0;
+            k_codes(xb, type, c);
+            for (int j = 0; j < 32; ++j) s += c[j] * q[j];
+            sumf += f16_at(yb) * f16_at(xb) * (float)s;  /* not contracted there */
+        }
+        return sumf;
+    }
+#endif
     const int nb = D / 32, bx = kvq_block_bytes(type), one = type == T_Q4_1 || type == T_Q5_1;
     const int by = one ? 36 : 34;
     float acc[2][8] = {{0}}, summs = 0.0f;

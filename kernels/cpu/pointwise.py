@@ -58,10 +58,13 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, neox:
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, k_type=None, v_type=None) -> None:
     """The contract of `kernels.ref.write_kv`: float32 k/v [T, KVH, D] into a float16 or float32
     cache in one C call (the reference's masking and two index_copy_ calls cost ~50 us per layer
-    of a decode step)."""
+    of a decode step); a quantized cache (k_type / v_type) through kv_quant.py."""
+    if k_type is not None or v_type is not None:
+        from .kv_quant import write_kv as write_quant
+        return write_quant(k, v, k_cache, v_cache, slot_mapping, k_type, v_type)
     lib = _lib(k, v)
     NB, BS, KVH, D = k_cache.shape
     if (lib is None or k_cache.dtype not in (torch.float16, torch.float32) or v_cache.dtype != k_cache.dtype

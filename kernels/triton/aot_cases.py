@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
+from gguf import GGMLQuantizationType
 
+from .. import kv_quant_ref
 from ..qweight import QWeight
 
 Q_ALL = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16")
@@ -158,6 +160,11 @@ def dequant_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
                 yield f"dequantize {s.name} {qn} {dt}", (lambda w=w, dt=dt: dequantize(w, dt))
 
 
+Q5_0, Q5_1, Q8_0, IQ4_NL = (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0,
+                             GGMLQuantizationType.IQ4_NL)
+KV_TYPES = kv_quant_ref.KV_QUANT_TYPES
+
+
 def _paged(s: Shape, S: int, ctx: int, q_len: int, act, cache, BS: int = 16):
     nb = (ctx + BS - 1) // BS
     kc = torch.empty(S * nb + 1, BS, s.KVH, s.D, dtype=cache)
@@ -190,6 +197,20 @@ def attention_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
                         args = _paged(s, 1, 1024, ql, act, cache)
                         yield f"prefill {s.name} q={ql} {act} {cache} cap={cap}", (
                             lambda a=args, cap=cap, ql=ql: paged_attention(*a, 0.125, cap, max_q_len=ql))
+    # quantized caches (-ctk / -ctv): dequantized in the tiles; quick: head dim 256 (the registers'
+    # bound), the 5-bit pair (the most decoding work per element) and IQ4_NL's table
+    for s in sc.models(SHAPES[3:4]):
+        for kt, vt in ((Q5_1, Q5_0), (IQ4_NL, Q8_0)) if quick else ((t, t) for t in KV_TYPES):
+            q, kc, vc, bt, cu, lens = _paged(s, 1, 4096, 1, sc.act_dtypes()[0], torch.float16)
+            kq = torch.empty(*kc.shape[:3], kv_quant_ref.row_bytes(kt, s.D), dtype=torch.uint8)
+            vq = torch.empty(*kc.shape[:3], kv_quant_ref.row_bytes(vt, s.D), dtype=torch.uint8)
+            yield f"decode {s.name} k={kt.name} v={vt.name}", (
+                lambda a=(q, kq, vq, bt, cu, lens), kt=kt, vt=vt: paged_attention(
+                    *a, 0.125, 0.0, max_q_len=1, k_type=kt, v_type=vt))
+            q8 = torch.empty(64, s.H, s.D, dtype=sc.act_dtypes()[0])
+            yield f"prefill {s.name} k={kt.name} v={vt.name}", (
+                lambda a=(q8, kq, vq, bt, torch.tensor([0, 64], dtype=torch.int32), torch.tensor([1024], dtype=torch.int32)),
+                kt=kt, vt=vt: paged_attention(*a, 0.125, 0.0, max_q_len=64, k_type=kt, v_type=vt))
 
 
 def small_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
@@ -223,6 +244,12 @@ def small_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
                 slots = torch.zeros(3, dtype=torch.int64)
                 yield f"write_kv {s.name} {act} {cache}", (
                     lambda k=k, kc=kc, slots=slots: write_kv(k, k, kc, kc.clone(), slots))
+            for t in (IQ4_NL,) if quick else KV_TYPES:  # quantized KV writes (-ctk / -ctv)
+                k = torch.empty(3, s.KVH, s.D, dtype=act)
+                kq = torch.empty(4, 16, s.KVH, kv_quant_ref.row_bytes(t, s.D), dtype=torch.uint8)
+                slots = torch.zeros(3, dtype=torch.int64)
+                yield f"write_kv {s.name} {act} {t.name}", (
+                    lambda k=k, kq=kq, slots=slots, t=t: write_kv(k, k, kq, kq.clone(), slots, k_type=t, v_type=t))
 
 
 # mixture-of-experts FFN shapes: (name, n_embd, expert FFN length, experts, experts per token);

@@ -15,7 +15,8 @@ import triton
 import triton.language as tl
 
 from .. import ref
-from .attend_tile import attend_tile
+from .attend_tile import attend_tile_kv
+from .kv_quant import type_id
 from .merge_splits import merge_splits
 
 reference = ref.paged_attention
@@ -27,8 +28,9 @@ def _paged_decode_kernel(
     scale, softcap, window, G, D, BS,
     stride_qt, stride_qh, stride_qd,
     stride_cb, stride_ct, stride_ch, stride_cd,
+    stride_vb, stride_vt, stride_vh, stride_vd,
     stride_bts, stride_ot, stride_oh,
-    NUM_SPLITS: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, K_TYPE: tl.constexpr, V_TYPE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     s = tl.program_id(0)
@@ -53,7 +55,10 @@ def _paged_decode_kernel(
     heads = kvh * G + g
     q = tl.load(q_ptr + qrow * stride_qt + heads[:, None] * stride_qh + d[None, :] * stride_qd,
                 mask=gmask[:, None] & dmask[None, :], other=0.0)
-    q = q.to(kc_ptr.dtype.element_ty)
+    if K_TYPE == 0:
+        q = q.to(kc_ptr.dtype.element_ty)
+    else:  # a quantized K: dequantized to float16 tiles
+        q = q.to(tl.float16)
     m_i = tl.full((BLOCK_G,), -1e30, dtype=tl.float32)
     l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_G, BLOCK_D), dtype=tl.float32)
@@ -63,9 +68,10 @@ def _paged_decode_kernel(
             tmask = tok < end
             blk = tl.load(bt_ptr + s * stride_bts + tok // BS, mask=tmask, other=0).to(tl.int64)
             off = blk * stride_cb + (tok % BS) * stride_ct + kvh * stride_ch
+            voff = blk * stride_vb + (tok % BS) * stride_vt + kvh * stride_vh
             kvmask = tmask[:, None] & dmask[None, :]
-            m_i, l_i, acc = attend_tile(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, tmask[None, :],
-                                         scale, softcap, m_i, l_i, acc, SOFTCAP)
+            m_i, l_i, acc = attend_tile_kv(q, kc_ptr, vc_ptr, off, voff, d, stride_cd, stride_vd, kvmask, tmask[None, :],
+                                         scale, softcap, m_i, l_i, acc, SOFTCAP, K_TYPE, V_TYPE)
         omask = gmask[:, None] & dmask[None, :]
         if NUM_SPLITS == 1:
             o = acc / l_i[:, None]
@@ -90,8 +96,10 @@ def num_splits_for(S: int, KVH: int, max_ctx: int, n_sm: int = 132) -> int:
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap=0.0,
-                 out=None, num_splits: int | None = None, window: int = 0):
-    """Decode attention for sequences with q_len == 1 (others are left untouched in `out`)."""
+                 out=None, num_splits: int | None = None, window: int = 0, k_type=None, v_type=None):
+    """Decode attention for sequences with q_len == 1 (others are left untouched in `out`);
+    k_type / v_type: a quantized cache's GGML type (kernels/kv_quant_ref.py), None for a float one."""
+    k_type, v_type = type_id(k_type), type_id(v_type)
     T, H, D = q.shape
     NB, BS, KVH, _ = k_cache.shape
     S = kv_lens.shape[0]
@@ -108,6 +116,8 @@ def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale
     # under triton 3.6 and 3.9, no spills (scripts/gpu_model.py checks it)
     if BLOCK_G > 16:
         BLOCK_N, warps = 16, 4
+    elif k_type or v_type:  # tiles dequantized in registers (their codes, scales, offsets): 16 keys
+        BLOCK_N, warps = 16, 4 if BLOCK_D <= 128 else 8
     elif BLOCK_D <= 128:
         BLOCK_N, warps = max(16, 4096 // BLOCK_D), 4
     else:
@@ -122,8 +132,8 @@ def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale
     _paged_decode_kernel[(S, KVH, num_splits)](
         q, k_cache, v_cache, bt, cu_seqlens_q, kv_lens, out, po, pm, pl,
         float(scale), float(softcap), int(window), G, D, BS,
-        *q.stride(), *k_cache.stride(), bt.stride(0), out.stride(0), out.stride(1),
-        NUM_SPLITS=num_splits, SOFTCAP=softcap > 0.0, WINDOW=window > 0,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), bt.stride(0), out.stride(0), out.stride(1),
+        NUM_SPLITS=num_splits, SOFTCAP=softcap > 0.0, WINDOW=window > 0, K_TYPE=k_type, V_TYPE=v_type,
         BLOCK_G=BLOCK_G, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=warps,
     )
     if num_splits > 1:

@@ -10,7 +10,8 @@ import triton
 import triton.language as tl
 
 from .. import ref
-from .attend_tile import attend_tile
+from .attend_tile import attend_tile_kv
+from .kv_quant import type_id
 
 reference = ref.paged_attention
 
@@ -21,8 +22,9 @@ def _paged_prefill_kernel(
     scale, softcap, window, G, D, BS,
     stride_qt, stride_qh, stride_qd,
     stride_cb, stride_ct, stride_ch, stride_cd,
+    stride_vb, stride_vt, stride_vh, stride_vd,
     stride_bts, stride_ot, stride_oh,
-    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, K_TYPE: tl.constexpr, V_TYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     mt = tl.program_id(0)
     s = tl.program_id(1)
@@ -41,7 +43,10 @@ def _paged_prefill_kernel(
         qoff = (q0 + rows).to(tl.int64)
         q = tl.load(q_ptr + qoff[:, None] * stride_qt + h * stride_qh + d[None, :] * stride_qd,
                     mask=rmask[:, None] & dmask[None, :], other=0.0)
-        q = q.to(kc_ptr.dtype.element_ty)
+        if K_TYPE == 0:
+            q = q.to(kc_ptr.dtype.element_ty)
+        else:  # a quantized K: dequantized to float16 tiles
+            q = q.to(tl.float16)
         m_i = tl.full((BLOCK_M,), -1e30, dtype=tl.float32)
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -54,19 +59,21 @@ def _paged_prefill_kernel(
             tmask = tok < kv_end
             blk = tl.load(bt_ptr + s * stride_bts + tok // BS, mask=tmask, other=0).to(tl.int64)
             off = blk * stride_cb + (tok % BS) * stride_ct + kvh * stride_ch
+            voff = blk * stride_vb + (tok % BS) * stride_vt + kvh * stride_vh
             kvmask = tmask[:, None] & dmask[None, :]
             valid = tmask[None, :] & (tok[None, :] <= pos[:, None])  # causal
             if WINDOW:
                 valid = valid & (tok[None, :] > pos[:, None] - window)
-            m_i, l_i, acc = attend_tile(q, kc_ptr, vc_ptr, off, d, stride_cd, kvmask, valid,
-                                         scale, softcap, m_i, l_i, acc, SOFTCAP)
+            m_i, l_i, acc = attend_tile_kv(q, kc_ptr, vc_ptr, off, voff, d, stride_cd, stride_vd, kvmask, valid,
+                                         scale, softcap, m_i, l_i, acc, SOFTCAP, K_TYPE, V_TYPE)
         o = acc / l_i[:, None]
         optr = out_ptr + qoff[:, None] * stride_ot + h * stride_oh + d[None, :]
         tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
 
 
 def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap=0.0,
-                  max_q_len: int | None = None, out=None, window: int = 0):
+                  max_q_len: int | None = None, out=None, window: int = 0, k_type=None, v_type=None):
+    k_type, v_type = type_id(k_type), type_id(v_type)
     T, H, D = q.shape
     NB, BS, KVH, _ = k_cache.shape
     S = kv_lens.shape[0]
@@ -79,12 +86,16 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scal
     BLOCK_D = triton.next_power_of_2(D)
     BLOCK_M = 16 if max_q_len <= 16 else (32 if BLOCK_D > 128 else 64)
     BLOCK_N = 32 if BLOCK_D > 128 else 64
+    warps = 4 if BLOCK_M <= 32 else 8
+    if k_type or v_type:  # tiles dequantized in registers: half the keys, head dim 256 on 8 warps
+        BLOCK_N //= 2
+        warps = 8 if BLOCK_D > 128 else warps
     bt = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
     _paged_prefill_kernel[(triton.cdiv(max_q_len, BLOCK_M), S, H)](
         q, k_cache, v_cache, bt, cu_seqlens_q, kv_lens, out,
         float(scale), float(softcap), int(window), H // KVH, D, BS,
-        *q.stride(), *k_cache.stride(), bt.stride(0), out.stride(0), out.stride(1),
-        SOFTCAP=softcap > 0.0, WINDOW=window > 0, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-        num_warps=4 if BLOCK_M <= 32 else 8, num_stages=2,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), bt.stride(0), out.stride(0), out.stride(1),
+        SOFTCAP=softcap > 0.0, WINDOW=window > 0, K_TYPE=k_type, V_TYPE=v_type, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        num_warps=warps, num_stages=2,
     )
     return out

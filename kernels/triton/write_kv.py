@@ -31,7 +31,11 @@ def _write_kv_kernel(
         tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=m)
 
 
-def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
+def write_kv(k, v, k_cache, v_cache, slot_mapping, k_type=None, v_type=None) -> None:
+    """k_type / v_type: a quantized cache's GGML type (None: float), written by kv_quant.py's kernel."""
+    if k_type is not None or v_type is not None:
+        from .kv_quant import write_kv as write_quant
+        return write_quant(k, v, k_cache, v_cache, slot_mapping, k_type, v_type)
     T, KVH, D = k.shape
     NB, BS, _, _ = k_cache.shape
     assert k_cache.stride() == v_cache.stride()
