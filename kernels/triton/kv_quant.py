@@ -32,24 +32,9 @@ def _f16_at(ptr, off, mask):
 
 @triton.jit
 def _iq4nl_value(i):
-    """kvalues_iq4nl[i] (i: int32 0..15) as float32"""
-    v = tl.where(i == 0, -127.0, 0.0)
-    v = tl.where(i == 1, -104.0, v)
-    v = tl.where(i == 2, -83.0, v)
-    v = tl.where(i == 3, -65.0, v)
-    v = tl.where(i == 4, -49.0, v)
-    v = tl.where(i == 5, -35.0, v)
-    v = tl.where(i == 6, -22.0, v)
-    v = tl.where(i == 7, -10.0, v)
-    v = tl.where(i == 8, 1.0, v)
-    v = tl.where(i == 9, 13.0, v)
-    v = tl.where(i == 10, 25.0, v)
-    v = tl.where(i == 11, 38.0, v)
-    v = tl.where(i == 12, 53.0, v)
-    v = tl.where(i == 13, 69.0, v)
-    v = tl.where(i == 14, 89.0, v)
-    v = tl.where(i == 15, 113.0, v)
-    return v
+    """kvalues_iq4nl[i] (i: int32 0..15) as float32: byte i % 8 of one of two 64-bit words"""
+    w = tl.where(i < 8, -654466911485192063, 8167635493787864321).to(tl.int64)
+    return ((w >> ((i & 7) * 8).to(tl.int64)) & 255).to(tl.int8).to(tl.float32)
 
 
 @triton.jit
