@@ -66,6 +66,8 @@ class Marker(_Named):
     """The words of the formats' reasoning and tool-call syntax."""
     THINK_START = "<think>"
     THINK_END = "</think>"
+    GEMMA4_THOUGHT = "<|channel>thought"  # Gemma 4's reasoning channel (common/parsers/gemma4.cpp's thinking tags)
+    GEMMA4_CHANNEL_END = "<channel|>"
     HERMES_CALL_OPEN = "<tool_call>"
     HERMES_CALL_CLOSE = "</tool_call>"
     HERMES_FUNCTION_OPEN = "<function="

@@ -182,7 +182,10 @@ class ChatTemplate:
         extra.update(ctk)
         extra.setdefault("enable_thinking", True)
         extra.setdefault("date_string", datetime.now().strftime("%d %b %Y"))
-        msgs = normalize_messages(messages, object_arguments=self.requires_object_arguments)
+        # b1-0c1e570 (common_chat_templates_apply_jinja): string arguments are parsed into objects
+        # for templates whose caps say supports_object_arguments (workaround::func_args_not_string)
+        msgs = normalize_messages(messages, object_arguments=self.requires_object_arguments
+                                  or self.caps["supports_object_arguments"])
         ctx: dict[str, Any] = {
             "messages": msgs,
             "add_generation_prompt": add_generation_prompt,
@@ -247,4 +250,6 @@ class ChatTemplate:
         """(start, end) reasoning tags when the template knows about them."""
         if Marker.THINK_START in self.source or Marker.THINK_END in self.source:
             return (Marker.THINK_START, Marker.THINK_END)
+        if "'<|tool_call>call:'" in self.source:  # b1's gemma4 format (chat.cpp's detection): supports_thinking
+            return (Marker.GEMMA4_THOUGHT, Marker.GEMMA4_CHANNEL_END)
         return None

@@ -70,6 +70,13 @@ class ModelConfig:
     ssm_dt_rank: int = 0
     ssm_inner: int = 0
     n_ff_shexp: int = 0
+    # gemma4 (runtime/model/arch/gemma4.py): the sliding layers' head size and rotated dims, the layers
+    # with a KV cache of their own (the first n_layer_kv), FFN length per layer, per-layer input size
+    head_dim_swa: int = 0
+    n_rot_swa: int = 0
+    n_layer_kv: int = 0
+    n_ff_layers: list[int] | None = None
+    n_embd_per_layer: int = 0
     # float32 [n_rot/2] divisors of the rope frequencies (llama3 rope) == weights["rope_freqs.weight"]
     rope_freq_factors: torch.Tensor | None = None
 

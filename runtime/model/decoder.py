@@ -25,7 +25,7 @@ import kernels
 from kernels.qweight import QWeight
 from runtime.model.arch import spec_for
 from runtime.model.arch.qwen3moe import MoeFFN
-from runtime.model.arch import mistral3
+from runtime.model.arch import gemma4, mistral3
 from runtime.model.arch.qwen35 import LinearAttention, SharedExpertMoE, recurrent_shape
 from runtime.model.recurrent import RecurrentStore
 from runtime.model.arch.qwenvl import mrope, pair_sections
@@ -89,6 +89,14 @@ class Layer:
     rope_theta_scale: float = 0.0  # ggml's angle chain (`rope_theta_scale`), 0: angles from inv_freq
     moe: MoeFFN | SharedExpertMoE | None = None  # the FFN is a mixture of experts (qwen3moe, qwen35moe)
     linear: LinearAttention | None = None  # a gated linear-attention layer instead of attention (qwen35)
+    # gemma4 (runtime/model/arch/gemma4.py): this layer's head size (0: the model's; smaller ones are
+    # zero-padded to the store's), the layer whose cached K/V it reads (-1 / itself: its own; another:
+    # it writes none), v is the k projection, its per-layer input, the factor on its output
+    head_dim: int = 0
+    kv_src: int = -1
+    v_from_k: bool = False
+    ple: gemma4.LayerInput | None = None
+    out_scale: float = 1.0
 
 
 def _matmul_rows(ops: kernels.Backend, x: torch.Tensor, ws: list[QWeight]) -> torch.Tensor:
@@ -276,7 +284,9 @@ class Model:
                            moe=moe_cls.load(ops, w, p, cfg, dev, unpack, self.packed_quantized))
             else:
                 ffn = dict(w_gate_up=fused([p + "ffn_gate.weight", p + "ffn_up.weight"]), w_down=q(p + "ffn_down.weight"))
-            if recurrent[i]:  # gated linear attention: no q/k/v, no KV
+            if spec.v_norm:  # gemma4: q only on KV-shared layers, per-layer head sizes
+                mixer = gemma4.attention_weights(fused, q, w, p, cfg, i)
+            elif recurrent[i]:  # gated linear attention: no q/k/v, no KV
                 mixer = dict(wqkv=[], wo=None, linear=LinearAttention.load(ops, w, p, cfg, n_rec, dev, unpack,
                                                                            self.packed_quantized))
                 n_rec += 1
@@ -289,11 +299,19 @@ class Model:
                 post_attn_norm=t(p + "post_attention_norm.weight"), post_ffn_norm=t(p + "post_ffw_norm.weight"),
                 window=spec.window(i), inv_freq=self._layer_inv_freq(cfg, i),
                 rope_theta_scale=rope_theta_scale(cfg, spec.rope_bases[i] if spec.rope_bases and spec.window(i) else None)))
+            if spec.v_norm:
+                L = self.layers[-1]
+                L.inv_freq, L.rope_theta_scale = gemma4.layer_rope(cfg, i, dev)
+                L.ple, L.out_scale = gemma4.layer_input(w, p, prep, t), gemma4.out_scale(w, p)
             if spec.nope and spec.nope[i]:  # smollm3's NoPE layers: rotation by angle 0 (an exact identity)
                 self.layers[-1].inv_freq = torch.zeros_like(self.inv_freq)
                 self.layers[-1].rope_theta_scale = 0.0
         self.rope_inv_freqs = [L.inv_freq for L in self.layers]  # per layer, for re-rotating cached keys
         self.n_head, self.n_head_kv, self.head_dim = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+        self.ple = None  # gemma4's per-layer token embeddings
+        if spec.v_norm:
+            self.head_dim = gemma4.store_head_dim(cfg)  # the KV store's (the largest)
+            self.ple = gemma4.PerLayerEmbedding.load(cfg, w, dev, prep)
         self.n_ff = cfg.n_ff_exp if spec.moe else self.layers[0].w_down.cols
         self.eps = float(cfg.rms_eps)
         self.neox = bool(cfg.rope_neox)
@@ -315,7 +333,7 @@ class Model:
         LoRA steps take the per-op path), else None."""
         s = self.spec
         if (self.device.type != "cpu" or self.tp is not None or s.moe or self.act_dtype != torch.float32 or self.rope_e
-                or s.q_gate or self.recurrent is not None or 2 * self.inv_freq.shape[0] != self.head_dim
+                or s.q_gate or s.v_norm or self.recurrent is not None or 2 * self.inv_freq.shape[0] != self.head_dim
                 or getattr(self.cfg, "attn_temp_scale", 0.0)):
             return None
         if any(len(L.wqkv) != 1 or len(L.w_gate_up) != 1 for L in self.layers):
@@ -378,6 +396,7 @@ class Model:
             return dec(h, kv.k, kv.v, pos_t, slot_t, tables, kv_lens_t, kv.is_swa if swa_tables is not None else None,
                        swa_slot_t, swa_tables)
         act = ops.gelu_mul if self.spec.act == "gelu" else ops.silu_mul
+        ple = self.ple(ops, ids_t, h) if self.ple is not None else None  # [T, n_layer, P] (gemma4)
         pos4 = media.pos4 if media is not None else None
         if pos4 is None and self.rope_e:  # text rows: (p, p, p, 0), as llama.cpp's M-RoPE input
             pos4 = torch.stack([pos_t, pos_t, pos_t, torch.zeros_like(pos_t)])
@@ -402,9 +421,10 @@ class Model:
                 h = L.moe(ops, x)
             else:
                 gu = _matmul_rows(ops, x, L.w_gate_up)  # [T, 2F]
+                F = gu.shape[1] // 2  # (gemma4: per layer)
                 if lora is not None:
-                    lora.add(gu, x, [p + "ffn_gate.weight", p + "ffn_up.weight"], [self.n_ff, self.n_ff])
-                gate, up = gu.split([self.n_ff, self.n_ff], dim=1)
+                    lora.add(gu, x, [p + "ffn_gate.weight", p + "ffn_up.weight"], [F, F])
+                gate, up = gu.split([F, F], dim=1)
                 a = act(gate, up)
                 h = ops.qmatmul(a, L.w_down)
                 if lora is not None:
@@ -413,6 +433,12 @@ class Model:
                     self.tp.group.all_reduce(h)
             if L.post_ffn_norm is not None:
                 h = ops.rms_norm(h, L.post_ffn_norm, self.eps)
+            if L.ple is not None or L.out_scale != 1.0:  # gemma4: the per-layer input, the output's scale
+                h, residual = h + residual, None
+                if L.ple is not None:
+                    h = L.ple(ops, h, ple[:, li], self.eps)
+                if L.out_scale != 1.0:
+                    h = h * L.out_scale
             if media is not None and li < self.n_deepstack:  # qwen3vl: the layer's output plus its deepstack input
                 h, residual = h + residual, None
                 h[media.rows] += mm.deepstack_rows(media, li, self.n_embd).to(h.dtype)
@@ -423,11 +449,14 @@ class Model:
         """One attention block of `_layers` on the normed input x [T, C] -> its output [T, C] (before
         the residual add; with -tp this rank's partial sum)."""
         T = x.shape[0]
-        H, KVH, D = self.n_head, self.n_head_kv, self.head_dim
+        H, KVH, D = self.n_head, self.n_head_kv, L.head_dim or self.head_dim
         ops = self.ops
         QD = 2 * H * D if self.spec.q_gate else H * D  # qwen35: per head D query rows then D gate rows
         qkv = _matmul_rows(ops, x, L.wqkv)  # [T, (H + 2 KVH) D]
         p = f"blk.{li}."
+        if self.spec.v_norm:  # gemma4: its own attention block
+            return self._attention_gemma4(li, L, qkv, kv, pos_t, slot_t, tables, cu, kv_lens_t, max_q_len,
+                                          swa_slot_t, swa_tables)
         if lora is not None:
             lora.add(qkv, x, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
                      [QD, KVH * D, KVH * D])
@@ -470,6 +499,36 @@ class Model:
         if lora is not None:
             lora.add(h, attn, [p + "attn_output.weight"])
         return h
+
+    def _attention_gemma4(self, li: int, L: Layer, qkv: torch.Tensor, kv: KVCache, pos_t, slot_t, tables, cu,
+                          kv_lens_t, max_q_len, swa_slot_t, swa_tables) -> torch.Tensor:
+        """gemma4's attention block (runtime/model/arch/gemma4.py) from the projections qkv [T, H D (+ 2 KVH D)]:
+        q/k norms, v's weightless norm, the layer's RoPE, K/V written unless the layer reads another
+        layer's, heads zero-padded to the store's size, scale 1. No LoRA."""
+        T = qkv.shape[0]
+        H, KVH, D, DS = self.n_head, self.n_head_kv, L.head_dim or self.head_dim, self.head_dim
+        ops = self.ops
+        src = L.kv_src if L.kv_src >= 0 else li
+        q = qkv[:, :H * D].reshape(T, H, D)
+        q = ops.rms_norm(q.reshape(T * H, D).contiguous(), L.q_norm, self.eps).view(T, H, D)
+        q = ops.rope(q, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
+        own = swa_tables is not None and kv.is_swa[src]
+        if src == li:
+            k = qkv[:, H * D:(H + KVH) * D]
+            v = k if L.v_from_k else qkv[:, (H + KVH) * D:(H + 2 * KVH) * D]
+            k = ops.rms_norm(k.reshape(T * KVH, D).contiguous(), L.k_norm, self.eps).view(T, KVH, D)
+            v = ops.rms_norm(v.reshape(T * KVH, D).contiguous(), self._ones(D, v), self.eps).view(T, KVH, D)
+            k = ops.rope(k, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
+            ops.write_kv(gemma4.pad_heads(k, DS).to(kv.k[li].dtype), gemma4.pad_heads(v, DS).to(kv.v[li].dtype),
+                         kv.k[li], kv.v[li], swa_slot_t if own else slot_t)
+        attn = ops.paged_attention(gemma4.pad_heads(q, DS).contiguous(), kv.k[src], kv.v[src],
+                                   swa_tables if own else tables, cu, kv_lens_t, 1.0, 0.0,
+                                   max_q_len=max_q_len, window=L.window)
+        attn = attn[:, :, :D].reshape(T, H * D)
+        return ops.qmatmul(attn.contiguous(), L.wo)
+
+    def _ones(self, D: int, like: torch.Tensor) -> torch.Tensor:
+        return torch.ones(D, dtype=torch.float32, device=like.device)
 
     def decode_logits(self, kv: KVCache, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
                       tables: torch.Tensor, cu: torch.Tensor, kv_lens_t: torch.Tensor,

@@ -57,6 +57,12 @@ def _meta(md: dict[str, Any], arch: str, key: str, default: Any = None) -> Any:
     return md.get(f"{arch}.{key}", default)
 
 
+def _first(v: Any) -> Any:
+    """A per-layer array key's value as one number (its largest: gemma4's feed_forward_length /
+    head_count_kv arrays; the architecture reads the array itself)."""
+    return max(v) if isinstance(v, list) else v
+
+
 def _f32(v: Any) -> float:
     """A float32 metadata value as its shortest decimal (1e-05, not 9.999999747378752e-06)."""
     return float(str(np.float32(v)))
@@ -75,7 +81,7 @@ def _common_config(md: dict[str, Any], names: dict[str, GGUFTensorInfo]) -> Mode
                          f"(supported: {', '.join(SUPPORTED_ARCHS)})")
     n_embd = int(_meta(md, arch, "embedding_length"))
     n_head = int(_meta(md, arch, "attention.head_count"))
-    n_head_kv = int(_meta(md, arch, "attention.head_count_kv", n_head))
+    n_head_kv = int(_first(_meta(md, arch, "attention.head_count_kv", n_head)))
     head_dim = int(_meta(md, arch, "attention.key_length", n_embd // n_head))
     n_layer = int(_meta(md, arch, "block_count"))
     emb = names.get("token_embd.weight")
@@ -99,7 +105,7 @@ def _common_config(md: dict[str, Any], names: dict[str, GGUFTensorInfo]) -> Mode
         n_head=n_head,
         n_head_kv=n_head_kv,
         head_dim=head_dim,
-        n_ff=int(_meta(md, arch, "feed_forward_length")),
+        n_ff=int(_first(_meta(md, arch, "feed_forward_length"))),
         n_vocab=int(n_vocab),
         n_ctx_train=int(_meta(md, arch, "context_length", 2048)),
         rope_freq_base=_f32(_meta(md, arch, "rope.freq_base", 10000.0)),

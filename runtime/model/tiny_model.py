@@ -36,12 +36,12 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWrit
 from gguf import quants as gquants
 
 from runtime.tokenizer.builtin_vocab import builtin_vocab
-from runtime.model import tiny_arch
+from runtime.model import tiny_arch, tiny_gemma4
 from runtime.model.gguf import KV, read_gguf
 
 __all__ = [
     "TinyModelSpec", "write_tiny_model", "vocab_from_gguf", "ensure_default_model", "quantize",
-    "BUILTIN_SPEC", "MOE_SPEC", "PHI3_SPEC", "GEMMA3_SPEC", "RERANK_SPEC", "QWEN35_SPEC", "QWEN35MOE_SPEC", "SMOLLM3_SPEC", "MISTRAL3_SPEC",
+    "BUILTIN_SPEC", "MOE_SPEC", "PHI3_SPEC", "GEMMA3_SPEC", "RERANK_SPEC", "QWEN35_SPEC", "QWEN35MOE_SPEC", "SMOLLM3_SPEC", "MISTRAL3_SPEC", "GEMMA4_SPEC",
     "WEIGHT_TYPES", "ARCHS",
 ]
 
@@ -90,6 +90,17 @@ class TinyModelSpec:
     rope_orig_ctx: int = 0
     yarn_factor: float = 0.0
     yarn_log_mul: float = 0.0
+    # gemma4 (runtime/model/tiny_gemma4.py): per-layer input size, sliding layers' head size (0: half
+    # of head_dim), layer il sliding unless (il + 1) % period == 0, KV-shared last layers, their FFN
+    # twice as long, full layers' rotated share of pairs, v = k on full layers, logit soft-cap
+    n_embd_per_layer: int = 0
+    head_dim_swa: int = 0
+    gemma4_swa_period: int = 3
+    gemma4_shared_kv: int = 0
+    gemma4_double_mlp: bool = False
+    gemma4_rope_partial: float = 0.25
+    gemma4_k_eq_v: bool = False
+    final_softcap: float = 0.0
 
 
 BUILTIN_SPEC = TinyModelSpec(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=352,
@@ -138,13 +149,22 @@ SMOLLM3_SPEC = TinyModelSpec(arch="smollm3", n_layer=8, n_embd=128, n_head=4, n_
 MISTRAL3_SPEC = TinyModelSpec(arch="mistral3", n_layer=4, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_ctx=1024,
                               rope_freq_base=1e6, rms_eps=1e-5, name="tiny-random-mistral3", seed=23, init_std=0.05,
                               attn_temp_scale=0.5, rope_orig_ctx=8)
+# the tests' tiny gemma4 (E2B-like): 9 layers, every third full (heads of 64, a quarter of the pairs
+# rotated through rope_freqs, v = k), the others sliding (heads of 32, window 8); the last 3 layers
+# read the KV of layers 4 (sliding) and 5 (full) and have a double-wide FFN; per-layer inputs of 32;
+# 4 query heads, one KV head; tied output, logits soft-capped at 30
+GEMMA4_SPEC = TinyModelSpec(arch="gemma4", n_layer=9, n_embd=128, n_head=4, n_head_kv=1, n_ff=256, n_ctx=1024,
+                            head_dim=64, head_dim_swa=32, rope_freq_base=1e6, rope_freq_base_swa=1e4, rms_eps=1e-6,
+                            name="tiny-random-gemma4", seed=31, init_std=0.05, tie_embeddings=True, sliding_window=8,
+                            norm_std=0.3, n_embd_per_layer=32, gemma4_shared_kv=3, gemma4_double_mlp=True,
+                            gemma4_k_eq_v=True, final_softcap=30.0)
 QWEN35_SPEC = TinyModelSpec(arch="qwen35", n_layer=4, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_ctx=1024,
                             head_dim=64, rope_freq_base=1e7, rms_eps=1e-6, name="tiny-random-qwen35", seed=11,
                             init_std=0.05, norm_std=0.1)
 QWEN35MOE_SPEC = replace(QWEN35_SPEC, arch="qwen35moe", name="tiny-random-qwen35moe", seed=12, n_expert=8,
                          n_expert_used=2, n_ff_exp=64, n_ff_shexp=128, router_std=0.5)
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "qwen2vl", "qwen3vl", "smollm3", "mistral3",
-         *tiny_arch.ARCHS)
+         *tiny_arch.ARCHS, *tiny_gemma4.ARCHS)
 _BUILTIN_VERSION = 1  # bump when the built-in vocab/spec changes (cache file name)
 
 
@@ -309,6 +329,8 @@ def tensor_shapes(spec: TinyModelSpec, n_vocab: int) -> list[tuple[str, tuple[in
     """(GGUF name, numpy shape [rows, cols] or [n]) of every tensor, in file order."""
     if spec.arch in tiny_arch.ARCHS:
         return tiny_arch.tensor_shapes(spec, n_vocab)
+    if spec.arch in tiny_gemma4.ARCHS:
+        return tiny_gemma4.tensor_shapes(spec, n_vocab)
     hd = _head_dim(spec)
     q_dim, kv_dim = spec.n_head * hd, spec.n_head_kv * hd
     out: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (n_vocab, spec.n_embd))]
@@ -380,7 +402,7 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
     w.add_context_length(spec.n_ctx)
     w.add_embedding_length(spec.n_embd)
     w.add_block_count(spec.n_layer)
-    w.add_feed_forward_length(spec.n_ff)
+    w.add_feed_forward_length(tiny_gemma4.ff_length(spec) if spec.arch in tiny_gemma4.ARCHS else spec.n_ff)
     w.add_head_count(spec.n_head)
     w.add_head_count_kv(spec.n_head_kv)
     w.add_rope_freq_base(spec.rope_freq_base)
@@ -403,6 +425,8 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
         w.add_key_value(f"{spec.arch}.n_deepstack_layers", spec.n_deepstack, GGUFValueType.UINT32)
     if spec.arch in tiny_arch.ARCHS:
         tiny_arch.write_keys(w, spec)
+    if spec.arch in tiny_gemma4.ARCHS:
+        tiny_gemma4.write_keys(w, spec)
     if spec.attn_temp_scale:
         w.add_key_value(f"{spec.arch}.attention.temperature_scale", float(spec.attn_temp_scale), GGUFValueType.FLOAT32)
     if spec.rope_orig_ctx:
@@ -412,7 +436,7 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
         w.add_key_value(f"{spec.arch}.rope.scaling.factor", float(spec.yarn_factor), GGUFValueType.FLOAT32)
     if spec.yarn_log_mul:
         w.add_key_value(f"{spec.arch}.rope.scaling.yarn_log_multiplier", float(spec.yarn_log_mul), GGUFValueType.FLOAT32)
-    if spec.head_dim is not None or spec.arch in ("qwen3", "qwen3moe", "gemma3", "qwen3vl"):
+    if spec.head_dim is not None or spec.arch in ("qwen3", "qwen3moe", "gemma3", "qwen3vl", "gemma4"):
         w.add_key_length(hd)
         w.add_value_length(hd)
     w.add_vocab_size(n_vocab)
@@ -434,7 +458,8 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
 
     rng = np.random.default_rng(spec.seed)
     for name, shape in tensor_shapes(spec, n_vocab):
-        own = tiny_arch.one_d(name, shape, rng, spec) if len(shape) == 1 else None
+        own = (tiny_gemma4.one_d if spec.arch in tiny_gemma4.ARCHS else tiny_arch.one_d)(name, shape, rng, spec) \
+            if len(shape) == 1 else None
         if own is not None:
             w.add_tensor(name, own)
             continue

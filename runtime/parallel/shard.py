@@ -102,6 +102,9 @@ def shard_loaded(lm, group: TPGroup):
     if any(getattr(cfg, "recurrent_layers", None) or []):
         raise ValueError(f"{cfg.arch}: tensor parallelism (-tp) is not supported for hybrid linear-attention models "
                          "(the recurrent state is not sharded); run it without -tp")
+    if cfg.n_embd_per_layer or cfg.n_layer_kv or cfg.head_dim_swa:
+        raise ValueError(f"{cfg.arch}: tensor parallelism (-tp) is not supported for Gemma 4 models (per-layer head "
+                         "sizes, KV shared across layers, per-layer embeddings are not sharded); run it without -tp")
     heads = HeadSplit(cfg.n_head, cfg.n_head_kv, group.world, group.rank)
     w = dict(lm.weights)
     D = cfg.head_dim

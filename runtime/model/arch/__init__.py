@@ -6,7 +6,8 @@ and soft-caps, and per layer the sliding window and the RoPE base. The architect
 (`runtime/model/arch/gemma.py`, `runtime/model/arch/qwen3moe.py`, `runtime/model/arch/phi3.py`,
 `runtime/model/arch/qwenvl.py`: M-RoPE and deepstack inputs, `runtime/model/arch/qwen35.py`: hybrid
 gated linear-attention / full-attention layers, `runtime/model/arch/smollm3.py`: llama with NoPE layers,
-`runtime/model/arch/mistral3.py`: llama with attention temperature tuning) read their GGUF keys
+`runtime/model/arch/mistral3.py`: llama with attention temperature tuning, `runtime/model/arch/gemma4.py`:
+per-layer embeddings, KV shared across layers, per-layer head sizes) read their GGUF keys
 into `ModelConfig` (`configure`) and derive the spec (`spec_for`); llama / mistral / qwen2 / qwen3 /
 phi3 use the default spec. `moe`: the FFN of every layer is a mixture of experts
 (`qwen3moe.MoeFFN`). `split_weights`: the loader's hook that turns an architecture's fused tensors
@@ -17,12 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import gemma, mistral3, phi3, qwen35, qwen3moe, qwenvl, smollm3
+from . import gemma, gemma4, mistral3, phi3, qwen35, qwen3moe, qwenvl, smollm3
 
 # arch -> NEOX rope (half-split pairs) or the "normal" pairwise rope (GGUF llama weights are
 # permuted for it); the loader accepts exactly these
 ROPE_NEOX = {"llama": False, "mistral": False, "qwen2": True, "qwen3": True,
-             **{a: True for a in gemma.ARCHS}, **{a: True for a in qwen3moe.ARCHS}, **{a: True for a in phi3.ARCHS},
+             **{a: True for a in gemma.ARCHS}, **{a: True for a in gemma4.ARCHS}, **{a: True for a in qwen3moe.ARCHS}, **{a: True for a in phi3.ARCHS},
              **{a: True for a in qwenvl.ARCHS}, **{a: True for a in qwen35.ARCHS},
              **{a: False for a in smollm3.ARCHS}, **{a: False for a in mistral3.ARCHS}}
 
@@ -43,6 +44,7 @@ class ArchSpec:
     moe: bool = False  # mixture-of-experts FFN in every layer (runtime/model/arch/qwen3moe.py)
     q_gate: bool = False  # attn_q gives per head D query rows then D gate rows: output * sigmoid(gate) (qwen35)
     nope: list[bool] = field(default_factory=list)  # per layer: no RoPE on q and k (smollm3's every 4th layer)
+    v_norm: bool = False  # v RMSNormed per head without a weight; per-layer head sizes, shared KV (gemma4)
 
     def window(self, layer: int) -> int:
         return self.windows[layer] if self.windows else 0
@@ -52,6 +54,8 @@ def configure(md: dict[str, Any], cfg) -> None:
     """Fill the architecture's own ModelConfig fields from GGUF metadata (the loader calls it)."""
     if cfg.arch in gemma.ARCHS:
         gemma.configure(md, cfg)
+    elif cfg.arch in gemma4.ARCHS:
+        gemma4.configure(md, cfg)
     elif cfg.arch in qwen3moe.ARCHS:
         qwen3moe.configure(md, cfg)
     elif cfg.arch in phi3.ARCHS:
@@ -75,6 +79,8 @@ def split_weights(cfg, weights: dict[str, Any]) -> None:
 def spec_for(cfg) -> ArchSpec:
     if cfg.arch in gemma.ARCHS:
         return ArchSpec(**gemma.spec_fields(cfg))
+    if cfg.arch in gemma4.ARCHS:
+        return ArchSpec(**gemma4.spec_fields(cfg))
     if cfg.arch in qwen3moe.ARCHS:
         return ArchSpec(**qwen3moe.spec_fields(cfg))
     if cfg.arch in qwen35.ARCHS:
