@@ -519,8 +519,8 @@ class Model:
             k = ops.rms_norm(k.reshape(T * KVH, D).contiguous(), L.k_norm, self.eps).view(T, KVH, D)
             v = ops.rms_norm(v.reshape(T * KVH, D).contiguous(), self._ones(D, v), self.eps).view(T, KVH, D)
             k = ops.rope(k, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
-            ops.write_kv(gemma4.pad_heads(k, DS).to(kv.k[li].dtype), gemma4.pad_heads(v, DS).to(kv.v[li].dtype),
-                         kv.k[li], kv.v[li], swa_slot_t if own else slot_t)
+            ops.write_kv(gemma4.pad_heads(k, DS), gemma4.pad_heads(v, DS), kv.k[li], kv.v[li],
+                         swa_slot_t if own else slot_t)
         attn = ops.paged_attention(gemma4.pad_heads(q, DS).contiguous(), kv.k[src], kv.v[src],
                                    swa_tables if own else tables, cu, kv_lens_t, 1.0, 0.0,
                                    max_q_len=max_q_len, window=L.window)
