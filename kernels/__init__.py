@@ -57,7 +57,7 @@ OPS = (
     "prepare_weight", "prepare_weights", "packs_quantized", "dequantize", "qmatmul", "embedding", "rms_norm",
     "add_rms_norm", "rope", "silu_mul", "gelu_mul", "write_kv", "paged_attention", "topk", "prepare_topk_head",
     "topk_logits", "moe_route", "prepare_experts", "moe_ffn", "fused_decoder", "layer_norm", "dense_attention",
-    "ssm_conv", "gated_delta_net", "gdn_gates", "sigmoid",
+    "ssm_conv", "gated_delta_net", "gdn_gates", "sigmoid", "router_matmul",
 )
 __all__ = ["Backend", "DecoderLayer", "DecoderShape", "Experts", "QWeight", "NAMES", "Numerics", "OPS", "PackMatrix",
            "prepack_quantized", "decode_image", *OPS]
@@ -197,12 +197,14 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping, k_type=None, v_type=None) -> 
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,
-                    max_q_len: int | None = None, window: int = 0, k_type=None, v_type=None) -> torch.Tensor:
+                    max_q_len: int | None = None, window: int = 0, k_type=None, v_type=None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q[T, H, D] over the paged k/v_cache[NB, BS, KVH, D] -> [T, H, D] (docs/DESIGN.md); window > 0:
     a query at position p sees only keys at positions > p - window (sliding-window layers);
-    k_type / v_type: quantized caches' GGML types, as in `write_kv`."""
+    k_type / v_type: quantized caches' GGML types, as in `write_kv`; sinks [H] float32: per head one
+    more softmax logit with a zero value (gpt-oss's attention sinks)."""
     return _on(q.device).paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale,
-                                         softcap, max_q_len, window, k_type, v_type)
+                                         softcap, max_q_len, window, k_type, v_type, sinks)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -235,10 +237,18 @@ def topk_logits(x: torch.Tensor, w: QWeight, head, topk: list[int], banned: list
     return _on(x.device).topk_logits(x, w, head, topk, banned)
 
 
-def moe_route(logits: torch.Tensor, k: int, norm: bool = True, scale: float = 0.0):
+def moe_route(logits: torch.Tensor, k: int, norm: bool = True, scale: float = 0.0, softmax_after: bool = False):
     """Router logits [T, E] -> (weights [T, k] float32, expert ids [T, k] int64): softmax over the
-    experts, the k largest, divided by their sum when `norm`, times `scale` unless 0 or 1."""
-    return _on(logits.device).moe_route(logits, k, norm, scale)
+    experts, the k largest, divided by their sum when `norm`, times `scale` unless 0 or 1;
+    `softmax_after` (gpt-oss): the k largest logits, then the softmax over those k."""
+    return _on(logits.device).moe_route(logits, k, norm, scale, softmax_after)
+
+
+def router_matmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """Router logits [T, rows] float32 = x [T, cols] @ W^T of a mixture-of-experts router kept in
+    its GGUF layout (not prepared): the CPU computes an F32 router in llama.cpp's F32 order (one
+    row: ggml_vec_dot_f32, more: tinyBLAS; AVX2 builds), the others `qmatmul`."""
+    return _on(x.device).router_matmul(x, w)
 
 
 def prepare_experts(gate: QWeight, up: QWeight, down: QWeight, n_expert: int, unpack_quantized: bool = False,

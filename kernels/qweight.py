@@ -130,7 +130,10 @@ class Experts:
     rows stacked (the GGUF 3-D tensors `ffn_*_exps`, expert e's rows at e * n_ff / e * n_embd), in
     the GGUF layout (reference, Triton). `split` (the CPU backend): per expert, its gate and up as
     `prepare_weights` returned them (read together) and its down as `prepare_weight` did; then
-    the stacked fields are None."""
+    the stacked fields are None. `bias` (gpt-oss): per expert the biases of its gate, up and down
+    outputs ([n_expert, n_ff], [n_expert, n_ff], [n_expert, n_embd] float32, llama.cpp's add_id);
+    `act`: the gated activation, "silu" (SwiGLU) or "swiglu_oai" (gpt-oss's clamped SwiGLU, alpha
+    1.702, limit 7)."""
     n_expert: int
     n_ff: int  # rows of each expert's gate / up, cols of its down
     n_embd: int
@@ -138,6 +141,8 @@ class Experts:
     up: QWeight | None
     down: QWeight | None
     split: list[tuple[list[QWeight], QWeight]] | None = None
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    act: str = "silu"
 
     @staticmethod
     def rows_of(w: QWeight, e: int, n: int) -> QWeight:

@@ -226,6 +226,8 @@ def write_kv(
     cache's GGML type (kernels/kv_quant_ref.py; None: a float cache).
     """
     if k_type is not None or v_type is not None:
+        if sinks is not None:
+            raise NotImplementedError("attention sinks (gpt-oss) with a quantized KV cache")
         from . import kv_quant_ref
         return kv_quant_ref.write_kv(k, v, k_cache, v_cache, slot_mapping, k_type, v_type)
     NB, BS, KVH, D = k_cache.shape
@@ -243,9 +245,10 @@ def _gather_kv(cache: torch.Tensor, blocks: torch.Tensor, L: int) -> torch.Tenso
     return cache[blocks].reshape(-1, KVH, D)[:L].float()
 
 
-def _attend_manual(q, k, v, scale, softcap, q_pos0, window=0):
+def _attend_manual(q, k, v, scale, softcap, q_pos0, window=0, sinks=None):
     """q[ql, H, D], k/v[L, KVH, D] float32 -> [ql, H, D] float32; causal with query offset q_pos0
-    (keys at positions 0..L-1); window > 0: a query at p sees keys at positions > p - window."""
+    (keys at positions 0..L-1); window > 0: a query at p sees keys at positions > p - window;
+    sinks [H]: one more logit per head in each softmax, with no value (gpt-oss)."""
     ql, H, D = q.shape
     L, KVH, _ = k.shape
     G = H // KVH
@@ -265,6 +268,10 @@ def _attend_manual(q, k, v, scale, softcap, q_pos0, window=0):
         if window > 0:
             hidden |= kpos[None, :] <= qpos[:, None] - window
         s = s.masked_fill(hidden, float("-inf"))
+        if sinks is not None:
+            sk = sinks.float().reshape(KVH, G, 1, 1).expand(KVH, G, c1 - c0, 1)
+            out[:, :, c0:c1] = torch.softmax(torch.cat([s, sk], dim=-1), dim=-1)[..., :L] @ vh
+            continue
         out[:, :, c0:c1] = torch.softmax(s, dim=-1) @ vh
     return out.permute(2, 0, 1, 3).reshape(ql, H, D)
 
@@ -301,6 +308,7 @@ def paged_attention(
     window: int = 0,
     k_type=None,
     v_type=None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q[T, H, D] over paged k/v_cache[NB, BS, KVH, D] -> [T, H, D] (see docs/DESIGN.md).
     `max_q_len` (the longest query run, when the caller knows it) lets device kernels skip a host
@@ -310,9 +318,13 @@ def paged_attention(
     attends causally to keys 0..pos. Softmax in float32; optional tanh soft-capping of the scores.
     window > 0 (sliding-window layers, llama.cpp's LLAMA_SWA_TYPE_STANDARD): a query at position p
     sees only keys at positions p - window + 1 .. p. k_type / v_type: a quantized cache's GGML
-    type (kernels/kv_quant_ref.py: the caches dequantized first; None: a float cache).
+    type (kernels/kv_quant_ref.py: the caches dequantized first; None: a float cache). sinks [H]
+    float32 (gpt-oss's attention sinks, ggml_soft_max_ext / flash_attn_ext with sinks): per head one
+    more logit in every softmax whose value is zero, i.e. out = softmax-weighted V x S / (S + exp(sink - M)).
     """
     if k_type is not None or v_type is not None:
+        if sinks is not None:
+            raise NotImplementedError("attention sinks (gpt-oss) with a quantized KV cache")
         from . import kv_quant_ref
         return kv_quant_ref.paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap,
                                             max_q_len, window, k_type, v_type)
@@ -334,14 +346,14 @@ def paged_attention(
             blocks = block_tables[s, k0 // BS: (L + BS - 1) // BS].long()
             k = _gather_kv(k_cache, blocks, L - k0)
             v = _gather_kv(v_cache, blocks, L - k0)
-            o = _attend_manual(qs, k, v, scale, softcap, L - k0 - (q1 - q0), window)
+            o = _attend_manual(qs, k, v, scale, softcap, L - k0 - (q1 - q0), window, sinks)
             out[q0:q1] = o.to(q.dtype)
             continue
         blocks = block_tables[s, : (L + BS - 1) // BS].long()
         k = _gather_kv(k_cache, blocks, L)
         v = _gather_kv(v_cache, blocks, L)
-        if softcap > 0.0:
-            o = _attend_manual(qs, k, v, scale, softcap, L - (q1 - q0))
+        if softcap > 0.0 or sinks is not None:
+            o = _attend_manual(qs, k, v, scale, softcap, L - (q1 - q0), 0, sinks)
         else:
             o = _attend_sdpa(qs, k, v, scale, L - (q1 - q0))
         out[q0:q1] = o.to(q.dtype)
@@ -395,13 +407,25 @@ def topk_logits(x: torch.Tensor, w: QWeight, head, topk: list[int], banned: list
 # mixture of experts
 
 
-def moe_route(logits: torch.Tensor, k: int, norm: bool = True, scale: float = 0.0):
+def router_matmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """`kernels.router_matmul`: qmatmul in float32."""
+    return qmatmul(x.float(), w).float()
+
+
+def moe_route(logits: torch.Tensor, k: int, norm: bool = True, scale: float = 0.0, softmax_after: bool = False,
+              softmax=None):
     """Router logits [T, E] -> (weights [T, k] float32, expert ids [T, k] int64), llama.cpp's
     build_moe_ffn with softmax gating: softmax over all experts in float32, the k largest
     probabilities (descending), divided by their sum (clamped below at 6.103515625e-5) when `norm`,
-    times `scale` unless it is 0 or 1. Plain torch on any device (no host sync)."""
-    probs = torch.softmax(logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, k, dim=-1)
+    times `scale` unless it is 0 or 1. `softmax_after` (gpt-oss, LLAMA_EXPERT_GATING_FUNC_TYPE_
+    SOFTMAX_WEIGHT): the k largest logits, then the softmax over those k only (`softmax`: the
+    backend's, default torch's). Plain torch on any device (no host sync)."""
+    if softmax_after:
+        top, ids = torch.topk(logits.float(), k, dim=-1)
+        weights = (softmax or (lambda t: torch.softmax(t, dim=-1)))(top)
+    else:
+        probs = torch.softmax(logits.float(), dim=-1)
+        weights, ids = torch.topk(probs, k, dim=-1)
     if norm:
         weights = weights / weights.sum(-1, keepdim=True).clamp_min(6.103515625e-5)
     if scale not in (0.0, 1.0):
@@ -430,10 +454,66 @@ def moe_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, exper
     return out.to(x.dtype)
 
 
+SWIGLU_OAI_ALPHA = 1.702  # llama.cpp's build_moe_ffn, LLM_FFN_SWIGLU_OAI_MOE
+SWIGLU_OAI_LIMIT = 7.0
+
+
+def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float = SWIGLU_OAI_ALPHA,
+               limit: float = SWIGLU_OAI_LIMIT) -> torch.Tensor:
+    """ggml_swiglu_oai [.., F] float32: x = min(gate, limit), y = clamp(up, -limit, limit),
+    x / (1 + exp(-alpha x)) * (y + 1) (gpt-oss's experts)."""
+    x = gate.float().clamp(max=limit)
+    y = up.float().clamp(-limit, limit)
+    return x / (1.0 + torch.exp(alpha * -x)) * (y + 1.0)
+
+
+def moe_slots(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, expert_fn) -> torch.Tensor:
+    """As `moe_grouped` (each used expert called once for all its tokens), but summed as llama.cpp's
+    build_moe_ffn does: each (token, slot)'s expert output times its weight, then the slots added
+    in slot order (((y_0 + y_1) + y_2) + ...). -> [T, C] in x.dtype."""
+    T, C = x.shape
+    k = ids.shape[1]
+    ys = torch.zeros(T, k, C, dtype=torch.float32, device=x.device)
+    for e in torch.unique(ids).tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        ys[tok, slot] = expert_fn(e, x[tok]).float() * weights[tok, slot].float()[:, None]
+    out = ys[:, 0]
+    for j in range(1, k):
+        out = out + ys[:, j]
+    return out.to(x.dtype)
+
+
+def moe_biased(x: torch.Tensor, experts: Experts, weights: torch.Tensor, ids: torch.Tensor, matmul,
+               act) -> torch.Tensor:
+    """gpt-oss's experts (`experts.bias`, `experts.act`) with a backend's `matmul(x, w)` and gated
+    activation `act(gate, up)`: per expert gate = W_g x + b_g, up = W_u x + b_u, out = W_d act(gate,
+    up) + b_d (llama.cpp's mul_mat_id then add_id), mixed by `moe_slots`."""
+    F, C = experts.n_ff, experts.n_embd
+    gb, ub, db = experts.bias
+
+    def expert(e: int, xe: torch.Tensor) -> torch.Tensor:
+        xf = xe.float()
+        if experts.split is not None:
+            gu_w, down = experts.split[e]
+            gu = torch.cat([matmul(xf, w) for w in gu_w], dim=1) if len(gu_w) > 1 else matmul(xf, gu_w[0])
+            g, u = gu[:, :F], gu[:, F:]
+        else:
+            down = Experts.rows_of(experts.down, e, C)
+            g = matmul(xf, Experts.rows_of(experts.gate, e, F))
+            u = matmul(xf, Experts.rows_of(experts.up, e, F))
+        a = act(g.float() + gb[e], u.float() + ub[e])
+        return matmul(a, down).float() + db[e]
+
+    return moe_slots(x, weights, ids, expert)
+
+
 def moe_ffn(x: torch.Tensor, experts: Experts, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The experts' SwiGLU FFNs of x [T, C] mixed by the router: sum over j of weights[t, j] *
-    down_e(silu(gate_e x_t) * up_e x_t) with e = ids[t, j] ([T, k] each) -> [T, C] in x.dtype."""
+    down_e(silu(gate_e x_t) * up_e x_t) with e = ids[t, j] ([T, k] each) -> [T, C] in x.dtype
+    (with `experts.bias`: gpt-oss's biased experts and activation, `moe_biased`)."""
     F, C = experts.n_ff, experts.n_embd
+    if experts.bias is not None:
+        return moe_biased(x, experts, weights, ids, qmatmul, swiglu_oai if experts.act == "swiglu_oai" else silu_mul)
 
     def expert(e: int, xe: torch.Tensor) -> torch.Tensor:
         xf = xe.float()

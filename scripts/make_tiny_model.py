@@ -18,6 +18,10 @@ a global one, q/k norms and post-norms, tied output; the built-in vocabulary unl
 The tests' tiny gemma4 (runtime.model.tiny_model.GEMMA4_SPEC, E2B-like: per-layer inputs, the last 3
 layers sharing KV, sliding heads of 32 and full heads of 64 with proportional RoPE, logit soft-cap):
     python scripts/make_tiny_model.py --arch gemma4 --out tiny-gemma4.gguf [--type q8_0]
+The tests' tiny gpt-oss (runtime.model.tiny_model.GPTOSS_SPEC: 4 layers alternating a sliding window of 8
+and global attention, attention sinks and biases, 8 biased experts with 4 used; experts in MXFP4 with
+--type mxfp4, everything F32 with --type f32):
+    python scripts/make_tiny_model.py --arch gpt-oss --type mxfp4 --out tiny-gpt-oss.gguf
 The tests' tiny reranker (runtime.model.tiny_model.RERANK_SPEC: qwen3 with a Qwen3-Reranker's
 cls.output yes/no head, RANK pooling and rerank template; the built-in vocabulary unless --vocab):
     python scripts/make_tiny_model.py --arch qwen3 --rerank --out tiny-reranker.gguf
@@ -33,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.model.tiny_model import (  # noqa: E402
-    ARCHS, BUILTIN_SPEC, GEMMA3_SPEC, GEMMA4_SPEC, MOE_SPEC, PHI3_SPEC, RERANK_SPEC, WEIGHT_TYPES, TinyModelSpec, write_tiny_model)
+    ARCHS, BUILTIN_SPEC, GEMMA3_SPEC, GEMMA4_SPEC, GPTOSS_SPEC, MOE_SPEC, PHI3_SPEC, RERANK_SPEC, WEIGHT_TYPES, TinyModelSpec, write_tiny_model)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     own = RERANK_SPEC if a.rerank else \
-        {"qwen3moe": MOE_SPEC, "phi3": PHI3_SPEC, "gemma3": GEMMA3_SPEC, "gemma4": GEMMA4_SPEC}.get(a.arch)  # arch with its own tiny shape
+        {"qwen3moe": MOE_SPEC, "phi3": PHI3_SPEC, "gemma3": GEMMA3_SPEC, "gemma4": GEMMA4_SPEC, "gpt-oss": GPTOSS_SPEC}.get(a.arch)  # arch with its own tiny shape
     base = own or (BUILTIN_SPEC if a.builtin else TinyModelSpec())
     builtin = a.builtin or (own is not None and not a.vocab)
     overrides = dict(n_expert=a.experts, n_expert_used=a.experts_used, n_ff_exp=a.ff_exp, arch=a.arch, n_layer=a.layers, n_embd=a.embd, n_head=a.heads,

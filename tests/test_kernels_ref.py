@@ -168,7 +168,8 @@ def test_dispatch_by_device():
 
     cpu_b = kernels.Backend.for_device("cpu")
     assert cpu_b.name == "cpu" and cpu_b.qmatmul is cpu.qmatmul and cpu_b.silu_mul is cpu.silu_mul
-    assert cpu_b.moe_route is ref.moe_route  # ops the CPU backend takes from the reference as they are
+    assert cpu_b.dense_attention is ref.dense_attention  # ops the CPU backend takes from the reference as they are
+    assert cpu_b.moe_route is cpu.moe_route  # its own: gpt-oss's softmax after the top k in llama.cpp's order
     assert cpu_b.gelu_mul is cpu.gelu_mul
     # the ops whose arithmetic depends on the numerics carry the backend's, fixed when it was built
     assert cpu_b.numerics is kernels.Numerics.GGML

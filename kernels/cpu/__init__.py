@@ -32,14 +32,15 @@ NUMERICS_OPS = ("prepare_weight", "prepare_weights", "prepare_experts", "paged_a
 # op -> the module defining it; imported when first asked for (PEP 562), so that `prepack.py`,
 # `qdot_lib.py` and `native.py` load without torch
 _OPS = {
-    **dict.fromkeys(("dense_attention", "layer_norm", "moe_route"), "..ref"),
+    **dict.fromkeys(("dense_attention", "layer_norm"), "..ref"),
     **dict.fromkeys(("ssm_conv", "gated_delta_net", "gdn_gates", "sigmoid"), ".linear_attn"),
     **dict.fromkeys(("add_rms_norm", "gelu_mul", "rms_norm", "rope", "silu_mul", "write_kv"), ".pointwise"),
     "paged_attention": ".attention",
+    "router_matmul": ".mxfp4",
     "fused_decoder": ".decoder",
     **dict.fromkeys(("dequantize", "embedding", "packs_quantized", "prepare_weight", "prepare_weights", "qmatmul"),
                     ".matmul"),
-    **dict.fromkeys(("moe_ffn", "prepare_experts"), ".moe"),
+    **dict.fromkeys(("moe_ffn", "moe_route", "prepare_experts"), ".moe"),
     **dict.fromkeys(("prepare_topk_head", "topk", "topk_logits"), ".topk"),
 }
 

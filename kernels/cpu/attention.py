@@ -41,12 +41,14 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  kv_lens: list[int] | torch.Tensor, scale: float, softcap: float = 0.0,
                  n_threads: int | None = None, window: int = 0, team: bool = False,
-                 flash: bool | None = None, numerics: Numerics = Numerics.GGML) -> torch.Tensor:
+                 flash: bool | None = None, numerics: Numerics = Numerics.GGML,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q: [S, H, D]; caches [NB, BS, KVH, D]; block_tables [S, MAXB] int32; kv_lens: [S] (list or
     tensor) -> [S, H, D] float32. `n_threads`: threads (default torch's count); window > 0: only
     the last `window` keys of each sequence. `team`: on the OpenMP team instead of pool.c's
     helpers (same bits), for callers between OpenMP regions whose threads still spin. `flash`:
-    fattn.c or attention.c (default: `flash_rows(S, numerics)`)."""
+    fattn.c or attention.c (default: `flash_rows(S, numerics)`). `sinks` [H] float32 (fattn.c only):
+    gpt-oss's attention sinks, as ggml's flash attention applies them."""
     lib = native.lib()
     S, H, D = q.shape
     NB, BS, KVH, _ = k_cache.shape
@@ -55,6 +57,13 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         else block_tables.to(torch.int32).contiguous()
     lens = torch.as_tensor(kv_lens, dtype=torch.int32).contiguous()
     out = torch.empty((S, H, D), dtype=torch.float32)
+    if sinks is not None:
+        sk = sinks.float().contiguous()
+        lib.fattn_rows_sinks(qf.data_ptr(), k_cache.data_ptr(), v_cache.contiguous().data_ptr(), bt.data_ptr(),
+                             bt.shape[1], lens.data_ptr(), out.data_ptr(), S, H, KVH, D, BS, float(scale),
+                             float(softcap), int(k_cache.dtype == torch.float16), n_threads or torch.get_num_threads(),
+                             int(window), int(team), sk.data_ptr())
+        return out
     if flash_rows(S, numerics) if flash is None else flash:
         lib.fattn_rows(qf.data_ptr(), k_cache.data_ptr(), v_cache.contiguous().data_ptr(), bt.data_ptr(),
                        bt.shape[1], lens.data_ptr(), out.data_ptr(), S, H, KVH, D, BS, float(scale), float(softcap),
@@ -103,7 +112,7 @@ def _decode_batched(q, k_cache, v_cache, block_tables, lens, scale, softcap, win
 
 def paged_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                cu: list[int], lens: list[int], scale: float, softcap: float = 0.0, window: int = 0,
-               numerics: Numerics = Numerics.GGML) -> torch.Tensor:
+               numerics: Numerics = Numerics.GGML, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Every query row as a decode item of `paged_decode`: row j of sequence s (rows cu[s]:cu[s+1])
     sits at position lens[s] - q_len + j and reads keys 0 .. that position through table s.
     q: [T, H, D] -> [T, H, D] float32 (rows past cu[-1]: zeros)."""
@@ -128,7 +137,7 @@ def paged_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
         # on the OpenMP team: the prompt's matmuls (qdot, BLAS) leave its threads spinning, and a
         # woken pool helper would share a core with one of them (2 cores: 13.4 -> 7 ms a call)
         out[r0:r1] = paged_decode(qf[r0:r1], k_cache, v_cache, bt[i:i + rows], row_lens[i:i + rows], scale,
-                                  softcap, window=window, team=True, flash=flash)
+                                  softcap, window=window, team=True, flash=flash, sinks=sinks)
     return out
 
 
@@ -156,11 +165,16 @@ def _tiled(qf, k_cache, v_cache, block_tables, cu, lens, scale, window, out) -> 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,
                     max_q_len: int | None = None, window: int = 0, k_type=None, v_type=None,
-                    numerics: Numerics = Numerics.GGML) -> torch.Tensor:
+                    sinks: torch.Tensor | None = None, numerics: Numerics = Numerics.GGML) -> torch.Tensor:
     """The contract of `kernels.ref.paged_attention`; the lengths are read on the host; `numerics`:
     the backend's (kernels.Backend binds it). A quantized cache (k_type / v_type): kv_quant.py
-    (llama.cpp's order in either numerics: its only CPU path for such caches)."""
+    (llama.cpp's order in either numerics: its only CPU path for such caches; no sinks there). With
+    `sinks` (gpt-oss): batches under 64 query rows through fattn.c (llama.cpp's row-by-row flash
+    attention with its sinks, bit for bit), larger ones through the reference (float32; llama.cpp's
+    tiled order with sinks is not reproduced)."""
     if k_type is not None or v_type is not None:
+        if sinks is not None:
+            raise NotImplementedError("attention sinks (gpt-oss) with a quantized KV cache")
         from .kv_quant import paged_attention as attend_quant
         return attend_quant(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap, max_q_len,
                             window, k_type, v_type)
@@ -168,6 +182,18 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, sc
     lens = kv_lens.tolist()
     S = len(lens)
     decode_only = S > 0 and all(cu[s + 1] - cu[s] == 1 for s in range(S)) and cu[0] == 0 and min(lens) > 0
+    if sinks is not None:
+        if (S > 0 and supported(q, k_cache) and flash_rows(cu[S] - cu[0], numerics)
+                and all(0 <= cu[s + 1] - cu[s] <= lens[s] for s in range(S))):
+            if decode_only:
+                out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+                out[:S] = paged_decode(q[:S], k_cache, v_cache, block_tables, kv_lens, scale, softcap, window=window,
+                                       numerics=numerics, sinks=sinks).to(q.dtype)
+                return out
+            return paged_rows(q, k_cache, v_cache, block_tables, cu, lens, scale, softcap, window, numerics,
+                              sinks).to(q.dtype)
+        return ref.paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap,
+                                   max_q_len, window, sinks=sinks)
     if not decode_only and S > 0 and supported(q, k_cache) and all(
             0 <= cu[s + 1] - cu[s] <= lens[s] for s in range(S)):  # prompt rows: each as its position's decode
         return paged_rows(q, k_cache, v_cache, block_tables, cu, lens, scale, softcap, window, numerics).to(q.dtype)

@@ -18,6 +18,8 @@
          else:     vs = expf(s - M)
          acc = f16(fma(V[t], vs, acc))                               (ggml_vec_mad_f16)
          S = fma(S, ms, vs)                                          (contracted, as b1's build)
+     [sinks (gpt-oss), per head sk: if sk > M: ms = expf(M - sk), acc32 = f32(acc) * ms, else
+      vs = expf(sk - M); S = fma(S, ms, vs)  (ggml applies them after the last key, in float32)]
      out = f32(acc) * (1 / S)
 
    A float32 cache takes ggml's float32 branch (no float16 rounding, ggml_vec_dot_f32's order).
@@ -31,6 +33,7 @@
 struct fa_args {
     const float *q; const char *kc, *vc; const int *bt, *lens; float *out;
     int maxb, H, KVH, D, BS, bs_shift, f16; float scale, softcap; int window;
+    const float *sinks;  /* [H] or NULL: gpt-oss's attention sinks */
 };
 
 /* One (sequence, query head): item = s * H + h. */
@@ -70,20 +73,40 @@ static void fa_item(void *args, int item) {
         mad_acc(acc, A->vc + off, D, vs, f16);
         S = __builtin_fmaf(S, ms, vs);
     }
+    for (int i = 0; i < D; ++i) out[i] = f16 ? (float)((_Float16 *)acc)[i] : acc[i];  /* VKQ32 */
+    if (A->sinks) {  /* ggml's sinks after the last key: VKQ32 *= ms (float32), S = S ms + vs */
+        const float sk = A->sinks[h];
+        float ms = 1.0f, vs = 1.0f;
+        if (sk > M) {
+            ms = expf(M - sk);
+            for (int i = 0; i < D; ++i) out[i] *= ms;
+        } else {
+            vs = expf(sk - M);
+        }
+        S = __builtin_fmaf(S, ms, vs);
+    }
     const float inv = S == 0.0f ? 0.0f : 1.0f / S;
-    for (int i = 0; i < D; ++i) out[i] = (f16 ? (float)((_Float16 *)acc)[i] : acc[i]) * inv;
+    for (int i = 0; i < D; ++i) out[i] *= inv;
 }
 
 /* q: [S, H, D] f32; k/v cache: [NB, BS, KVH, D] float16 (kv_f16 = 1) or float32, BS a power of 2;
    bt: [S, maxb] int32; lens: [S] (row s attends to positions < lens[s]); out: [S, H, D] f32.
    omp = 1: on the OpenMP team (callers between qdot's OpenMP regions), else pool.c's threads. */
+void fattn_rows_sinks(const float *q, const void *kc, const void *vc, const int *bt, int maxb, const int *lens,
+                      float *out, int S, int H, int KVH, int D, int BS, float scale, float softcap, int kv_f16,
+                      int nthreads, int window, int omp, const float *sinks) {
+    const int bs_shift = pool_block_shift(BS);
+    if (bs_shift < 0 || H % KVH) return;  /* attention.py passes power-of-2 blocks only */
+    struct fa_args a = {q, kc, vc, bt, lens, out, maxb, H, KVH, D, BS, bs_shift, kv_f16, scale, softcap, window,
+                        sinks};
+    pool_run_on(fa_item, &a, S * H, nthreads, omp);
+}
+
 void fattn_rows(const float *q, const void *kc, const void *vc, const int *bt, int maxb, const int *lens,
                 float *out, int S, int H, int KVH, int D, int BS, float scale, float softcap, int kv_f16,
                 int nthreads, int window, int omp) {
-    const int bs_shift = pool_block_shift(BS);
-    if (bs_shift < 0 || H % KVH) return;  /* attention.py passes power-of-2 blocks only */
-    struct fa_args a = {q, kc, vc, bt, lens, out, maxb, H, KVH, D, BS, bs_shift, kv_f16, scale, softcap, window};
-    pool_run_on(fa_item, &a, S * H, nthreads, omp);
+    fattn_rows_sinks(q, kc, vc, bt, maxb, lens, out, S, H, KVH, D, BS, scale, softcap, kv_f16, nthreads, window, omp,
+                     0);
 }
 
 /* ---- batches of 64 rows or more: ggml_compute_forward_flash_attn_ext_tiled ---------------------

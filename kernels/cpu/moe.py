@@ -11,6 +11,7 @@ import torch
 from .. import ref
 from ..numerics import Numerics
 from ..qweight import Experts, QWeight
+from . import mxfp4
 from .matmul import prepare_weight, prepare_weights, qmatmul
 
 
@@ -29,10 +30,20 @@ def prepare_experts(gate: QWeight, up: QWeight, down: QWeight, n_expert: int, un
     return Experts(n_expert, n_ff, n_embd, None, None, None, split)
 
 
+def moe_route(logits: torch.Tensor, k: int, norm: bool = True, scale: float = 0.0, softmax_after: bool = False):
+    """`kernels.ref.moe_route`; after the top k, the softmax over k < 8 values as llama.cpp's CPU
+    ggml_soft_max (glibc expf, a double sum) (mxfp4.c)."""
+    return ref.moe_route(logits, k, norm, scale, softmax_after, mxfp4.softmax_rows if softmax_after else None)
+
+
 def moe_ffn(x: torch.Tensor, experts: Experts, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """`kernels.ref.moe_ffn`'s contract, one matmul per used expert over its tokens."""
+    """`kernels.ref.moe_ffn`'s contract, one matmul per used expert over its tokens (gpt-oss's biased
+    experts: `ref.moe_biased` with these matmuls, MXFP4 through mxfp4.c, and its C swiglu_oai)."""
     if experts.split is None:
         return ref.moe_ffn(x, experts, weights, ids)
+    if experts.bias is not None:
+        return ref.moe_biased(x, experts, weights, ids, qmatmul,
+                              mxfp4.swiglu_oai if experts.act == "swiglu_oai" else ref.silu_mul)
     F = experts.n_ff
 
     def expert(e: int, xe: torch.Tensor) -> torch.Tensor:

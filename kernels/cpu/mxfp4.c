@@ -79,3 +79,41 @@ void softmax_small_f32(float *x, int rows, int k) {
         for (int i = 0; i < k; ++i) p[i] *= inv;
     }
 }
+
+/* A float32 matmul y[m, r] = W[r, :] . x[m, :] in llama.cpp's AVX2 order for F32 weights (gpt-oss's
+   router): one row of x (n == 1, mul_mat's ggml_vec_dot_f32: 4 accumulators of 8 lanes over steps
+   of 32, fma; GGML_F32x8_REDUCE: x0 + x2, x1 + x3, then their sum, then (lo + hi) and two hadds;
+   the K % 32 tail fma'd after), or several (llamafile's tinyBLAS<8>: one 8-lane fma accumulator
+   over K, then its hsum ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))). K % 8 == 0 for more
+   than one row (tinyBLAS refuses other K; the caller checks). */
+void f32_matmul_ggml_avx2(const float *w, long ldw, int rows, int K, const float *x, long ldx, int M, float *out,
+                          long ldo, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && (long)rows * K * M > (1L << 16))
+    for (int r = 0; r < rows; ++r) {
+        const float *wr = w + (size_t)r * ldw;
+        for (int m = 0; m < M; ++m) {
+            const float *xm = x + (size_t)m * ldx;
+            float res;
+            if (M == 1) {
+                float acc[4][8];
+                memset(acc, 0, sizeof acc);
+                const int np = K & ~31;
+                for (int i = 0; i < np; i += 32)
+                    for (int j = 0; j < 4; ++j)
+                        for (int l = 0; l < 8; ++l) acc[j][l] = fmaf(wr[i + 8 * j + l], xm[i + 8 * j + l], acc[j][l]);
+                float v[8];
+                for (int l = 0; l < 8; ++l) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+                const float t0 = v[0] + v[4], t1 = v[1] + v[5], t2 = v[2] + v[6], t3 = v[3] + v[7];
+                res = (t0 + t1) + (t2 + t3);
+                for (int i = np; i < K; ++i) res = fmaf(wr[i], xm[i], res);
+            } else {
+                float acc[8] = {0};
+                for (int i = 0; i < K; i += 8)
+                    for (int l = 0; l < 8; ++l) acc[l] = fmaf(wr[i + l], xm[i + l], acc[l]);
+                const float t0 = acc[4] + acc[0], t1 = acc[5] + acc[1], t2 = acc[6] + acc[2], t3 = acc[7] + acc[3];
+                res = (t0 + t2) + (t1 + t3);
+            }
+            out[(size_t)m * ldo + r] = res;
+        }
+    }
+}

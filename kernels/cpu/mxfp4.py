@@ -14,8 +14,7 @@ from ..qweight import QWeight
 from . import native, qdot
 
 MXFP4 = GGMLQuantizationType.MXFP4
-SWIGLU_OAI_ALPHA = 1.702  # llama.cpp's build_moe_ffn, LLM_FFN_SWIGLU_OAI_MOE
-SWIGLU_OAI_LIMIT = 7.0
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = ref.SWIGLU_OAI_ALPHA, ref.SWIGLU_OAI_LIMIT
 
 
 def supported(w: QWeight) -> bool:
@@ -36,26 +35,37 @@ def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     return out.to(x.dtype)
 
 
+def router_matmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """logits [T, rows] float32 = x [T, cols] @ W^T for a mixture-of-experts router: an F32 "rows"
+    weight in llama.cpp's F32 order where this CPU's llama.cpp build takes the AVX2 one (one row:
+    ggml_vec_dot_f32, more: llamafile's tinyBLAS, mxfp4.c); anything else through `qmatmul`."""
+    from .matmul import qmatmul
+
+    lib = native.lib()
+    T = x.shape[0]
+    if (lib is None or w.qtype != GGMLQuantizationType.F32 or w.layout != "rows" or w.data.device.type != "cpu"
+            or native.ggml_vector_order() != "avx2" or (T > 1 and w.cols % 8) or w.data.stride(1) != 1):
+        return qmatmul(x.float(), w).float()
+    xf = x.float().contiguous()
+    out = torch.empty((T, w.rows), dtype=torch.float32)
+    if T:
+        lib.f32_matmul_ggml_avx2(w.data.data_ptr(), w.data.stride(0), w.rows, w.cols, xf.data_ptr(), xf.stride(0), T,
+                                 out.data_ptr(), w.rows, torch.get_num_threads())
+    return out
+
+
 def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float = SWIGLU_OAI_ALPHA,
                limit: float = SWIGLU_OAI_LIMIT) -> torch.Tensor:
     """ggml_swiglu_oai(gate, up) [.., F] float32: min(g, limit) * sigmoid(alpha * min(g, limit)) *
     (clamp(u, -limit, limit) + 1), with glibc's expf as llama.cpp's CPU op."""
     lib = native.lib()
     if lib is None or gate.device.type != "cpu":
-        return ref_swiglu_oai(gate, up, alpha, limit)
+        return ref.swiglu_oai(gate, up, alpha, limit)
     g = gate.float().contiguous()
     u = up.float().contiguous()
     out = torch.empty_like(g)
     lib.swiglu_oai_f32(g.data_ptr(), u.data_ptr(), out.data_ptr(), g.numel(), float(alpha), float(limit))
     return out
-
-
-def ref_swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float = SWIGLU_OAI_ALPHA,
-                   limit: float = SWIGLU_OAI_LIMIT) -> torch.Tensor:
-    """The same in torch (any device; torch's exp, not glibc's: within an ulp)."""
-    x = gate.float().clamp(max=limit)
-    y = up.float().clamp(-limit, limit)
-    return x / (1.0 + torch.exp(alpha * -x)) * (y + 1.0)
 
 
 def softmax_rows(x: torch.Tensor) -> torch.Tensor:

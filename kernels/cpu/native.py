@@ -155,6 +155,7 @@ KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "fattn.c",
     "paged_decode_team": ([_p, _p, _p, _p, _i, _p, _p, _p, _i, _i, _i, _i, _i, _i, _f, _f, _i, _i, _i], None),
     # fattn.c (kernels/cpu/attention.py)
     "fattn_rows": ([_p, _p, _p, _p, _i, _p, _p, _i, _i, _i, _i, _i, _f, _f, _i, _i, _i, _i], None),
+    "fattn_rows_sinks": ([_p, _p, _p, _p, _i, _p, _p, _i, _i, _i, _i, _i, _f, _f, _i, _i, _i, _i, _p], None),
     "fattn_tiled_seq": ([_p, _p, _p, _p, _i, _i, _p, _i, _i, _i, _i, _f, _i, _i, _i, _i, _i], _i),
     # pointwise.c (kernels/cpu/pointwise.py)
     "add_rms_norm_f32": ([_p, _p, _p, _p, _p, _i, _i, _f, _i], None),
@@ -179,6 +180,7 @@ KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "fattn.c",
     "kvq_dequantize": ([_p, _p, _l, _i, _i], _i),
     "kvq_vec_dot": ([_p, _p, _p, _l, _i, _i], _i),
     "kvq_write": ([_p, _p, _p, _i, _i, _i, _i], None),
+    "f32_matmul_ggml_avx2": ([_p, _l, _i, _i, _p, _l, _i, _p, _l, _i], None),
 })
 
 

@@ -127,7 +127,7 @@ def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float,
                     softcap: float = 0.0, max_q_len: int | None = None, window: int = 0, k_type=None,
-                    v_type=None) -> torch.Tensor:
+                    v_type=None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as `kernels.ref.paged_attention`: the decode kernel when every query run has
     length 1, the prefill kernel otherwise. Without `max_q_len`, one host sync reads the longest
     query run."""
@@ -141,11 +141,18 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, sc
     bt = block_tables.to(device=q.device, dtype=torch.int32)
     if max_q_len is None:
         max_q_len = int((cu[1:] - cu[:-1]).max().item())
+    if sinks is not None:
+        sinks = sinks.to(device=q.device, dtype=torch.float32).contiguous()
     if max_q_len == 1:
         return paged_decode(q, k_cache, v_cache, bt, cu, lens, scale, softcap, out=out, window=window,
-                            k_type=k_type, v_type=v_type)
+                            k_type=k_type, v_type=v_type, sinks=sinks)
     return paged_prefill(q, k_cache, v_cache, bt, cu, lens, scale, softcap, max_q_len=max_q_len, out=out,
-                         window=window, k_type=k_type, v_type=v_type)
+                         window=window, k_type=k_type, v_type=v_type, sinks=sinks)
+
+
+def router_matmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
+    """`kernels.router_matmul`: this backend's qmatmul in float32."""
+    return qmatmul(x.float(), w).float()
 
 
 def topk_logits(x: torch.Tensor, w: QWeight, head, topk: list[int], banned: list[tuple[int, ...]]) -> torch.Tensor:

@@ -119,7 +119,14 @@ def _blocks(M: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
 
 
 def moe_ffn(x: torch.Tensor, experts: Experts, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """`kernels.ref.moe_ffn`'s contract: x [T, C], weights / ids [T, k] -> [T, C] in x.dtype."""
+    """`kernels.ref.moe_ffn`'s contract: x [T, C], weights / ids [T, k] -> [T, C] in x.dtype. gpt-oss's
+    biased experts (`experts.bias`) go through `ref.moe_biased` with this backend's matmul kernels
+    (GGUF blocks dequantized in registers, MXFP4 included) and torch's swiglu_oai."""
+    if experts.bias is not None:
+        from . import qmatmul
+
+        return ref.moe_biased(x, experts, weights, ids, qmatmul,
+                              ref.swiglu_oai if experts.act == "swiglu_oai" else ref.silu_mul)
     T, C = x.shape
     k = ids.shape[1]
     F = experts.n_ff

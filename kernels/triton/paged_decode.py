@@ -24,14 +24,14 @@ reference = ref.paged_attention
 
 @triton.jit
 def _paged_decode_kernel(
-    q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, lens_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr,
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, lens_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr, sinks_ptr,
     scale, softcap, window, G, D, BS,
     stride_qt, stride_qh, stride_qd,
     stride_cb, stride_ct, stride_ch, stride_cd,
     stride_vb, stride_vt, stride_vh, stride_vd,
     stride_bts, stride_ot, stride_oh,
     NUM_SPLITS: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, K_TYPE: tl.constexpr, V_TYPE: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SINKS: tl.constexpr = False,
 ):
     s = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -74,6 +74,12 @@ def _paged_decode_kernel(
                                          scale, softcap, m_i, l_i, acc, SOFTCAP, K_TYPE, V_TYPE)
         omask = gmask[:, None] & dmask[None, :]
         if NUM_SPLITS == 1:
+            if SINKS:  # gpt-oss: one more logit per head, with no value (split-K: merge_splits adds it)
+                sk = tl.load(sinks_ptr + heads, mask=gmask, other=0.0).to(tl.float32)
+                m_new = tl.maximum(m_i, sk)
+                alpha = tl.exp(m_i - m_new)
+                l_i = l_i * alpha + tl.exp(sk - m_new)
+                acc = acc * alpha[:, None]
             o = acc / l_i[:, None]
             optr = out_ptr + qrow * stride_ot + heads[:, None] * stride_oh + d[None, :]
             tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=omask)
@@ -96,7 +102,8 @@ def num_splits_for(S: int, KVH: int, max_ctx: int, n_sm: int = 132) -> int:
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap=0.0,
-                 out=None, num_splits: int | None = None, window: int = 0, k_type=None, v_type=None):
+                 out=None, num_splits: int | None = None, window: int = 0, k_type=None, v_type=None,
+                 sinks=None):
     """Decode attention for sequences with q_len == 1 (others are left untouched in `out`);
     k_type / v_type: a quantized cache's GGML type (kernels/kv_quant_ref.py), None for a float one."""
     k_type, v_type = type_id(k_type), type_id(v_type)
@@ -130,12 +137,12 @@ def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale
         po = pm = pl = out
     bt = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
     _paged_decode_kernel[(S, KVH, num_splits)](
-        q, k_cache, v_cache, bt, cu_seqlens_q, kv_lens, out, po, pm, pl,
+        q, k_cache, v_cache, bt, cu_seqlens_q, kv_lens, out, po, pm, pl, out if sinks is None else sinks,
         float(scale), float(softcap), int(window), G, D, BS,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), bt.stride(0), out.stride(0), out.stride(1),
         NUM_SPLITS=num_splits, SOFTCAP=softcap > 0.0, WINDOW=window > 0, K_TYPE=k_type, V_TYPE=v_type,
-        BLOCK_G=BLOCK_G, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=warps,
+        BLOCK_G=BLOCK_G, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, SINKS=sinks is not None, num_warps=warps,
     )
     if num_splits > 1:
-        merge_splits(po, pm, pl, cu_seqlens_q, out)
+        merge_splits(po, pm, pl, cu_seqlens_q, out, sinks)
     return out

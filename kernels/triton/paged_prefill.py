@@ -18,13 +18,14 @@ reference = ref.paged_attention
 
 @triton.jit
 def _paged_prefill_kernel(
-    q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, lens_ptr, out_ptr,
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, lens_ptr, out_ptr, sinks_ptr,
     scale, softcap, window, G, D, BS,
     stride_qt, stride_qh, stride_qd,
     stride_cb, stride_ct, stride_ch, stride_cd,
     stride_vb, stride_vt, stride_vh, stride_vd,
     stride_bts, stride_ot, stride_oh,
     SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, K_TYPE: tl.constexpr, V_TYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    SINKS: tl.constexpr = False,
 ):
     mt = tl.program_id(0)
     s = tl.program_id(1)
@@ -66,13 +67,20 @@ def _paged_prefill_kernel(
                 valid = valid & (tok[None, :] > pos[:, None] - window)
             m_i, l_i, acc = attend_tile_kv(q, kc_ptr, vc_ptr, off, voff, d, stride_cd, stride_vd, kvmask, valid,
                                          scale, softcap, m_i, l_i, acc, SOFTCAP, K_TYPE, V_TYPE)
+        if SINKS:  # gpt-oss: one more logit per head, with no value
+            sk = tl.load(sinks_ptr + h).to(tl.float32)
+            m_new = tl.maximum(m_i, sk)
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.exp(sk - m_new)
+            acc = acc * alpha[:, None]
         o = acc / l_i[:, None]
         optr = out_ptr + qoff[:, None] * stride_ot + h * stride_oh + d[None, :]
         tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
 
 
 def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap=0.0,
-                  max_q_len: int | None = None, out=None, window: int = 0, k_type=None, v_type=None):
+                  max_q_len: int | None = None, out=None, window: int = 0, k_type=None, v_type=None,
+                  sinks=None):
     k_type, v_type = type_id(k_type), type_id(v_type)
     T, H, D = q.shape
     NB, BS, KVH, _ = k_cache.shape
@@ -92,10 +100,10 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scal
         warps = 8 if BLOCK_D > 128 else warps
     bt = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
     _paged_prefill_kernel[(triton.cdiv(max_q_len, BLOCK_M), S, H)](
-        q, k_cache, v_cache, bt, cu_seqlens_q, kv_lens, out,
+        q, k_cache, v_cache, bt, cu_seqlens_q, kv_lens, out, out if sinks is None else sinks,
         float(scale), float(softcap), int(window), H // KVH, D, BS,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), bt.stride(0), out.stride(0), out.stride(1),
         SOFTCAP=softcap > 0.0, WINDOW=window > 0, K_TYPE=k_type, V_TYPE=v_type, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-        num_warps=warps, num_stages=2,
+        SINKS=sinks is not None, num_warps=warps, num_stages=2,
     )
     return out

@@ -1,5 +1,5 @@
-"""Decoder forward for llama / mistral / qwen2 / qwen3 / qwen3moe / gemma / gemma2 / gemma3 / phi3 over the
-paged KV cache.
+"""Decoder forward for llama / mistral / qwen2 / qwen3 / qwen3moe / gemma / gemma2 / gemma3 / phi3 / qwen35 /
+smollm3 / mistral3 / gpt-oss over the paged KV cache.
 
 One `forward` call processes a batch of sequences of different lengths (prefill chunks and
 single decode tokens mixed): their new tokens are concatenated into one [T] row of tokens, every
@@ -7,7 +7,9 @@ matmul runs once over all T rows (weights read once per step), and attention goe
 `paged_attention` with per-sequence block tables. Every op comes from the model's kernel backend
 (`kernels.Backend`, chosen from the device). What differs between architectures (embedding scale,
 GeGLU, post-norms, soft-caps, sliding windows, per-layer RoPE bases) is plain data from
-`runtime.model.arch.spec_for(cfg)`; a mixture-of-experts FFN (qwen3moe) is `runtime.model.arch.qwen3moe.MoeFFN`.
+`runtime.model.arch.spec_for(cfg)`; a mixture-of-experts FFN (qwen3moe) is `runtime.model.arch.qwen3moe.MoeFFN`
+(gpt-oss: `runtime.model.arch.gptoss.GptOssMoE`); a layer's attention sinks and output bias are read
+when the file has them (gpt-oss).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import kernels
 from kernels.qweight import QWeight
 from runtime.model.arch import spec_for
 from runtime.model.arch.qwen3moe import MoeFFN
+from runtime.model.arch.gptoss import ARCHS as GPTOSS_ARCHS, GptOssMoE
 from runtime.model.arch import gemma4, mistral3
 from runtime.model.arch.qwen35 import LinearAttention, SharedExpertMoE, recurrent_shape
 from runtime.model.recurrent import RecurrentStore
@@ -87,7 +90,7 @@ class Layer:
     window: int = 0  # sliding window of this layer (0: global attention)
     inv_freq: torch.Tensor | None = None  # this layer's RoPE frequencies
     rope_theta_scale: float = 0.0  # ggml's angle chain (`rope_theta_scale`), 0: angles from inv_freq
-    moe: MoeFFN | SharedExpertMoE | None = None  # the FFN is a mixture of experts (qwen3moe, qwen35moe)
+    moe: MoeFFN | SharedExpertMoE | GptOssMoE | None = None  # the FFN is a mixture of experts (qwen3moe, qwen35moe)
     linear: LinearAttention | None = None  # a gated linear-attention layer instead of attention (qwen35)
     # gemma4 (runtime/model/arch/gemma4.py): this layer's head size (0: the model's; smaller ones are
     # zero-padded to the store's), the layer whose cached K/V it reads (-1 / itself: its own; another:
@@ -97,6 +100,8 @@ class Layer:
     v_from_k: bool = False
     ple: gemma4.LayerInput | None = None
     out_scale: float = 1.0
+    sinks: torch.Tensor | None = None  # [H] float32: attention sink logits (gpt-oss)
+    bo: torch.Tensor | None = None  # [C]: attn_output's bias (gpt-oss)
 
 
 def _matmul_rows(ops: kernels.Backend, x: torch.Tensor, ws: list[QWeight]) -> torch.Tensor:
@@ -279,7 +284,7 @@ class Model:
             bias = [t(p + f"attn_{n}.bias") for n in "qkv"]
             bqkv = torch.cat(bias).to(self.act_dtype) if all(b is not None for b in bias) else None
             if spec.moe:
-                moe_cls = SharedExpertMoE if cfg.n_ff_shexp else MoeFFN
+                moe_cls = GptOssMoE if cfg.arch in GPTOSS_ARCHS else SharedExpertMoE if cfg.n_ff_shexp else MoeFFN
                 ffn = dict(w_gate_up=[], w_down=None,
                            moe=moe_cls.load(ops, w, p, cfg, dev, unpack, self.packed_quantized))
             else:
@@ -298,6 +303,7 @@ class Model:
                 ffn_norm=t(p + "ffn_norm.weight"), **ffn,
                 post_attn_norm=t(p + "post_attention_norm.weight"), post_ffn_norm=t(p + "post_ffw_norm.weight"),
                 window=spec.window(i), inv_freq=self._layer_inv_freq(cfg, i),
+                sinks=t(p + "attn_sinks.weight"), bo=t(p + "attn_output.bias"),
                 rope_theta_scale=rope_theta_scale(cfg, spec.rope_bases[i] if spec.rope_bases and spec.window(i) else None)))
             if spec.v_norm:
                 L = self.layers[-1]
@@ -487,7 +493,7 @@ class Model:
             q = q * self.scale
         attn = ops.paged_attention(q, kv.k[li], kv.v[li], swa_tables if own else tables, cu, kv_lens_t,
                                    1.0 if self.spec.prescale_q else self.scale,
-                                   self.spec.attn_softcap, max_q_len=max_q_len, window=L.window)
+                                   self.spec.attn_softcap, max_q_len=max_q_len, window=L.window, sinks=L.sinks)
         if media is not None and media.spans:  # media rows seeing their whole chunk
             attn = mm.bidirectional_attention(ops, attn, q, kv.k[li], kv.v[li], swa_tables if own else tables, cu,
                                               kv_lens_t, media, 1.0 if self.spec.prescale_q else self.scale,
@@ -498,6 +504,8 @@ class Model:
         h = ops.qmatmul(attn, L.wo)
         if lora is not None:
             lora.add(h, attn, [p + "attn_output.weight"])
+        if L.bo is not None:
+            h = h + L.bo.to(h.dtype)  # (no -tp with experts: the bias is added once)
         return h
 
     def _attention_gemma4(self, li: int, L: Layer, qkv: torch.Tensor, kv: KVCache, pos_t, slot_t, tables, cu,

@@ -41,7 +41,7 @@ from runtime.model.gguf import KV, read_gguf
 
 __all__ = [
     "TinyModelSpec", "write_tiny_model", "vocab_from_gguf", "ensure_default_model", "quantize",
-    "BUILTIN_SPEC", "MOE_SPEC", "PHI3_SPEC", "GEMMA3_SPEC", "RERANK_SPEC", "QWEN35_SPEC", "QWEN35MOE_SPEC", "SMOLLM3_SPEC", "MISTRAL3_SPEC", "GEMMA4_SPEC",
+    "BUILTIN_SPEC", "MOE_SPEC", "PHI3_SPEC", "GEMMA3_SPEC", "RERANK_SPEC", "QWEN35_SPEC", "QWEN35MOE_SPEC", "SMOLLM3_SPEC", "MISTRAL3_SPEC", "GEMMA4_SPEC", "GPTOSS_SPEC",
     "WEIGHT_TYPES", "ARCHS",
 ]
 
@@ -163,8 +163,16 @@ QWEN35_SPEC = TinyModelSpec(arch="qwen35", n_layer=4, n_embd=128, n_head=4, n_he
                             init_std=0.05, norm_std=0.1)
 QWEN35MOE_SPEC = replace(QWEN35_SPEC, arch="qwen35moe", name="tiny-random-qwen35moe", seed=12, n_expert=8,
                          n_expert_used=2, n_ff_exp=64, n_ff_shexp=128, router_std=0.5)
+# the tests' tiny gpt-oss: 4 layers (0 and 2 with a sliding window of 8, 1 and 3 global), 4 query heads and
+# 2 KV heads of 64 (n_head * head_dim = 256 != n_embd = 128, as in the real ones), 8 experts of 64 with 4
+# used (the released models' k), RoPE base 150000 as theirs; weights of 0.1 and norms around 1 so that greedy
+# continuations vary (at 0.05 they repeat one token)
+GPTOSS_SPEC = TinyModelSpec(arch="gpt-oss", n_layer=4, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_ctx=1024,
+                            head_dim=64, rope_freq_base=150000.0, rms_eps=1e-5, name="tiny-random-gpt-oss", seed=31,
+                            init_std=0.1, norm_std=0.3, n_expert=8, n_expert_used=4, n_ff_exp=64, router_std=0.5,
+                            sliding_window=8)
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma3", "qwen2vl", "qwen3vl", "smollm3", "mistral3",
-         *tiny_arch.ARCHS, *tiny_gemma4.ARCHS)
+         "gpt-oss", *tiny_arch.ARCHS, *tiny_gemma4.ARCHS)
 _BUILTIN_VERSION = 1  # bump when the built-in vocab/spec changes (cache file name)
 
 
@@ -272,6 +280,7 @@ WEIGHT_TYPES = {
     "q4_0": (LlamaFileType.MOSTLY_Q4_0, Q.Q4_0),
     "q4_k": (LlamaFileType.MOSTLY_Q4_K_M, Q.Q4_K),
     "q6_k": (LlamaFileType.MOSTLY_Q6_K, Q.Q6_K),
+    "mxfp4": (LlamaFileType.MOSTLY_MXFP4_MOE, Q.MXFP4),  # gpt-oss: experts MXFP4, routers F32, the rest Q8_0
 }
 
 # llama.cpp's fallback when a row is not a multiple of the k-quant super-block (256)
@@ -280,6 +289,8 @@ _FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q6_K: Q.Q8_0, Q.Q5_K: Q.Q5_1}
 
 def _tensor_type(name: str, wtype: str, layer: int, n_layer: int, cols: int) -> GGMLQuantizationType:
     base = WEIGHT_TYPES[wtype][1]
+    if base == Q.MXFP4:  # llama.cpp's MXFP4_MOE: experts MXFP4, the router F32, every other matrix Q8_0
+        return Q.MXFP4 if name.endswith("_exps.weight") else Q.F32 if name.endswith("ffn_gate_inp.weight") else Q.Q8_0
     if base in (Q.F32, Q.F16) or tiny_arch.keeps_f32(name):
         return Q.F32 if tiny_arch.keeps_f32(name) else base
     t = base
@@ -331,6 +342,8 @@ def tensor_shapes(spec: TinyModelSpec, n_vocab: int) -> list[tuple[str, tuple[in
         return tiny_arch.tensor_shapes(spec, n_vocab)
     if spec.arch in tiny_gemma4.ARCHS:
         return tiny_gemma4.tensor_shapes(spec, n_vocab)
+    if spec.arch == "gpt-oss":
+        return _gptoss_shapes(spec, n_vocab)
     hd = _head_dim(spec)
     q_dim, kv_dim = spec.n_head * hd, spec.n_head_kv * hd
     out: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (n_vocab, spec.n_embd))]
@@ -373,6 +386,29 @@ def tensor_shapes(spec: TinyModelSpec, n_vocab: int) -> list[tuple[str, tuple[in
     return out
 
 
+def _gptoss_shapes(spec: TinyModelSpec, n_vocab: int) -> list[tuple[str, tuple[int, ...]]]:
+    """gpt-oss in llama.cpp's layout (src/models/openai-moe.cpp load_arch_tensors): q/k/v and output
+    biases, per-head attention sinks, the FFN's input norm as `post_attention_norm`, a biased router
+    and biased experts (the expert biases 2-D: [n_expert, rows])."""
+    hd, C, E, F = _head_dim(spec), spec.n_embd, spec.n_expert, spec.n_ff_exp
+    q_dim, kv_dim = spec.n_head * hd, spec.n_head_kv * hd
+    out: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (n_vocab, C))]
+    for i in range(spec.n_layer):
+        p = f"blk.{i}."
+        out += [(p + "attn_norm.weight", (C,)), (p + "post_attention_norm.weight", (C,)),
+                (p + "attn_q.weight", (q_dim, C)), (p + "attn_k.weight", (kv_dim, C)), (p + "attn_v.weight", (kv_dim, C)),
+                (p + "attn_q.bias", (q_dim,)), (p + "attn_k.bias", (kv_dim,)), (p + "attn_v.bias", (kv_dim,)),
+                (p + "attn_output.weight", (C, q_dim)), (p + "attn_output.bias", (C,)),
+                (p + "attn_sinks.weight", (spec.n_head,)),
+                (p + "ffn_gate_inp.weight", (E, C)), (p + "ffn_gate_inp.bias", (E,)),
+                (p + "ffn_gate_exps.weight", (E, F, C)), (p + "ffn_up_exps.weight", (E, F, C)),
+                (p + "ffn_down_exps.weight", (E, C, F)), (p + "ffn_gate_exps.bias", (E, F)),
+                (p + "ffn_up_exps.bias", (E, F)), (p + "ffn_down_exps.bias", (E, C))]
+    out.append(("output_norm.weight", (C,)))
+    out.append(("output.weight", (n_vocab, C)))
+    return out
+
+
 def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
                      vocab: str | Path | list[KV] | None = None) -> Path:
     """Write a random-weight GGUF. `vocab`: a vocab-only GGUF path (every `tokenizer.*` key is
@@ -408,9 +444,9 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
     w.add_rope_freq_base(spec.rope_freq_base)
     w.add_layer_norm_rms_eps(spec.rms_eps)
     w.add_rope_dimension_count(tiny_arch.n_rot(spec) if spec.arch in tiny_arch.ARCHS else hd)
-    if spec.arch == "qwen3moe":
+    if spec.arch in ("qwen3moe", "gpt-oss"):
         if not 0 < spec.n_expert_used <= spec.n_expert:
-            raise ValueError("qwen3moe needs 0 < n_expert_used <= n_expert")
+            raise ValueError(f"{spec.arch} needs 0 < n_expert_used <= n_expert")
         w.add_expert_count(spec.n_expert)
         w.add_expert_used_count(spec.n_expert_used)
         w.add_expert_feed_forward_length(spec.n_ff_exp)
@@ -436,7 +472,7 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
         w.add_key_value(f"{spec.arch}.rope.scaling.factor", float(spec.yarn_factor), GGUFValueType.FLOAT32)
     if spec.yarn_log_mul:
         w.add_key_value(f"{spec.arch}.rope.scaling.yarn_log_multiplier", float(spec.yarn_log_mul), GGUFValueType.FLOAT32)
-    if spec.head_dim is not None or spec.arch in ("qwen3", "qwen3moe", "gemma3", "qwen3vl", "gemma4"):
+    if spec.head_dim is not None or spec.arch in ("qwen3", "qwen3moe", "gemma3", "qwen3vl", "gemma4", "gpt-oss"):
         w.add_key_length(hd)
         w.add_value_length(hd)
     w.add_vocab_size(n_vocab)
@@ -463,8 +499,10 @@ def write_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec(),
         if own is not None:
             w.add_tensor(name, own)
             continue
-        if len(shape) == 1:
-            if name.endswith(".bias"):
+        if len(shape) == 1 or name.endswith(".bias"):
+            if name.endswith("attn_sinks.weight"):  # gpt-oss: sink logits of the size of the scores
+                arr = rng.standard_normal(shape, dtype=np.float32).astype(np.float32)
+            elif name.endswith(".bias"):
                 arr = (rng.standard_normal(shape, dtype=np.float32) * spec.init_std).astype(np.float32)
             elif spec.norm_std > 0:  # norm weights around 1
                 arr = (1.0 + rng.standard_normal(shape, dtype=np.float32) * spec.norm_std).astype(np.float32)

@@ -7,7 +7,8 @@ and soft-caps, and per layer the sliding window and the RoPE base. The architect
 `runtime/model/arch/qwenvl.py`: M-RoPE and deepstack inputs, `runtime/model/arch/qwen35.py`: hybrid
 gated linear-attention / full-attention layers, `runtime/model/arch/smollm3.py`: llama with NoPE layers,
 `runtime/model/arch/mistral3.py`: llama with attention temperature tuning, `runtime/model/arch/gemma4.py`:
-per-layer embeddings, KV shared across layers, per-layer head sizes) read their GGUF keys
+per-layer embeddings, KV shared across layers, per-layer head sizes, `runtime/model/arch/gptoss.py`:
+attention sinks and biases, alternating sliding windows, biased MXFP4 experts) read their GGUF keys
 into `ModelConfig` (`configure`) and derive the spec (`spec_for`); llama / mistral / qwen2 / qwen3 /
 phi3 use the default spec. `moe`: the FFN of every layer is a mixture of experts
 (`qwen3moe.MoeFFN`). `split_weights`: the loader's hook that turns an architecture's fused tensors
@@ -18,14 +19,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import gemma, gemma4, mistral3, phi3, qwen35, qwen3moe, qwenvl, smollm3
+from . import gemma, gemma4, gptoss, mistral3, phi3, qwen35, qwen3moe, qwenvl, smollm3
 
 # arch -> NEOX rope (half-split pairs) or the "normal" pairwise rope (GGUF llama weights are
 # permuted for it); the loader accepts exactly these
 ROPE_NEOX = {"llama": False, "mistral": False, "qwen2": True, "qwen3": True,
              **{a: True for a in gemma.ARCHS}, **{a: True for a in gemma4.ARCHS}, **{a: True for a in qwen3moe.ARCHS}, **{a: True for a in phi3.ARCHS},
              **{a: True for a in qwenvl.ARCHS}, **{a: True for a in qwen35.ARCHS},
-             **{a: False for a in smollm3.ARCHS}, **{a: False for a in mistral3.ARCHS}}
+             **{a: False for a in smollm3.ARCHS}, **{a: False for a in mistral3.ARCHS},
+             **{a: True for a in gptoss.ARCHS}}
 
 
 @dataclass
@@ -66,6 +68,8 @@ def configure(md: dict[str, Any], cfg) -> None:
         qwen35.configure(md, cfg)
     elif cfg.arch in mistral3.ARCHS:
         mistral3.configure(md, cfg)
+    elif cfg.arch in gptoss.ARCHS:
+        gptoss.configure(md, cfg)
 
 
 def split_weights(cfg, weights: dict[str, Any]) -> None:
@@ -74,6 +78,8 @@ def split_weights(cfg, weights: dict[str, Any]) -> None:
         phi3.split_weights(cfg, weights)
     elif cfg.arch in qwen35.ARCHS:
         qwen35.split_weights(cfg, weights)
+    elif cfg.arch in gptoss.ARCHS:
+        gptoss.split_weights(cfg, weights)
 
 
 def spec_for(cfg) -> ArchSpec:
@@ -87,6 +93,8 @@ def spec_for(cfg) -> ArchSpec:
         return ArchSpec(**qwen35.spec_fields(cfg))
     if cfg.arch in smollm3.ARCHS:
         return ArchSpec(**smollm3.spec_fields(cfg))
+    if cfg.arch in gptoss.ARCHS:
+        return ArchSpec(**gptoss.spec_fields(cfg))
     return ArchSpec()
 
 
