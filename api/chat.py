@@ -14,6 +14,7 @@ from api.chat_kwargs import request_kwargs, template_variables
 from api.errors import ApiError
 from api.params import CHAT_PARSER_FAILED, Fields, schema_to_grammar_or_400
 from runtime.serving.failures import describe
+from runtime.chat.harmony import HarmonyMismatch
 from runtime.chat import (
     REASONING_FORMATS,
     ChatFormat,
@@ -316,15 +317,21 @@ class ChatOutput:
         return deltas
 
     def finish(self) -> list[dict[str, Any]]:
-        deltas, msg = self.stream.finish()
+        try:
+            deltas, msg = self.stream.finish()
+        except HarmonyMismatch as e:  # b1: the request fails with a 500 (an error event once streaming)
+            raise ApiError(str(e), "server_error", 500) from None
         self.has_tool_calls |= bool(msg.tool_calls)
         return deltas
 
     def final_message(self, content: str) -> dict[str, Any]:
         if self.prep.content_only:  # b1's pure content parser: literal(generation_prompt) << content(rest)
             return {"role": "assistant", "content": content.lstrip(PEG_SPACE)}
-        msg = parse_chat_output(content, self.format, self.reasoning_format,
-                                bool(self.prep.think_prefix), self.parse_tools,
-                                self.prep.think_prefix + self.prep.prefill)
+        try:
+            msg = parse_chat_output(content, self.format, self.reasoning_format,
+                                    bool(self.prep.think_prefix), self.parse_tools,
+                                    self.prep.think_prefix + self.prep.prefill)
+        except HarmonyMismatch as e:
+            raise ApiError(str(e), "server_error", 500) from None
         self.has_tool_calls = bool(msg.tool_calls)
         return msg.to_openai()

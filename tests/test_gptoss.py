@@ -220,3 +220,32 @@ def test_make_tiny_model_cli(tmp_path):
     lm = load_model(out, progress=lambda m: None)
     assert lm.config.arch == "gpt-oss" and lm.file_type == "MXFP4 MoE"
     assert int(lm.weights["blk.0.ffn_gate_exps.weight"].qtype) == 39
+
+
+# ---------------------------------------------------------------------------------------------
+# the harmony template (tests/data/harmony_reference.json, scripts/record_harmony_reference.py)
+
+def test_harmony_template_and_unmatched_output(start_server, model_files):
+    """/apply-template renders gpt-oss's template as llama-server does (system, tools, reasoning effort,
+    an earlier turn's reasoning and tool call; the date line normalized); a chat whose output has no
+    harmony channels fails as llama-server's: 500 "does not match the expected peg-native format", and
+    streamed: the role chunk, then that error event."""
+    import json
+
+    from tests.llama_tokens import recording_script
+
+    rec = recording_script("record_harmony_reference")
+    CHAT, TEMPLATE, events, normalize = rec.CHAT, rec.TEMPLATE, rec.events, rec.normalize
+    ref = json.loads((REPO / "tests" / "data" / "harmony_reference.json").read_text())
+    srv = start_server("-m", str(model_files["f32"]), "-c", "1024", "-np", "1", "--jinja",
+                       "--chat-template-file", str(TEMPLATE))
+    for conv, want in zip(ref["conversations"], ref["prompts"]):
+        r = httpx.post(srv.url + "/apply-template", json=conv, timeout=60)
+        assert r.status_code == 200, r.text
+        assert normalize(r.json()["prompt"]) == want
+    r = httpx.post(srv.url + "/v1/chat/completions", json=CHAT, timeout=120)
+    assert (r.status_code, r.json()) == (ref["whole"]["status"], ref["whole"]["body"])
+    r = httpx.post(srv.url + "/v1/chat/completions", json=dict(CHAT, stream=True), timeout=120)
+    got, want = events(r.text), ref["stream"]["events"]
+    assert r.status_code == ref["stream"]["status"] and len(got) == len(want)
+    assert got[0]["choices"] == want[0]["choices"] and got[1] == want[1]

@@ -211,6 +211,19 @@ def attention_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
             yield f"prefill {s.name} k={kt.name} v={vt.name}", (
                 lambda a=(q8, kq, vq, bt, torch.tensor([0, 64], dtype=torch.int32), torch.tensor([1024], dtype=torch.int32)),
                 kt=kt, vt=vt: paged_attention(*a, 0.125, 0.0, max_q_len=64, k_type=kt, v_type=vt))
+    # gpt-oss's attention sinks (64 query heads, 8 KV heads of 64): decode with and without split-K (the
+    # merge adds the sink), prefill; full set only
+    if not quick:
+        s = Shape("gpt-oss-attn", 2880, 2880, 64, 8, 64, 201088)
+        sinks = torch.empty(s.H, dtype=torch.float32)
+        for act in sc.act_dtypes():
+            for S, ctx in ((1, 32768), (64, 4096)):
+                args = _paged(s, S, ctx, 1, act, torch.float16)
+                yield f"decode {s.name} S={S} ctx={ctx} {act} sinks", (
+                    lambda a=args: paged_attention(*a, 0.125, 0.0, max_q_len=1, sinks=sinks))
+            args = _paged(s, 1, 1024, 512, act, torch.float16)
+            yield f"prefill {s.name} q=512 {act} sinks", (
+                lambda a=args: paged_attention(*a, 0.125, 0.0, max_q_len=512, sinks=sinks))
 
 
 def small_cases(sc: Scope) -> Iterator[tuple[str, Case]]:

@@ -38,6 +38,9 @@ class ChatFormat(_Named):
     # b1-0c1e570's generated ("autoparser") format; here only for a JSON response: a request with a
     # json_schema / response_format gets its JSON, optionally in a ```json fence (`json_response_grammar`)
     PEG_NATIVE = "peg-native"
+    # gpt-oss's harmony channels (common/parsers/gpt-oss.cpp; b1 echoes it as peg-native, as every
+    # Jinja route here): runtime/chat/harmony.py
+    GPT_OSS = "GPT-OSS"
 
 
 class ReasoningFormat(_Named):
@@ -93,6 +96,8 @@ def detect_format(source: str, has_tools: bool = True, tool_choice: str = ToolCh
     llama-server's legacy route: the schema's grammar alone).
     """
     src = source
+    if jinja and "<|channel|>" in src:  # b1's specialised templates come first: gpt-oss
+        return ChatFormat.GPT_OSS
     if jinja and has_json_schema and ">>>all" not in src and Marker.THINK_START not in src:
         return ChatFormat.PEG_NATIVE
     if Marker.DS_CALLS_BEGIN in src and not has_json_schema:

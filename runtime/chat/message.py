@@ -13,7 +13,9 @@ reasoning_format (llama.cpp --reasoning-format):
     leading whitespace.
   * "deepseek-legacy": reasoning_content is filled the same way and content keeps the raw text
     including the tags.
-Reasoning is only extracted for formats whose templates think (Hermes 2 Pro, DeepSeek R1).
+Reasoning is only extracted for formats whose templates think (Hermes 2 Pro, DeepSeek R1), and from
+gpt-oss's analysis channel (`harmony.py`: the text parsed after its generation prompt
+`<|start|>assistant`; reasoning_format none puts the analysis message, tags included, in content).
 
 Tool calls (`parsers.py` per format) are returned as OpenAI dicts `{"type": "function", "function":
 {"name", "arguments"}, "id"}`; the id is 32 random alphanumerics unless the model gave one (Mistral).
@@ -25,6 +27,7 @@ from typing import Any
 
 from runtime.chat.calls import ParsedCall, to_openai_calls
 from runtime.chat.formats import REASONING_FORMATS, THINKING_FORMATS, ChatFormat, Marker, ReasoningFormat
+from runtime.chat.harmony import parse_harmony
 from runtime.chat.json_scan import skip_ws
 from runtime.chat.parsers import parse_json_response, parse_tool_calls, split_at_marker
 
@@ -58,6 +61,9 @@ def parse_message(text: str, fmt: str, reasoning_format: str, thinking_forced_op
     """Split `text` into reasoning, content and tool calls; `partial` while more text may follow."""
     if reasoning_format not in REASONING_FORMATS:
         raise ValueError(f"unknown reasoning_format {reasoning_format!r}")
+    if fmt == ChatFormat.GPT_OSS:  # harmony channels: analysis -> reasoning, final -> content, calls
+        h = parse_harmony(text, reasoning_format != ReasoningFormat.NONE, with_tool_calls, partial)
+        return MessageParse(h.content, h.reasoning, h.calls)
     reasoning = ""
     raw_head = ""  # deepseek-legacy keeps the reasoning section in content
     body = text

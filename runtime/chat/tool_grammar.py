@@ -77,6 +77,8 @@ def tool_grammar_for(tools: list[dict], format: str, tool_choice: str, parallel:
     """
     if not tools or tool_choice not in (ToolChoice.REQUIRED, ToolChoice.AUTO):
         return None
+    if format == ChatFormat.GPT_OSS:  # b1 builds gpt-oss's from its PEG parser: not here (unconstrained)
+        return None
     opened = prefill.rstrip().endswith(Marker.HERMES_CALL_OPEN)
     if tool_choice == ToolChoice.REQUIRED and (format == ChatFormat.HERMES_2_PRO or opened):
         try:
