@@ -14,7 +14,7 @@ from api.chat_kwargs import request_kwargs, template_variables
 from api.errors import ApiError
 from api.params import CHAT_PARSER_FAILED, Fields, schema_to_grammar_or_400
 from runtime.serving.failures import describe
-from runtime.chat.harmony import HarmonyMismatch
+from runtime.chat.harmony import HarmonyMismatch, is_harmony_template, template_messages
 from runtime.chat import (
     REASONING_FORMATS,
     ChatFormat,
@@ -184,6 +184,8 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
 
     # render
     msgs = list(messages)
+    if cfg.jinja and is_harmony_template(tmpl.source):  # gpt-oss: reasoning_content as "thinking"
+        msgs = template_messages(msgs)
     prefill = ""
     if continuation is not None and msgs and msgs[-1].get("role") == "assistant" and not msgs[-1].get("tool_calls"):
         content = msgs[-1].get("content")

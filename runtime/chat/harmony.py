@@ -232,3 +232,22 @@ def parse_harmony(text: str, extract_reasoning: bool, tools: bool, partial: bool
     if name is not None and not calls and partial:  # the name is written, the arguments not yet
         calls.append(ParsedCall(name, "", partial=True))
     return HarmonyParse("".join(content), "".join(reasoning), calls)
+
+
+def is_harmony_template(source: str) -> bool:
+    """b1-0c1e570 takes a template with `<|channel|>` as gpt-oss's (common_chat_try_specialized_template)."""
+    return "<|channel|>" in source
+
+
+def template_messages(messages: list) -> list:
+    """The messages as b1's gpt-oss route gives them to the template: a string `reasoning_content`
+    copied to `thinking` (what the template prints), and an assistant turn's content dropped where it
+    also carries tool calls."""
+    out = []
+    for m in messages:
+        if isinstance(m, dict) and isinstance(m.get("reasoning_content"), str):
+            m = dict(m, thinking=m["reasoning_content"])
+            if isinstance(m.get("tool_calls"), list) and m["tool_calls"]:
+                m.pop("content", None)
+        out.append(m)
+    return out
