@@ -195,15 +195,6 @@ def test_model_triton_interpreter(model_files):
     assert torch.equal(tri.argmax(-1), ref.argmax(-1))
 
 
-def test_server_serves_gpt_oss(start_server, model_files, recorded):
-    srv = start_server("-m", str(model_files["mxfp4"]), "-c", "512", "-np", "1")
-    want = recorded["tokens"]["mxfp4"]["default"]
-    for text, toks in zip(recorded["text_prompts"][:1], want["text_prompts"]):
-        r = httpx.post(srv.url + "/completion", json=dict(recorded["request"], prompt=text), timeout=120)
-        assert r.status_code == 200, r.text
-        assert r.json()["tokens"] == toks
-
-
 def test_tensor_parallel_refused(model_files):
     from runtime.parallel.shard import shard_loaded
 
@@ -225,11 +216,13 @@ def test_make_tiny_model_cli(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # the harmony template (tests/data/harmony_reference.json, scripts/record_harmony_reference.py)
 
-def test_harmony_template_and_unmatched_output(start_server, model_files):
-    """/apply-template renders gpt-oss's template as llama-server does (system, tools, reasoning effort,
+def test_server_serves_gpt_oss(start_server, model_files, recorded):
+    """The server on the MXFP4 model with gpt-oss's template: llama-server's greedy tokens for a text
+    prompt; /apply-template renders the template as llama-server does (system, tools, reasoning effort,
     an earlier turn's reasoning and tool call; the date line normalized); a chat whose output has no
     harmony channels fails as llama-server's: 500 "does not match the expected peg-native format", and
-    streamed: the role chunk, then that error event."""
+    streamed: the role chunk, then that error event (recorded on the F32 model: the answers do not
+    depend on the weights)."""
     import json
 
     from tests.llama_tokens import recording_script
@@ -237,8 +230,12 @@ def test_harmony_template_and_unmatched_output(start_server, model_files):
     rec = recording_script("record_harmony_reference")
     CHAT, TEMPLATE, events, normalize = rec.CHAT, rec.TEMPLATE, rec.events, rec.normalize
     ref = json.loads((REPO / "tests" / "data" / "harmony_reference.json").read_text())
-    srv = start_server("-m", str(model_files["f32"]), "-c", "1024", "-np", "1", "--jinja",
+    srv = start_server("-m", str(model_files["mxfp4"]), "-c", "1024", "-np", "1", "--jinja",
                        "--chat-template-file", str(TEMPLATE))
+    want = recorded["tokens"]["mxfp4"]["default"]["text_prompts"][0]
+    r = httpx.post(srv.url + "/completion", json=dict(recorded["request"], prompt=recorded["text_prompts"][0]),
+                   timeout=120)
+    assert r.status_code == 200 and r.json()["tokens"] == want, r.text
     for conv, want in zip(ref["conversations"], ref["prompts"]):
         r = httpx.post(srv.url + "/apply-template", json=conv, timeout=60)
         assert r.status_code == 200, r.text
