@@ -14,7 +14,9 @@ none of the per-layer inputs / sharing, llama.cpp's default soft-cap):
   decode path token by token through the server (a recorded prompt's 24 tokens);
 - the Triton path (interpreter) against the reference ops, the server serving the model, -tp
   refused, the chat template (models/templates/google-gemma-4-31B-it.jinja) rendering as
-  llama-server's /apply-template does, scripts/make_tiny_model.py --arch gemma4.
+  llama-server's /apply-template does, scripts/make_tiny_model.py --arch gemma4;
+- the "gemma4" tokenizer (SPM-style BPE) against llama-server's /tokenize and /detokenize on a
+  vocabulary of its kind derived from Gemma 3's (scripts/record_gemma4_tokenizer.py).
 """
 from __future__ import annotations
 
@@ -196,3 +198,21 @@ def test_make_tiny_model_cli(tmp_path):
     lm = load_model(out, progress=lambda m: None)
     assert (lm.config.arch, lm.config.n_layer_kv, lm.config.head_dim_swa) == ("gemma4", 6, 32)
     assert lm.weights["blk.0.attn_q.weight"].qtype.name == "Q8_0"
+
+
+def test_tokenizer_matches_llama_server():
+    """tokenizer.ggml.model "gemma4" (SPM-style BPE) on the vocabulary scripts/record_gemma4_tokenizer.py
+    derives from Gemma 3 270M's: llama-server's /tokenize and /detokenize (tests/data/gemma4_tokenizer.json)."""
+    import json
+
+    from runtime.model.model_files import GEMMA
+    from runtime.tokenizer.from_gguf import tokenizer_from_gguf_metadata
+    from tests.llama_tokens import real_model_path, recording_script
+
+    keys = recording_script("record_gemma4_tokenizer").vocab_keys(real_model_path(GEMMA))
+    tok = tokenizer_from_gguf_metadata({k: v for k, v, _, _ in keys})
+    assert (tok.bos_id, tok.add_bos) == (2, True)  # add_bos_token false in the file: forced on, as llama.cpp
+    rec = json.loads((REPO / "tests" / "data" / "gemma4_tokenizer.json").read_text())
+    for case in rec["cases"]:
+        assert tok.encode(case["text"], add_special=case["add_special"], parse_special=True) == case["tokens"], case
+        assert tok.decode(case["tokens"]) == case["detokenized"], case

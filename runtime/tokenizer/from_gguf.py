@@ -3,7 +3,9 @@
 `tokenizer_from_gguf_metadata(md)` takes the key/values `runtime.model.gguf.read_gguf_metadata` returns
 (or any mapping like it: string arrays of `str` or `bytes`, numeric arrays any sequence). Steps:
 
-1. the vocab type from `tokenizer.ggml.model` (`VOCAB_KINDS`: "llama" -> SPM, "gpt2" -> BPE; the
+1. the vocab type from `tokenizer.ggml.model` (`VOCAB_KINDS`: "llama" -> SPM, "gpt2" -> BPE, "gemma4" ->
+   Gemma 4's SPM-style BPE: spaces escaped to U+2581, merges over raw UTF-8 per line, `<0xXX>` byte
+   fallback, U+2581 pieces, add_bos forced; the
    other llama.cpp types, "bert" WPM and "t5" UGM, are not supported) and its defaults: special
    ids, space prefix, add_bos; for BPE the pre-tokenizer of `tokenizer.ggml.pre`;
 2. the `tokenizer.ggml.*` keys that override them (`_apply_keys`);
@@ -186,12 +188,17 @@ class EncoderRecipe:
     pre: PreSpec | None = None  # BPE: the pre-tokenizer
     byte_fallback: bool = False
     unk_token: str | None = None
+    split: str | None = None  # without `pre`: a regex the text is split at first (gemma4: lines)
 
     def build(self) -> tokenizers.Tokenizer:
         merges = self.merges if self.merges is not None else _merge_strings(self.vocab, self.merge_ids)
         if self.pre is None:
-            return tokenizers.Tokenizer(models.BPE(vocab=self.vocab, merges=merges, byte_fallback=self.byte_fallback,
-                                                   unk_token=self.unk_token))
+            hf = tokenizers.Tokenizer(models.BPE(vocab=self.vocab, merges=merges, byte_fallback=self.byte_fallback,
+                                                 unk_token=self.unk_token))
+            if self.split is not None:
+                from tokenizers import Regex, pre_tokenizers
+                hf.pre_tokenizer = pre_tokenizers.Split(Regex(self.split), behavior="isolated")
+            return hf
         try:
             bpe = models.BPE(vocab=self.vocab, merges=merges, ignore_merges=self.pre.ignore_merges)
         except Exception:  # a merge whose parts or result are not tokens: llama.cpp never uses it
@@ -215,6 +222,20 @@ def _spm_encoder(md: Mapping[str, Any], s: _Settings, vocab: dict[str, int], tex
     return EncoderRecipe(vocab, None, _spm_merge_ids(vocab, sc, texts), byte_fallback=True, unk_token=unk_text)
 
 
+def _gemma4_settings(pre: str | None) -> _Settings:
+    """tokenizer.ggml.model "gemma4" (llama_vocab::impl::load): BPE with no default special ids and
+    the gemma4 pre-type whatever the file says (SPM-style: spaces escaped to U+2581, merges over raw
+    UTF-8 per line, `<0xXX>` byte tokens); add_bos forced on."""
+    return _Settings(VOCAB_TYPE_BPE, "gemma4", None, bos=-1, eos=-1, unk=-1, add_bos=True)
+
+
+def _gemma4_encoder(md: Mapping[str, Any], s: _Settings, vocab: dict[str, int], texts: list[bytes],
+                    scores: np.ndarray | None) -> EncoderRecipe:
+    merges = [(a, b) for a, b in _parse_merges(md.get("tokenizer.ggml.merges", []))
+              if a in vocab and b in vocab and (a + b) in vocab]
+    return EncoderRecipe(vocab, merges, byte_fallback=True, split="[^\n]+|[\n]+")
+
+
 class VocabKind(NamedTuple):
     settings: Callable[[str | None], _Settings]  # (tokenizer.ggml.pre) -> defaults
     encoder: Callable[..., EncoderRecipe]  # (md, settings, vocab, texts, scores)
@@ -224,6 +245,7 @@ class VocabKind(NamedTuple):
 VOCAB_KINDS: Mapping[str, VocabKind] = MappingProxyType({
     "llama": VocabKind(_spm_settings, _spm_encoder),
     "gpt2": VocabKind(_bpe_settings, _bpe_encoder),
+    "gemma4": VocabKind(_gemma4_settings, _gemma4_encoder),
 })
 
 
@@ -450,17 +472,21 @@ def tokenizer_from_gguf_metadata(md: Mapping[str, Any], *, build_encoder: bool =
         raise ValueError(f"unsupported tokenizer model: '{model}'")
     s = kind.settings(pre)
     _apply_keys(md, s, n)
+    gemma4 = model == "gemma4"
+    if gemma4:  # llama.cpp's workaround: add_bos overridden to true for Gemma 4
+        s.add_bos = True
     str_texts = _special_looking_texts(texts)
     eog, warnings = _detect_eog(s, str_texts, attrs)
     _model_attrs(md, str_texts, attrs)
     recipe = kind.encoder(md, s, vocab, texts, scores)
-    pieces = token_pieces(texts, attrs, s.vocab_type)
+    pieces = token_pieces(texts, attrs, VOCAB_TYPE_SPM if gemma4 else s.vocab_type)  # gemma4: U+2581 pieces
 
     tok = Tokenizer(texts=texts, attrs=attrs, scores=scores, vocab_type=s.vocab_type, hf=recipe,
                     pieces=pieces, bos_id=s.bos, eos_id=s.eos, eot_id=s.eot, unk_id=s.unk,
                     pad_id=s.pad, eog_ids=eog, add_bos=s.add_bos, add_eos=s.add_eos,
                     add_space_prefix=s.add_space_prefix, clean_spaces=s.clean_spaces,
-                    chat_template=_text(md.get("tokenizer.chat_template")), pre=s.pre, model=model)
+                    chat_template=_text(md.get("tokenizer.chat_template")), pre=s.pre, model=model,
+                    spm_escape=True if gemma4 else None)
     tok.warnings = warnings
     tok.fim_ids = _fim_ids(md, tok)
     return tok.build_encoder() if build_encoder else tok
