@@ -25,12 +25,13 @@ def _port() -> int:
 
 
 def _steps(model, kv, batch: int, steps: int) -> list[float]:
-    from runtime.kv_cache import SeqKV
+    """Decode steps over `kv` (a BlockManager) after a 16-token prefill: wall time of each."""
     from runtime.model.decoder import SeqBatch
+    from runtime.model.kv_store import SeqKV
     seqs = [SeqKV() for _ in range(batch)]
     for s in seqs:
         kv.reserve(s, 16)
-    model.forward(kv, [SeqBatch(s, list(range(1, 17)), 0) for s in seqs])
+    model.forward(kv.store, [SeqBatch(s, list(range(1, 17)), 0) for s in seqs])
     for s in seqs:
         s.n_tokens = 16
     times = []
@@ -38,7 +39,7 @@ def _steps(model, kv, batch: int, steps: int) -> list[float]:
         for s in seqs:
             kv.reserve(s, s.n_tokens + 1)
         t0 = time.perf_counter()
-        model.forward(kv, [SeqBatch(s, [i % 100 + 1], s.n_tokens) for s in seqs])
+        model.forward(kv.store, [SeqBatch(s, [i % 100 + 1], s.n_tokens) for s in seqs])
         times.append(time.perf_counter() - t0)
         for s in seqs:
             s.n_tokens += 1
@@ -48,22 +49,23 @@ def _steps(model, kv, batch: int, steps: int) -> list[float]:
 def _rank(rank: int, world: int, port: int, path: str, batch: int, steps: int, threads: int, out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank))
     torch.set_num_threads(threads)
-    from runtime.kv_cache import KVCache
+    from runtime.model.kv_store import KVStore
     from runtime.model.loader import load_model
     from runtime.model.decoder import Model
     from runtime.parallel import init_from_env, shard_loaded
-    from runtime.parallel.kv import TPKVCache
+    from runtime.parallel.kv import TPKVStore
     from runtime.parallel.worker import serve
+    from runtime.serving.blocks import BlockManager
     lm = load_model(path, progress=lambda m: None)
     group = init_from_env("cpu")
     local, shard = shard_loaded(lm, group)
     model = Model(local, "cpu", tp=shard)
     n_blocks = batch * (16 + steps + 16) // 16 + batch
     if rank:
-        serve(model, KVCache(len(model.layers), model.n_head_kv, model.head_dim, n_blocks, 16))
+        serve(model, KVStore(len(model.layers), model.n_head_kv, model.head_dim, n_blocks, 16))
         # then time the collectives alone, in step with rank 0
     else:
-        kv = TPKVCache(shard, len(model.layers), model.head_dim, n_blocks, 16, torch.float16, "cpu")
+        kv = BlockManager(TPKVStore(shard, len(model.layers), model.head_dim, n_blocks, 16, torch.float16, "cpu"))
         out["step"] = _steps(model, kv, batch, steps)
         group.send(("stop",))
     x = torch.randn(batch, lm.config.n_embd)
@@ -88,13 +90,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     args = ap.parse_args()
     cores = os.cpu_count() or 1
-    from runtime.kv_cache import KVCache
+    from runtime.model.kv_store import KVStore
     from runtime.model.loader import load_model
     from runtime.model.decoder import Model
+    from runtime.serving.blocks import BlockManager
     torch.set_num_threads(cores)
     model = Model(load_model(args.model, progress=lambda m: None), "cpu")
     n_blocks = args.batch * (16 + args.steps + 16) // 16 + args.batch
-    one = _steps(model, KVCache(len(model.layers), model.n_head_kv, model.head_dim, n_blocks, 16),
+    one = _steps(model, BlockManager(KVStore(len(model.layers), model.n_head_kv, model.head_dim, n_blocks, 16)),
                  args.batch, args.steps)
     del model
     out = mp.Manager().dict()

@@ -313,9 +313,10 @@ def agreement(path: str, dev: str, out: str | None, smoke: bool, n_prompts: int 
     backend) on the same GGUF, and the CUDA path teacher-forced on the CPU path's tokens."""
     import random
 
-    from runtime.kv_cache import SeqKV
     from runtime.model.decoder import Model, SeqBatch
+    from runtime.model.kv_store import SeqKV
     from runtime.model.loader import load_model
+    from runtime.serving.blocks import BlockManager
 
     t0 = time.time()
     if smoke:  # a prefill and one decode step
@@ -326,22 +327,22 @@ def agreement(path: str, dev: str, out: str | None, smoke: bool, n_prompts: int 
     prompts = [[rng.randrange(V) for _ in range(rng.randrange(8, 48))] for _ in range(n_prompts)]
 
     def run(model, forced=None):
-        kv = model.new_cache(n_prompts * (64 + n_tokens + 16), block_size=16, dtype=torch.float16)
+        kv = BlockManager(model.new_kv_store(n_prompts * (64 + n_tokens + 16), block_size=16, dtype=torch.float16))
         seqs = [SeqKV() for _ in prompts]
         for s, p in zip(seqs, prompts):
             kv.reserve(s, len(p))
-        logits, _ = model.forward(kv, [SeqBatch(s, p, 0) for s, p in zip(seqs, prompts)])
+        logits, _ = model.forward(kv.store, [SeqBatch(s, p, 0) for s, p in zip(seqs, prompts)])
         for s, p in zip(seqs, prompts):
-            s.n_tokens = len(p)
+            kv.commit(s, len(p))
         steps = [logits.float().cpu()]
         toks = [logits.argmax(-1).tolist()]
         for i in range(n_tokens - 1):
             feed = forced[i] if forced is not None else toks[-1]
             for s in seqs:
                 kv.reserve(s, s.n_tokens + 1)
-            logits, _ = model.forward(kv, [SeqBatch(s, [t], s.n_tokens) for s, t in zip(seqs, feed)])
+            logits, _ = model.forward(kv.store, [SeqBatch(s, [t], s.n_tokens) for s, t in zip(seqs, feed)])
             for s in seqs:
-                s.n_tokens += 1
+                kv.commit(s, s.n_tokens + 1)
             steps.append(logits.float().cpu())
             toks.append(logits.argmax(-1).tolist())
         return torch.stack(steps), toks  # [n_tokens, n_prompts, V], [n_tokens][n_prompts]

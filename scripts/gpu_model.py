@@ -290,7 +290,7 @@ def trace_decode(model, B: int, ctx: int) -> list[Op]:
     """One decode step of B streams, each at `ctx` tokens of context, through the decode buffers'
     path (`Model.decode_logits`, what a CUDA graph captures; tables SLOT_CTX tokens wide)."""
     dev = model.device
-    kv = model.new_cache(B * (ctx + 16), block_size=16)
+    kv = model.new_kv_store(B * (ctx + 16), block_size=16)
     nb = max(ctx, SLOT_CTX) // 16 + 1
     t = Tracer()
     t.ctx = float(ctx)
@@ -305,10 +305,11 @@ def trace_decode(model, B: int, ctx: int) -> list[Op]:
 def trace_prefill(model, T: int, ubatch: int = 512) -> list[list[Op]]:
     """A T-token prompt as the runner computes it: micro-batches of `ubatch` rows (one forward each,
     logits of the last row only)."""
-    from runtime.kv_cache import SeqKV
     from runtime.model.decoder import SeqBatch
+    from runtime.model.kv_store import SeqKV
+    from runtime.serving.blocks import BlockManager
 
-    kv = model.new_cache(T + 16, block_size=16)
+    kv = BlockManager(model.new_kv_store(T + 16, block_size=16))
     seq = SeqKV()
     kv.reserve(seq, T)
     steps = []
@@ -317,7 +318,7 @@ def trace_prefill(model, T: int, ubatch: int = 512) -> list[list[Op]]:
         t = Tracer()
         t.ctx = p + (n + 1) / 2  # mean keys per query, causal
         with t.recording(model):
-            model.forward(kv, [SeqBatch(seq, [0] * n, p, logits=p + n == T)])
+            model.forward(kv.store, [SeqBatch(seq, [0] * n, p, logits=p + n == T)])
         steps.append(t.ops)
     return steps
 

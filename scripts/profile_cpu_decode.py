@@ -25,7 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels  # noqa: E402
-from runtime.kv_cache import SeqKV  # noqa: E402
+from runtime.model.kv_store import SeqKV  # noqa: E402
+from runtime.serving.blocks import BlockManager  # noqa: E402
 from runtime.model.loader import load_model  # noqa: E402
 from runtime.model.decoder import Model, SeqBatch  # noqa: E402
 
@@ -48,14 +49,14 @@ class TimedOps:
 
 
 def profile(model: Model, n_seqs: int, ctx: int, steps: int, clock) -> None:
-    kv = model.new_cache(n_seqs * (ctx + steps + 16))
+    kv = BlockManager(model.new_kv_store(n_seqs * (ctx + steps + 16)))
     g = torch.Generator().manual_seed(0)
     seqs = [SeqKV() for _ in range(n_seqs)]
     for s in seqs:  # prefill one sequence at a time, 512-token chunks
         toks = torch.randint(0, model.n_vocab, (ctx,), generator=g).tolist()
         for c in range(0, ctx, 512):
             kv.reserve(s, c + len(toks[c:c + 512]))
-            model.forward(kv, [SeqBatch(s, toks[c:c + 512], c, logits=False)])
+            model.forward(kv.store, [SeqBatch(s, toks[c:c + 512], c, logits=False)])
     base = model.ops
     timed = TimedOps(base, clock)
     model.ops = timed
@@ -69,7 +70,7 @@ def profile(model: Model, n_seqs: int, ctx: int, steps: int, clock) -> None:
             batch = [SeqBatch(s, [1 + i], n, logits=True, topk=1) for s in seqs]
             timed.times.clear()
             t0 = clock()
-            model.forward(kv, batch)
+            model.forward(kv.store, batch)
             totals.append(clock() - t0)
             for k, v in timed.times.items():
                 per_step[k].append(v)

@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))  # after PYTHONPATH: another checkout given there wins
 
-from runtime.kv_cache import SeqKV  # noqa: E402
+from runtime.model.kv_store import SeqKV  # noqa: E402
+from runtime.serving.blocks import BlockManager  # noqa: E402
 from runtime.model.loader import load_model  # noqa: E402
 from runtime.model.decoder import Model, SeqBatch  # noqa: E402
 
@@ -88,16 +89,16 @@ def main() -> None:
     timed = TimedOps(m.ops, weight_names(m))
     m.ops = timed
     for B in (int(b) for b in args.batch.split(",")):
-        kv = m.new_cache((args.ctx + args.steps + 17) // 16 * 16 * B)
+        kv = BlockManager(m.new_kv_store((args.ctx + args.steps + 17) // 16 * 16 * B))
         seqs = [SeqKV() for _ in range(B)]
         for i, s in enumerate(seqs):
             kv.reserve(s, args.ctx + args.steps + 1)
-            m.forward(kv, [SeqBatch(s, [(17 * j + i) % 1000 + 10 for j in range(args.ctx)], 0)])
+            m.forward(kv.store, [SeqBatch(s, [(17 * j + i) % 1000 + 10 for j in range(args.ctx)], 0)])
         per_step, totals = [], []
         for step in range(args.steps):
             timed.t.clear()
             c = time.thread_time()
-            m.forward(kv, [SeqBatch(s, [100 + step], args.ctx + step) for s in seqs])
+            m.forward(kv.store, [SeqBatch(s, [100 + step], args.ctx + step) for s in seqs])
             total = time.thread_time() - c
             per_step.append(dict(timed.t))
             totals.append(total)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.kv_cache import SeqKV
+from runtime.model.kv_store import SeqKV
+from runtime.serving.blocks import BlockManager
 from runtime.model.loader import load_model
 from runtime.model.decoder import Model, SeqBatch
 from runtime.tokenizer import load_tokenizer
@@ -75,7 +76,7 @@ def greedy(m: Model, prompt: list[int], n: int, banned: list[int], cache: torch.
     llama-server's batches (on a sliding-window model, ending where it saves context checkpoints)."""
     from runtime.serving.plan import prompt_breaks
 
-    kv = m.new_cache(len(prompt) + n + 16, dtype=cache)
+    kv = BlockManager(m.new_kv_store(len(prompt) + n + 16, dtype=cache))
     rs = m.new_state(1)  # hybrid models' recurrent state (None for the others)
     cell = 0 if rs is not None else -1
     seq = SeqKV()
@@ -83,7 +84,7 @@ def greedy(m: Model, prompt: list[int], n: int, banned: list[int], cache: torch.
     ends = (list(prompt_breaks(len(prompt), 2048, 512)) if any(L.window for L in m.layers) else []) + [len(prompt)]
     at = 0
     for e in ends:
-        logits, _ = m.forward(kv, [SeqBatch(seq, prompt[at:e], at, rs=cell)], rs)
+        logits, _ = m.forward(kv.store, [SeqBatch(seq, prompt[at:e], at, rs=cell)], rs)
         at = e
     seq.n_tokens = len(prompt)
     out = []
@@ -94,7 +95,7 @@ def greedy(m: Model, prompt: list[int], n: int, banned: list[int], cache: torch.
         out.append(tok)
         if len(out) == n:
             break
-        logits, _ = m.forward(kv, [SeqBatch(seq, [tok], seq.n_tokens, rs=cell)], rs)
+        logits, _ = m.forward(kv.store, [SeqBatch(seq, [tok], seq.n_tokens, rs=cell)], rs)
         seq.n_tokens += 1
     return out
 

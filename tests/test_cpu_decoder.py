@@ -9,10 +9,11 @@ from kernels import Numerics
 from kernels.cpu import native, qdot
 from dataclasses import replace
 
-from runtime.kv_cache import KVCache, SeqKV, swa_blocks_for
+from runtime.model.kv_store import KVStore, SeqKV
 from runtime.model.loader import load_model
 from runtime.model.decoder import Model, SeqBatch
 from runtime.model.tiny_model import GEMMA3_SPEC, MOE_SPEC, PHI3_SPEC, TinyModelSpec, write_tiny_model
+from runtime.serving.blocks import BlockManager, swa_blocks_for
 
 pytestmark = pytest.mark.skipif(native.lib() is None or not qdot.available(),
                                 reason="the fused decoder needs the compiled CPU kernels")
@@ -41,13 +42,14 @@ def _model(tmp_path_factory, key: str, numerics: Numerics = Numerics.GGML) -> Mo
     return Model(load_model(path), "cpu", numerics=numerics)
 
 
-def _cache(m: Model, n_tokens: int, kv_dtype: torch.dtype, swa_pool: bool) -> KVCache:
+def _cache(m: Model, n_tokens: int, kv_dtype: torch.dtype, swa_pool: bool) -> BlockManager:
     """One pool for every layer, or (swa_pool) the sliding-window layers in their own small pool."""
     if not swa_pool:
-        return m.new_cache(n_tokens, dtype=kv_dtype)
+        return BlockManager(m.new_kv_store(n_tokens, dtype=kv_dtype))
     windows = [L.window for L in m.layers]
     n_swa = swa_blocks_for(max(windows), 3, 64, 16)
-    return KVCache(len(m.layers), m.n_head_kv, m.head_dim, (n_tokens + 15) // 16, 16, kv_dtype, "cpu", windows, n_swa)
+    return BlockManager(KVStore(len(m.layers), m.n_head_kv, m.head_dim, (n_tokens + 15) // 16, 16, kv_dtype, "cpu",
+                                windows, n_swa))
 
 
 def _decode(m: Model, prompts: list[list[int]], steps: int, kv_dtype: torch.dtype,
@@ -59,7 +61,7 @@ def _decode(m: Model, prompts: list[list[int]], steps: int, kv_dtype: torch.dtyp
     for s, p in zip(seqs, prompts):
         kv.reserve(s, len(p))
         kv.advance_window(s, 0, len(p))  # (a no-op without the SWA pool)
-        logits, _ = m.forward(kv, [SeqBatch(s, p, 0)])
+        logits, _ = m.forward(kv.store, [SeqBatch(s, p, 0)])
         s.n_tokens = len(p)
         last.append(int(logits[-1].argmax()))
     out = []
@@ -67,7 +69,7 @@ def _decode(m: Model, prompts: list[list[int]], steps: int, kv_dtype: torch.dtyp
         for s in seqs:
             kv.reserve(s, s.n_tokens + 1)
             kv.advance_window(s, s.n_tokens, s.n_tokens + 1)
-        logits, _ = m.forward(kv, [SeqBatch(s, [t], s.n_tokens) for s, t in zip(seqs, last)])
+        logits, _ = m.forward(kv.store, [SeqBatch(s, [t], s.n_tokens) for s, t in zip(seqs, last)])
         for s in seqs:
             s.n_tokens += 1
         last = logits.argmax(-1).tolist()
@@ -110,13 +112,13 @@ def test_a_token_gets_the_same_logits_however_its_prompt_is_batched(tmp_path_fac
     other = torch.randint(0, 300, (9,), generator=g).tolist()
 
     def last_logits(chunks: list[int], with_other: bool = False) -> torch.Tensor:
-        kv = m.new_cache(128)
+        kv = BlockManager(m.new_kv_store(128))
         s, o = SeqKV(), SeqKV()
         kv.reserve(s, len(prompt))
         if with_other:
             kv.reserve(o, len(other) + 1)
             kv.advance_window(o, 0, len(other))
-            m.forward(kv, [SeqBatch(o, other, 0)])
+            m.forward(kv.store, [SeqBatch(o, other, 0)])
         past, out = 0, None
         for n in chunks:
             kv.advance_window(s, past, past + n)
@@ -124,7 +126,7 @@ def test_a_token_gets_the_same_logits_however_its_prompt_is_batched(tmp_path_fac
             if with_other and n == chunks[-1]:
                 kv.advance_window(o, len(other), len(other) + 1)
                 batch.append(SeqBatch(o, [5], len(other)))
-            logits, _ = m.forward(kv, batch)
+            logits, _ = m.forward(kv.store, batch)
             out = logits[0].clone()
             past += n
         return out
@@ -151,14 +153,14 @@ def test_fused_decode_is_taken_for_decode_steps_only(tmp_path_factory, monkeypat
             return real(*a)
 
     m.decoder = Spy()
-    kv = m.new_cache(64)
+    kv = BlockManager(m.new_kv_store(64))
     s = SeqKV()
     kv.reserve(s, 4)
-    m.forward(kv, [SeqBatch(s, [1, 2, 3, 4], 0)])  # prefill: per-op path
+    m.forward(kv.store, [SeqBatch(s, [1, 2, 3, 4], 0)])  # prefill: per-op path
     s.n_tokens = 4
     assert calls == []
     kv.reserve(s, 5)
-    m.forward(kv, [SeqBatch(s, [5], 4)])
+    m.forward(kv.store, [SeqBatch(s, [5], 4)])
     assert calls == [1]
 
 
@@ -176,14 +178,14 @@ def test_models_outside_its_scope_keep_the_per_op_path(tmp_path_factory):
 
 def test_a_slot_outside_the_cache_is_an_error_not_a_write(tmp_path_factory):
     m = _model(tmp_path_factory, "llama-q6_k")
-    kv = m.new_cache(32)
+    kv = BlockManager(m.new_kv_store(32))
     s = SeqKV()
     kv.reserve(s, 3)
-    m.forward(kv, [SeqBatch(s, [1, 2, 3], 0)])
+    m.forward(kv.store, [SeqBatch(s, [1, 2, 3], 0)])
     h = torch.zeros((1, m.n_embd))
-    n_slots = kv.k[0].shape[0] * kv.k[0].shape[1]
-    before = [t.clone() for t in kv.k]
+    n_slots = kv.store.k[0].shape[0] * kv.store.k[0].shape[1]
+    before = [t.clone() for t in kv.store.k]
     with pytest.raises(IndexError, match="outside the cache"):
-        m.decoder(h, kv.k, kv.v, torch.tensor([3]), torch.tensor([n_slots]),
+        m.decoder(h, kv.store.k, kv.store.v, torch.tensor([3]), torch.tensor([n_slots]),
                   torch.zeros((1, 2), dtype=torch.int32), torch.tensor([4], dtype=torch.int32))
-    assert all(torch.equal(a, b) for a, b in zip(before, kv.k))
+    assert all(torch.equal(a, b) for a, b in zip(before, kv.store.k))

@@ -326,7 +326,8 @@ def test_backend_ops_are_functions_even_after_a_submodule_import(monkeypatch):
 
 def test_kernels_and_runtime_import_without_triton():
     """The CPU path never imports triton: importing the runtime and running CPU ops."""
-    code = ("import sys, torch, kernels, runtime.model.decoder, runtime.sampling.sampler, runtime.kv_cache\n"
+    code = ("import sys, torch, kernels, runtime.model.decoder, runtime.sampling.sampler, runtime.model.kv_store\n"
+            "import runtime.serving.blocks\n"
             "x = torch.randn(2, 8)\n"
             "kernels.rms_norm(x, torch.ones(8), 1e-6)\n"
             "kernels.qmatmul(x, kernels.QWeight.from_float(torch.randn(3, 8)))\n"

@@ -81,9 +81,9 @@ def test_lesson_example_11_slot_files(engine):
     r = _run(engine, PRE, n_predict=0, id_slot=0)
     assert r.n_decoded == 1 and r.tokens_cached == 28  # b1 samples one token at n_predict 0, never decoded
     saved = engine.slot_action(0, "save", "review-prefix2.bin")
-    L = engine.kv.n_layers
+    L = engine.blocks.store.n_layers
     # llama-server's layout with two KV streams (one per slot): 48 + 24 per layer fixed bytes
-    assert saved["n_saved"] == 28 and saved["n_written"] == 48 + 24 * L + 28 * (16 + engine.kv.bytes_per_token)
+    assert saved["n_saved"] == 28 and saved["n_written"] == 48 + 24 * L + 28 * (16 + engine.blocks.store.bytes_per_token)
     assert engine.slot_action(0, "erase")["n_erased"] == 28
     r = _run(engine, PRE + " Question: int x = 1/0;", n_predict=2, id_slot=0)
     assert (r.timings.cache_n, r.timings.prompt_n) == (0, 38)

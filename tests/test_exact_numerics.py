@@ -41,7 +41,8 @@ def _same_isa_as_the_recording() -> None:
 def test_logits_are_llama_cpps_bit_for_bit(real):
     """Q4_K_M (Q5_0, Q8_0, Q4_K, Q6_K) on Qwen and Gemma; Q4_1 and Q8_0 on SmolLM2-135M-Instruct, the
     default model (recorded with llama.cpp's AVX2 build only: the AVX-512 recording is missing)."""
-    from runtime.kv_cache import SeqKV
+    from runtime.model.kv_store import SeqKV
+    from runtime.serving.blocks import BlockManager
     from runtime.model.loader import load_model
     from runtime.model.decoder import Model, SeqBatch
 
@@ -52,13 +53,13 @@ def test_logits_are_llama_cpps_bit_for_bit(real):
     m = Model(load_model(real_model_path(real)), "cpu")
     for case in cases:
         toks = case["tokens"]
-        kv = m.new_cache(len(toks) + 64)
+        kv = BlockManager(m.new_kv_store(len(toks) + 64))
         s = SeqKV()
         kv.reserve(s, len(toks))
         at, logits = 0, None
         with torch.inference_mode():
             for n in case["batches"]:
-                logits, _ = m.forward(kv, [SeqBatch(s, toks[at:at + n], at)])
+                logits, _ = m.forward(kv.store, [SeqBatch(s, toks[at:at + n], at)])
                 at += n
             s.n_tokens = len(toks)
             for k, step in enumerate(case["steps"]):
@@ -70,7 +71,7 @@ def test_logits_are_llama_cpps_bit_for_bit(real):
                 if k + 1 == len(case["steps"]):
                     break
                 kv.reserve(s, s.n_tokens + 1)
-                logits, _ = m.forward(kv, [SeqBatch(s, [step["argmax"]], s.n_tokens)])
+                logits, _ = m.forward(kv.store, [SeqBatch(s, [step["argmax"]], s.n_tokens)])
                 s.n_tokens += 1
 
 

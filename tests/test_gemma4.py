@@ -35,7 +35,8 @@ import httpx
 import pytest
 import torch
 
-from runtime.kv_cache import SeqKV
+from runtime.model.kv_store import SeqKV
+from runtime.serving.blocks import BlockManager
 from runtime.model.decoder import Model, SeqBatch
 from runtime.model.loader import load_model
 from runtime.tokenizer import load_tokenizer
@@ -102,10 +103,10 @@ def _forced(m: Model, banned: list[int], recorded: dict, variant: str, config: s
     same = 0
     for p, e in zip(prompts, expected):
         seq = p + e[:-1]
-        kv = m.new_cache(len(seq) + 16, dtype=cache)
+        kv = BlockManager(m.new_kv_store(len(seq) + 16, dtype=cache))
         s = SeqKV()
         kv.reserve(s, len(seq))
-        _, hidden = m.forward(kv, [SeqBatch(s, seq, 0, logits=False, hidden=True)])
+        _, hidden = m.forward(kv.store, [SeqBatch(s, seq, 0, logits=False, hidden=True)])
         logits = m._head(hidden[0][len(p) - 1:])  # [24, V]: the states are normed already
         logits[:, banned] = -math.inf
         same += logits.argmax(-1).tolist() == e

@@ -70,21 +70,22 @@ def reference_logits(lm, ids: list[int], rows: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
 def test_gemma3_forward_matches_float64_reference(loaded, backend):
-    from runtime.kv_cache import SeqKV
+    from runtime.model.kv_store import SeqKV
+    from runtime.serving.blocks import BlockManager
     from runtime.model.decoder import Model, SeqBatch
 
     m = Model(loaded, "cpu", backend=backend)
     assert [L.window for L in m.layers] == [0 if il % 6 == 5 else WINDOW for il in range(18)]
-    kv = m.new_cache(64, dtype=torch.float32)
+    kv = BlockManager(m.new_kv_store(64, dtype=torch.float32))
     seq = SeqKV()
     kv.reserve(seq, len(PROMPT))
     got = []
     # a 7-token prefill chunk, then one token at a time (decode attention crosses the window too)
-    logits, _ = m.forward(kv, [SeqBatch(seq, PROMPT[:7], 0)])
+    logits, _ = m.forward(kv.store, [SeqBatch(seq, PROMPT[:7], 0)])
     got.append(logits[0])
     seq.n_tokens = 7
     for i in range(7, len(PROMPT)):
-        logits, _ = m.forward(kv, [SeqBatch(seq, [PROMPT[i]], i)])
+        logits, _ = m.forward(kv.store, [SeqBatch(seq, [PROMPT[i]], i)])
         got.append(logits[0])
         seq.n_tokens = i + 1
     got = torch.stack(got)  # logits at positions 6..11

@@ -37,7 +37,8 @@ import torch
 
 import kernels
 from kernels.cpu import mxfp4 as cpu_mxfp4, native
-from runtime.kv_cache import SeqKV
+from runtime.model.kv_store import SeqKV
+from runtime.serving.blocks import BlockManager
 from runtime.model.decoder import Model, SeqBatch
 from runtime.model.loader import load_model
 from runtime.tokenizer import load_tokenizer
@@ -184,13 +185,13 @@ def test_model_triton_interpreter(model_files):
         m = Model(lm, "cpu", backend="torch")
         if triton:
             m.ops = _TritonAttention(m.ops)
-        kv = m.new_cache(64, dtype=torch.float32)
+        kv = BlockManager(m.new_kv_store(64, dtype=torch.float32))
         seq = SeqKV()
         kv.reserve(seq, len(ids))
-        out = [m.forward(kv, [SeqBatch(seq, ids[:9], 0)])[0][0]]
+        out = [m.forward(kv.store, [SeqBatch(seq, ids[:9], 0)])[0][0]]
         for i in (9, 10):
-            seq.n_tokens = i
-            out.append(m.forward(kv, [SeqBatch(seq, [ids[i]], i)])[0][0])
+            kv.commit(seq, i)
+            out.append(m.forward(kv.store, [SeqBatch(seq, [ids[i]], i)])[0][0])
         return torch.stack(out)
 
     ref, tri = run(False), run(True)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.kv_cache import SeqKV
+from runtime.model.kv_store import SeqKV
+from runtime.serving.blocks import BlockManager
 from runtime.model.lora import load_lora, write_lora
 from runtime.model.decoder import Model, SeqBatch
 
@@ -68,13 +69,13 @@ def merged(lm, adapters_scales):
 
 def run(model, seqs):
     """Logits of the last token of each (tokens, lora scales) sequence, all in one forward."""
-    kv = model.new_cache(256, block_size=8, dtype=torch.float32)
+    kv = BlockManager(model.new_kv_store(256, block_size=8, dtype=torch.float32))
     batch = []
     for toks, scales in seqs:
         s = SeqKV()
         kv.reserve(s, len(toks))
         batch.append(SeqBatch(s, toks, 0, lora=scales))
-    logits, _ = model.forward(kv, batch)
+    logits, _ = model.forward(kv.store, batch)
     return logits.double()
 
 
@@ -114,14 +115,14 @@ def test_per_row_adapter_sets_in_one_batch(base, tmp_path):
         ref = run(Model(merged(lm, [(a, x) for a, x in zip((a1, a2), s)]), "cpu"), [(p, ())])
         close(got[i:i + 1], ref)
     # a decode row (one token, after a prompt) next to a prompt chunk with another adapter set
-    kv = m.new_cache(256, block_size=8, dtype=torch.float32)
+    kv = BlockManager(m.new_kv_store(256, block_size=8, dtype=torch.float32))
     sa, sb = SeqKV(), SeqKV()
     kv.reserve(sa, len(PROMPTS[0]))
-    m.forward(kv, [SeqBatch(sa, PROMPTS[0], 0, lora=(1.0, 0.0))])
+    m.forward(kv.store, [SeqBatch(sa, PROMPTS[0], 0, lora=(1.0, 0.0))])
     sa.n_tokens = len(PROMPTS[0])
     kv.reserve(sa, len(PROMPTS[0]) + 1)
     kv.reserve(sb, len(PROMPTS[1]))
-    logits, _ = m.forward(kv, [SeqBatch(sa, [77], len(PROMPTS[0]), lora=(1.0, 0.0)), SeqBatch(sb, PROMPTS[1], 0)])
+    logits, _ = m.forward(kv.store, [SeqBatch(sa, [77], len(PROMPTS[0]), lora=(1.0, 0.0)), SeqBatch(sb, PROMPTS[1], 0)])
     close(logits[0:1].double(), run(Model(merged(lm, [(a1, 1.0)]), "cpu"), [(PROMPTS[0] + [77], ())]))
     close(logits[1:2].double(), run(Model(lm, "cpu"), [(PROMPTS[1], ())]))
 

@@ -15,7 +15,8 @@ import torch
 import kernels
 from kernels.dequant_ref import dequantize
 from kernels.qweight import QWeight
-from runtime.kv_cache import SeqKV
+from runtime.model.kv_store import SeqKV
+from runtime.serving.blocks import BlockManager
 from runtime.model.loader import load_model
 from runtime.model.decoder import Model, SeqBatch, rope_inv_freq
 from runtime.model.tiny_model import spec_with, write_tiny_model
@@ -133,8 +134,8 @@ def _check_batched_forward(lm, model, kv_dtype, tol):
     refs = [reference_logits(lm, s) for s in seqs]
 
     # a cache with blocks handed out in a scrambled order
-    kv = model.new_cache(512, block_size=8, dtype=kv_dtype)
-    order = list(range(kv.num_blocks))
+    kv = BlockManager(model.new_kv_store(512, block_size=8, dtype=kv_dtype))
+    order = list(range(kv.store.num_blocks))
     rng.shuffle(order)
     kv.pool.free.clear()
     kv.pool.free.extend(order)
@@ -149,7 +150,7 @@ def _check_batched_forward(lm, model, kv_dtype, tol):
         for i, n in step.items():
             kv.reserve(states[i], fed[i] + n)
             batch.append(SeqBatch(states[i], seqs[i][fed[i]:fed[i] + n], fed[i]))
-        logits, _ = model.forward(kv, batch)
+        logits, _ = model.forward(kv.store, batch)
         for row, (i, n) in enumerate(step.items()):
             assert states[i].n_tokens == fed[i]  # the forward does not advance the sequence
             fed[i] += n
@@ -162,7 +163,7 @@ def _check_batched_forward(lm, model, kv_dtype, tol):
     for i, s in enumerate(states):
         kv.reserve(s, fed[i] + 1)
         batch.append(SeqBatch(s, [extra[i]], fed[i]))
-    logits, _ = model.forward(kv, batch)
+    logits, _ = model.forward(kv.store, batch)
     for i in range(3):
         ref = reference_logits(lm, seqs[i] + [extra[i]])[-1]
         assert _rel(logits[i], ref) < tol
@@ -179,17 +180,17 @@ def test_forward_does_not_advance_n_tokens(tmp_path):
     path = tmp_path / "n.gguf"
     write_tiny_model(path, spec)
     m = Model(load_model(path))
-    kv = m.new_cache(128, block_size=8, dtype=torch.float32)
+    kv = BlockManager(m.new_kv_store(128, block_size=8, dtype=torch.float32))
     a, b, c = SeqKV(), SeqKV(), SeqKV()
     for s, n in ((a, 12), (b, 1), (c, 5)):
         kv.reserve(s, n)
-    m.forward(kv, [SeqBatch(a, list(range(12)), 0), SeqBatch(b, [3], 0), SeqBatch(c, [1, 2, 3, 4, 5], 0, logits=False,
-                                                                              hidden=True)])
+    m.forward(kv.store, [SeqBatch(a, list(range(12)), 0), SeqBatch(b, [3], 0),
+                         SeqBatch(c, [1, 2, 3, 4, 5], 0, logits=False, hidden=True)])
     assert (a.n_tokens, b.n_tokens, c.n_tokens) == (0, 0, 0)
     a.n_tokens = 12
     kv.reserve(a, 13)
     blocks = list(a.blocks)
-    m.forward(kv, [SeqBatch(a, [7], 12)])
+    m.forward(kv.store, [SeqBatch(a, [7], 12)])
     assert a.n_tokens == 12 and a.blocks == blocks
 
 
@@ -207,12 +208,12 @@ def test_rope_inv_freq_linear_scaling():
 def _prefill_logits(m: Model, toks: list[int]) -> torch.Tensor:
     """Logits of every position of `toks` (one sequence, fed one chunk, then each row's logits
     through decode steps of one token so that every row goes through the model's batch paths)."""
-    kv = m.new_cache(64, dtype=torch.float32)
+    kv = BlockManager(m.new_kv_store(64, dtype=torch.float32))
     s = SeqKV()
     kv.reserve(s, len(toks))
     out = []
     for i in range(len(toks)):
-        logits, _ = m.forward(kv, [SeqBatch(s, toks[: i + 1] if i == 0 else [toks[i]], 0 if i == 0 else i)])
+        logits, _ = m.forward(kv.store, [SeqBatch(s, toks[: i + 1] if i == 0 else [toks[i]], 0 if i == 0 else i)])
         out.append(logits[0])
     return torch.stack(out)
 
@@ -243,10 +244,10 @@ def test_quantized_weights_kept_in_blocks_give_the_same_logits(tmp_path, wtype):
     toks = list(range(1, 20))
     out = []
     for m in models:
-        kv = m.new_cache(64, dtype=torch.float32)
+        kv = BlockManager(m.new_kv_store(64, dtype=torch.float32))
         s = SeqKV()
         kv.reserve(s, len(toks))
-        logits, _ = m.forward(kv, [SeqBatch(s, toks, 0)])
+        logits, _ = m.forward(kv.store, [SeqBatch(s, toks, 0)])
         out.append(logits)
     for o in out[1:]:
         assert _rel(o, out[0].double()) < 1e-5
@@ -347,17 +348,17 @@ def test_topk_logits_match_the_exact_row(tmp_path, k):
     write_tiny_model(path, spec)
     m = Model(load_model(path))
     assert m._topk_head is not None
-    kv = m.new_cache(256, dtype=torch.float32)
+    kv = BlockManager(m.new_kv_store(256, dtype=torch.float32))
     seqs = [SeqKV() for _ in range(3)]
     toks = [[random.randrange(5000) for _ in range(n)] for n in (5, 9, 1)]
     for s, t in zip(seqs, toks):
         kv.reserve(s, len(t))
-    full, _ = m.forward(kv, [SeqBatch(s, t, 0) for s, t in zip(seqs, toks)])
+    full, _ = m.forward(kv.store, [SeqBatch(s, t, 0) for s, t in zip(seqs, toks)])
     for s, t in zip(seqs, toks):
         kv.truncate(s, 0)
         kv.reserve(s, len(t))
     banned = (7, int(full[0].argmax()))
-    part, _ = m.forward(kv, [SeqBatch(s, t, 0, topk=k, banned=banned if i == 0 else ())
+    part, _ = m.forward(kv.store, [SeqBatch(s, t, 0, topk=k, banned=banned if i == 0 else ())
                              for i, (s, t) in enumerate(zip(seqs, toks))])
     for i in range(3):
         ref_row = full[i].clone()

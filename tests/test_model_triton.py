@@ -27,7 +27,8 @@ import pytest
 import torch
 
 from runtime.model.cuda_graphs import DecodeGraphs
-from runtime.kv_cache import SeqKV
+from runtime.model.kv_store import SeqKV
+from runtime.serving.blocks import BlockManager
 from runtime.model.loader import load_model
 from runtime.model.decoder import Model, SeqBatch
 from runtime.model.tiny_model import spec_with, write_tiny_model
@@ -49,16 +50,16 @@ def _run(lm, backend: str, seqs: list[list[int]], forced: list[list[int]] | None
     # the CPU backend with its quantized weights dequantized (float math like Triton's; its integer-dot
     # path quantizes the activations and is checked against the float reference in test_model.py)
     model = Model(lm, DEVICE, backend=backend, act_dtype=act, pack_quantized=False if backend == "cpu" else None)
-    kv = model.new_cache(1024, block_size=16, dtype=KV_DTYPE)
+    kv = BlockManager(model.new_kv_store(1024, block_size=16, dtype=KV_DTYPE))
     states = [SeqKV() for _ in seqs]
     batch = []
     for s, toks in zip(states, seqs):
         kv.reserve(s, len(toks))
         batch.append(SeqBatch(s, toks, 0))
-    logits, _ = model.forward(kv, batch)
+    logits, _ = model.forward(kv.store, batch)
     for s, toks in zip(states, seqs):
         s.n_tokens = len(toks)  # the caller advances the sequences after a forward
-    runner = DecodeGraphs(model, kv, max_batch=8, max_blocks=8, capture=DEVICE == "cuda") if graphs else None
+    runner = DecodeGraphs(model, kv.store, max_batch=8, max_blocks=8, capture=DEVICE == "cuda") if graphs else None
     all_logits = [logits.float().cpu()]
     tokens = [logits.argmax(-1).tolist()]
     for step in range(N_DECODE):
@@ -71,7 +72,7 @@ def _run(lm, backend: str, seqs: list[list[int]], forced: list[list[int]] | None
             assert runner.supports(batch)
             logits = runner.run(batch)
         else:
-            logits, _ = model.forward(kv, batch)
+            logits, _ = model.forward(kv.store, batch)
         for s in states:
             s.n_tokens += 1
         all_logits.append(logits.float().cpu())

@@ -31,7 +31,8 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from runtime.model import tiny_model
-from runtime.kv_cache import SeqKV
+from runtime.model.kv_store import SeqKV
+from runtime.serving.blocks import BlockManager
 from runtime.model.loader import load_model
 from runtime.model.decoder import Model, SeqBatch
 from tests.llama_tokens import compare, float_order, recorded_tokens, variant_files
@@ -109,14 +110,14 @@ def reference_logits(hp: dict, w: dict[str, torch.Tensor], ids: list[int], windo
 
 def _forward_steps(m: Model, ids: list[int], prefill: int) -> torch.Tensor:
     """Logits [len(ids) - prefill + 1, V]: a prefill chunk, then one token at a time."""
-    kv = m.new_cache(128, dtype=torch.float32)
+    kv = BlockManager(m.new_kv_store(128, dtype=torch.float32))
     seq = SeqKV()
     kv.reserve(seq, len(ids))
-    logits, _ = m.forward(kv, [SeqBatch(seq, ids[:prefill], 0)])
+    logits, _ = m.forward(kv.store, [SeqBatch(seq, ids[:prefill], 0)])
     out = [logits[0]]
     seq.n_tokens = prefill
     for i in range(prefill, len(ids)):
-        logits, _ = m.forward(kv, [SeqBatch(seq, [ids[i]], i)])
+        logits, _ = m.forward(kv.store, [SeqBatch(seq, [ids[i]], i)])
         out.append(logits[0])
         seq.n_tokens = i + 1
     return torch.stack(out)

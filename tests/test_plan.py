@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from runtime.kv_cache import SeqKV
+from runtime.model.kv_store import SeqKV
 from runtime.sampling.sampler import SamplerState
 from runtime.serving.handle import Outbox, TaskHandle
 from runtime.serving.plan import StepPlan, plan_step

@@ -41,11 +41,12 @@ def _x8(m: Model) -> list:
 
 
 def _logits(m: Model, ids: list[int]) -> torch.Tensor:
-    kv = m.new_cache(64)
-    from runtime.kv_cache import SeqKV
+    from runtime.model.kv_store import SeqKV
+    from runtime.serving.blocks import BlockManager
+    kv = BlockManager(m.new_kv_store(64))
     seq = SeqKV()
     kv.reserve(seq, len(ids))
-    return m.forward(kv, [SeqBatch(seq, ids, 0)])[0]
+    return m.forward(kv.store, [SeqBatch(seq, ids, 0)])[0]
 
 
 @pytest.mark.parametrize("fork", [True, False], ids=["forked", "threads"])

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import torch
+from gguf import GGMLQuantizationType
 
+from runtime.model.kv_store import KVState
 from runtime.serving.prompt_cache import PromptCache, cache_reuse_plan
 from runtime.serving.slots import common_prefix
 
@@ -25,7 +27,9 @@ def test_cache_reuse_plan_lesson_example_10():
 
 
 def _state(n):
-    return {"k": torch.zeros(1, n, 1, 4), "v": torch.zeros(1, n, 1, 4)}
+    """n positions of one layer, one head of 4 float32 values, as a store exports them."""
+    rows = torch.zeros(1, n, 16, dtype=torch.uint8)
+    return KVState(rows, rows.clone(), GGMLQuantizationType.F32, GGMLQuantizationType.F32)
 
 
 def test_prompt_cache_save_dedup_and_take_best():
@@ -46,8 +50,8 @@ def test_prompt_cache_save_dedup_and_take_best():
 
 
 def test_prompt_cache_evicts_oldest_over_limit():
-    per = _state(10)
-    size = sum(t.numel() * t.element_size() for t in per.values())
+    size = _state(10).nbytes
+    assert size == 2 * 10 * 16
     pc = PromptCache(limit_bytes=2 * size)
     for i in range(4):
         pc.save([i * 100 + j for j in range(10)], lambda: _state(10))
@@ -58,8 +62,7 @@ def test_prompt_cache_evicts_oldest_over_limit():
 def test_prompt_cache_alloc_and_trace_as_llama_server():
     """server_prompt_cache::alloc: a state larger than the whole limit is not stored (and evicts
     nothing); room is made before a state goes in; update's trace lines name every entry."""
-    per = _state(10)
-    size = sum(t.numel() * t.element_size() for t in per.values())
+    size = _state(10).nbytes
     lines: list[str] = []
     pc = PromptCache(limit_bytes=2 * size, limit_tokens=4096, trace=lines.append)
     assert pc.save(list(range(10)), lambda: _state(10), size)

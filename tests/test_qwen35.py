@@ -1,6 +1,6 @@
 """qwen35 / qwen35moe (runtime/model/arch/qwen35.py; the linear-attention ops of kernels/ref_linear.py,
 kernels/cpu/linear_attn.c, kernels/triton/linear_attn.py; the recurrent state's serving in
-runtime/kv_cache.py and runtime/serving/) on the tiny random models of
+runtime/serving/blocks.py and runtime/serving/) on the tiny random models of
 scripts/record_qwen35_reference.py:
 
 - the short convolution and the gated delta rule (CPU C kernel, Triton under the interpreter, the
@@ -33,9 +33,10 @@ import torch
 
 from kernels import cpu as cpu_ops
 from kernels import ref_linear
-from runtime.kv_cache import SeqKV
+from runtime.model.kv_store import SeqKV
 from runtime.model.decoder import Model, SeqBatch
 from runtime.model.loader import load_model
+from runtime.serving.blocks import BlockManager
 from runtime.serving.plan import recurrent_resume
 from tests.llama_tokens import compare, recorded_tokens, variant_files
 
@@ -145,13 +146,13 @@ def test_model_triton_linear_attention_interpreter(model_files):
         m = Model(lm, "cpu", backend="torch")
         if backend == "triton":
             m.ops = _TritonLinear(m.ops)
-        kv, rs = m.new_cache(64, dtype=torch.float32), m.new_state(1)
+        kv, rs = BlockManager(m.new_kv_store(64, dtype=torch.float32)), m.new_state(1)
         seq = SeqKV()
         kv.reserve(seq, len(ids))
-        out = [m.forward(kv, [SeqBatch(seq, ids[:4], 0, rs=0)], rs)[0][0]]
+        out = [m.forward(kv.store, [SeqBatch(seq, ids[:4], 0, rs=0)], rs)[0][0]]
         for i in (4, 5):
-            seq.n_tokens = i
-            out.append(m.forward(kv, [SeqBatch(seq, [ids[i]], i, rs=0)], rs)[0][0])
+            kv.commit(seq, i)
+            out.append(m.forward(kv.store, [SeqBatch(seq, [ids[i]], i, rs=0)], rs)[0][0])
         return torch.stack(out)
 
     torch.testing.assert_close(run("triton"), run("torch"), rtol=1e-3, atol=1e-3)

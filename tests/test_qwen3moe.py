@@ -30,7 +30,8 @@ from gguf import GGMLQuantizationType as Q
 
 from kernels import Backend, ref
 from kernels.qweight import Experts, QWeight
-from runtime.kv_cache import SeqKV
+from runtime.model.kv_store import SeqKV
+from runtime.serving.blocks import BlockManager
 from runtime.model.loader import load_model
 from runtime.model.decoder import Model, SeqBatch
 from runtime.model.tiny_model import quantize
@@ -106,14 +107,14 @@ def reference_logits(lm, ids: list[int]) -> torch.Tensor:
 
 def _forward_steps(m: Model, ids: list[int], prefill: int) -> torch.Tensor:
     """Logits [len(ids) - prefill + 1, V]: a prefill chunk, then one token at a time."""
-    kv = m.new_cache(128, dtype=torch.float32)
+    kv = BlockManager(m.new_kv_store(128, dtype=torch.float32))
     seq = SeqKV()
     kv.reserve(seq, len(ids))
-    logits, _ = m.forward(kv, [SeqBatch(seq, ids[:prefill], 0)])
+    logits, _ = m.forward(kv.store, [SeqBatch(seq, ids[:prefill], 0)])
     out = [logits[0]]
     seq.n_tokens = prefill
     for i in range(prefill, len(ids)):
-        logits, _ = m.forward(kv, [SeqBatch(seq, [ids[i]], i)])
+        logits, _ = m.forward(kv.store, [SeqBatch(seq, [ids[i]], i)])
         out.append(logits[0])
         seq.n_tokens = i + 1
     return torch.stack(out)
@@ -329,18 +330,18 @@ def test_decode_graph_runner_triton_interpreter(model_files):
     prompts = [PROMPT[:3], PROMPT[3:8]]
 
     def run(graphs: bool) -> torch.Tensor:
-        kv = m.new_cache(128, dtype=torch.float32)
+        kv = BlockManager(m.new_kv_store(128, dtype=torch.float32))
         states = [SeqKV() for _ in prompts]
         batch = []
         for s, p in zip(states, prompts):
             kv.reserve(s, len(p) + 2)
             batch.append(SeqBatch(s, p, 0))
-        logits, _ = m.forward(kv, batch)
+        logits, _ = m.forward(kv.store, batch)
         for s, p in zip(states, prompts):
             s.n_tokens = len(p)
-        runner = DecodeGraphs(m, kv, max_batch=2, max_blocks=8, capture=False) if graphs else None
+        runner = DecodeGraphs(m, kv.store, max_batch=2, max_blocks=8, capture=False) if graphs else None
         step = [SeqBatch(s, [int(t)], s.n_tokens) for s, t in zip(states, logits.argmax(-1))]
-        return runner.run(step) if graphs else m.forward(kv, step)[0]
+        return runner.run(step) if graphs else m.forward(kv.store, step)[0]
 
     torch.testing.assert_close(run(True), run(False), rtol=1e-4, atol=1e-4)
 

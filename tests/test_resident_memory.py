@@ -15,7 +15,8 @@ import torch
 import kernels
 from kernels.cpu import qdot
 from kernels.qweight import QWeight
-from runtime.kv_cache import KVCache, SeqKV
+from runtime.model.kv_store import KVStore, SeqKV
+from runtime.serving.blocks import BlockManager
 
 
 def _rss_mib() -> float:
@@ -29,22 +30,22 @@ def _rss_mib() -> float:
 def test_kv_cache_blocks_cost_memory_only_once_written():
     before = _rss_mib()
     # 8 layers x K/V x 2048 blocks x 16 tokens x 8 heads x 64 x 2 bytes = 512 MiB of address space
-    kv = KVCache(8, 8, 64, 2048, 16, torch.float16, "cpu")
+    store = KVStore(8, 8, 64, 2048, 16, torch.float16, "cpu")
     assert _rss_mib() - before < 32
-    assert not kv.k[0][:64].any() and not kv.v[7][-64:].any()  # zeros
+    assert not store.k[0][:64].any() and not store.v[7][-64:].any()  # zeros
     before = _rss_mib()
     seq = SeqKV()
-    kv.reserve(seq, 16 * 64)  # 64 blocks written in every layer: 8 x 2 x 64 x 16 KiB = 16 MiB
+    BlockManager(store).reserve(seq, 16 * 64)  # 64 blocks written in every layer: 8 x 2 x 64 x 16 KiB = 16 MiB
     for li in range(8):
-        kv.k[li][seq.blocks] = 1.0
-        kv.v[li][seq.blocks] = 2.0
+        store.k[li][seq.blocks] = 1.0
+        store.v[li][seq.blocks] = 2.0
     grown = _rss_mib() - before
     assert 12 < grown < 32, grown
-    assert float(kv.k[3][seq.blocks].float().sum()) == 64 * 16 * 8 * 64
+    assert float(store.k[3][seq.blocks].float().sum()) == 64 * 16 * 8 * 64
 
 
 def test_freed_blocks_are_reused_first():
-    kv = KVCache(1, 1, 8, 32, 4, torch.float16, "cpu")
+    kv = BlockManager(KVStore(1, 1, 8, 32, 4, torch.float16, "cpu"))
     a, b = SeqKV(), SeqKV()
     kv.reserve(a, 12)
     first = list(a.blocks)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from runtime.model.cuda_graphs import DecodeGraphs
-from runtime.kv_cache import SeqKV
+from runtime.model.kv_store import SeqKV
+from runtime.serving.blocks import BlockManager
 from runtime.model.loader import load_model
 from runtime.model.decoder import Model, SeqBatch
 from runtime.serving.plan import StepPlan
@@ -24,8 +25,8 @@ def model(tmp_path_factory):
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_run_advances_n_tokens_after_the_forward(model, graphs):
-    kv = model.new_cache(128, block_size=4, dtype=torch.float32)
-    runner = ModelRunner(model, kv, DecodeGraphs(model, kv, 4, 8, capture=False) if graphs else None)
+    kv = BlockManager(model.new_kv_store(128, block_size=4, dtype=torch.float32))
+    runner = ModelRunner(model, kv, DecodeGraphs(model, kv.store, 4, 8, capture=False) if graphs else None)
     a, b = SeqKV(), SeqKV()
     kv.reserve(a, 6)
     kv.reserve(b, 3)
@@ -63,7 +64,7 @@ def test_micro_batches_compute_what_one_forward_computes(model):
     torch.manual_seed(0)
     outs = []
     for n_ubatch in (512, 5, 1):
-        kv = model.new_cache(128, block_size=4, dtype=torch.float32)
+        kv = BlockManager(model.new_kv_store(128, block_size=4, dtype=torch.float32))
         runner = ModelRunner(model, kv, None, n_ubatch=n_ubatch)
         a, b, c = SeqKV(), SeqKV(), SeqKV()
         for s, n in ((a, 13), (b, 7), (c, 4)):

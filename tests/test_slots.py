@@ -7,7 +7,8 @@ import threading
 import pytest
 import torch
 
-from runtime.kv_cache import KVCache, OutOfBlocks
+from runtime.model.kv_store import KVStore
+from runtime.serving.blocks import BlockManager, OutOfBlocks
 from runtime.serving.handle import Outbox, TaskHandle
 from runtime.serving.slots import Request, SlotState, new_slots, pick_slot, release, reserve, slot_view
 from runtime.serving.stopping import TextState
@@ -62,7 +63,8 @@ def test_pick_slot_by_prompt_similarity_then_lru():
 
 
 def _kv(num_blocks):
-    return KVCache(n_layers=1, n_kv_heads=1, head_dim=4, num_blocks=num_blocks, block_size=4, dtype=torch.float32)
+    return BlockManager(KVStore(n_layers=1, n_kv_heads=1, head_dim=4, num_blocks=num_blocks, block_size=4,
+                                dtype=torch.float32))
 
 
 def test_reserve_purges_idle_slots_in_slot_order():

@@ -1,44 +1,48 @@
-"""Sliding-window layers keep only their window in the paged KV cache (runtime/kv_cache.py's SWA
-pool; `--swa-full` keeps every position): the block bookkeeping on a small cache, then gemma3
+"""Sliding-window layers keep only their window in the paged KV cache (the KV store's SWA pool,
+its blocks handed out by runtime/serving/blocks.py; `--swa-full` keeps every position): the block bookkeeping on a small cache, then gemma3
 (the real Gemma 3 270M with its window shrunk to a few blocks, as tests/test_gemma_arch.py does)
 through the model and the engine: the same logits and greedy tokens with and without the SWA pool,
 bounded SWA memory after a long generation, prefix reuse only while the window is held, slot
 files. The model tests skip (naming scripts/fetch_models.py) without the model."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from runtime.kv_cache import NULL_BLOCK, KVCache, SeqKV, swa_blocks_for
+from runtime.model.kv_store import NULL_BLOCK, KVStore, SeqKV
+from runtime.serving.blocks import BlockManager, KVUsage, swa_blocks_for
 
 BS = 4
 
 
-def _swa_cache(window=6, n_swa=8, num_blocks=32):
+def _swa_cache(window=6, n_swa=8, num_blocks=32) -> BlockManager:
     # layers 0 and 2 local, 1 global
-    return KVCache(3, 1, 8, num_blocks, BS, torch.float32, "cpu", [window, 0, window], n_swa)
+    return BlockManager(KVStore(3, 1, 8, num_blocks, BS, torch.float32, "cpu", [window, 0, window], n_swa))
 
 
-def _write(kv: KVCache, seq: SeqKV, start: int, n: int) -> tuple[list, list]:
+def _write(kv: BlockManager, seq: SeqKV, start: int, n: int) -> tuple[list, list]:
     kv.reserve(seq, start + n)
     kv.advance_window(seq, start, start + n)
     ks = [torch.randn(n, 1, 8) for _ in range(3)]
     vs = [torch.randn(n, 1, 8) for _ in range(3)]
-    kv.scatter(seq, start, ks, vs)
-    seq.n_tokens = start + n
+    kv.store.scatter(seq, start, ks, vs)
+    kv.commit(seq, start + n)
     return ks, vs
 
 
 def test_window_frees_blocks_and_keeps_what_the_window_reads():
     kv = _swa_cache()
-    assert kv.is_swa == [True, False, True] and kv.k[0].shape[0] == 9 and kv.k[1].shape[0] == 32
+    assert kv.store.is_swa == [True, False, True] and kv.store.k[0].shape[0] == 9 and kv.store.k[1].shape[0] == 32
     s = SeqKV()
     written = [_write(kv, s, p, 1) for p in range(30)]  # decode one token at a time
     # the next token (position 30) reads 25..29: blocks 6 and 7; blocks 0..5 are dropped
     assert s.swa_blocks[:6] == [NULL_BLOCK] * 6 and NULL_BLOCK not in s.swa_blocks[6:]
     assert kv.swa_blocks_in_use() == 2 and s.swa_start == 24 and len(s.blocks) == 8
-    assert kv.window_ok(s, 30) and kv.window_ok(s, 29) and not kv.window_ok(s, 28)
-    ks, vs = kv.gather(s, 0, 30)
+    assert kv.window_ok(s, 30) and kv.window_ok(s, 29) and not kv.window_ok(s, 28) and not kv.can_move(s)
+    assert kv.usage() == KVUsage(32, 24, 8, 6)  # the SWA pool's null block is not counted
+    ks, vs = kv.store.gather(s, 0, 30)
     for p in range(30):  # global layer: everything; local layers: the held positions, zeros below
         assert torch.equal(ks[1][p], written[p][0][1][0])
         want = written[p][0][0][0] if p >= 24 else torch.zeros(1, 8)
@@ -58,15 +62,15 @@ def test_export_import_and_truncate_keep_the_window_rule():
     for p in range(0, 20, 5):
         _write(kv, a, p, 5)
     state = kv.export(a)
-    assert state["swa_start"] == 8 and bool((state["k"][0, :8] == 0).all())
+    assert state.swa_start == 8 and bool((state.k[0, :8] == 0).all())
     b = SeqKV()
     kv.import_(b, state)
     assert b.n_tokens == 20 and b.swa_start == 14 and kv.window_ok(b, 20) and kv.window_ok(b, 19)
-    ga, gb = kv.gather(a, 14, 20), kv.gather(b, 14, 20)
+    ga, gb = kv.store.gather(a, 14, 20), kv.store.gather(b, 14, 20)
     assert all(torch.equal(x, y) for x, y in zip(ga[0] + ga[1], gb[0] + gb[1]))
     # a state without swa_start (a slot file) restores what the next token needs
     c = SeqKV()
-    kv.import_(c, {"k": state["k"], "v": state["v"]})
+    kv.import_(c, dataclasses.replace(state, swa_start=None))
     assert c.swa_start == 15 and kv.window_ok(c, 20) and not kv.window_ok(c, 19)
     # truncating into the dropped part: nothing of the window is left
     kv.truncate(a, 10)
@@ -84,10 +88,10 @@ def test_shared_prefix_copies_a_shared_swa_block_before_writing():
     _write(kv, a, 0, 10)
     b = kv.share_prefix(a, 10)
     assert b.swa_blocks == a.swa_blocks and kv.swa_pool.refs[a.swa_blocks[2]] == 2
-    before = kv.gather(a, 8, 10)[0][0].clone()
+    before = kv.store.gather(a, 8, 10)[0][0].clone()
     _write(kv, b, 10, 1)
-    assert b.swa_blocks[2] != a.swa_blocks[2] and torch.equal(kv.gather(a, 8, 10)[0][0], before)
-    assert torch.equal(kv.gather(b, 8, 10)[0][0], before)
+    assert b.swa_blocks[2] != a.swa_blocks[2] and torch.equal(kv.store.gather(a, 8, 10)[0][0], before)
+    assert torch.equal(kv.store.gather(b, 8, 10)[0][0], before)
 
 
 def test_pool_size_bound():
@@ -119,17 +123,17 @@ def test_model_logits_equal_with_the_swa_pool_and_match_the_reference(gemma_path
     lm.config.sliding_window = ga.WINDOW
     m = Model(lm, "cpu", backend="cpu")
     windows = [L.window for L in m.layers]
-    full = KVCache(18, m.n_head_kv, m.head_dim, 8, 4, torch.float32)
-    swa = KVCache(18, m.n_head_kv, m.head_dim, 8, 4, torch.float32, "cpu", windows, swa_blocks_for(5, 1, 7, 4))
+    full = BlockManager(KVStore(18, m.n_head_kv, m.head_dim, 8, 4, torch.float32))
+    swa = BlockManager(KVStore(18, m.n_head_kv, m.head_dim, 8, 4, torch.float32, "cpu", windows, swa_blocks_for(5, 1, 7, 4)))
     out = {}
     for name, kv in (("full", full), ("swa", swa)):
         seq, got = SeqKV(), []
         for start, end in [(0, 7)] + [(i, i + 1) for i in range(7, len(ga.PROMPT))]:
             kv.reserve(seq, end)
             kv.advance_window(seq, start, end)
-            logits, _ = m.forward(kv, [SeqBatch(seq, ga.PROMPT[start:end], start)])
+            logits, _ = m.forward(kv.store, [SeqBatch(seq, ga.PROMPT[start:end], start)])
             got.append(logits[0])
-            seq.n_tokens = end
+            kv.commit(seq, end)
         out[name] = torch.stack(got)
     assert swa.swa_blocks_in_use() == 2 and seq.swa_blocks[0] == NULL_BLOCK  # keys 7..11 in blocks 1, 2
     assert torch.equal(out["swa"], out["full"])
@@ -173,15 +177,15 @@ PROMPT = "The history of the city of Rome begins with a small settlement on the 
 
 def test_engine_memory_bounded_and_tokens_unchanged(engines):
     swa, full = engines["swa"], engines["full"]
-    assert swa.kv.window == WINDOW and full.kv.window == 0
-    assert swa.kv.nbytes < full.kv.nbytes
+    assert swa.blocks.window == WINDOW and full.blocks.window == 0
+    assert swa.blocks.store.nbytes < full.blocks.store.nbytes
     ids = swa.tokenizer.encode(PROMPT, add_special=True, parse_special=True)
     a, b = _run(swa, ids), _run(full, ids)
     assert a.tokens == b.tokens and len(a.tokens) == 120
     n_cached = len(ids) + 119
     # the slot keeps every position for the global layers, its window for the local ones
-    assert swa.kv.pool.num_blocks - swa.kv.pool.n_free == (n_cached + 15) // 16
-    assert swa.kv.swa_blocks_in_use() <= (WINDOW + 15) // 16 + 1 < (n_cached + 15) // 16
+    assert swa.blocks.pool.num_blocks - swa.blocks.pool.n_free == (n_cached + 15) // 16
+    assert swa.blocks.swa_blocks_in_use() <= (WINDOW + 15) // 16 + 1 < (n_cached + 15) // 16
 
 
 def test_prefix_reuse_only_while_the_window_is_held(engines):
@@ -229,10 +233,10 @@ def test_decode_graph_buffers_carry_the_swa_tables(engines, gemma_path):
     """The CUDA-graph decode path (its static buffers, run eagerly on the CPU) with the SWA pool."""
     e = _engine(gemma_path, cuda_graphs="eager")
     try:
-        assert e.runner.graphs is not None and e.runner.graphs.swa and e.kv.window == WINDOW
+        assert e.runner.graphs is not None and e.runner.graphs.swa and e.blocks.window == WINDOW
         ids = e.tokenizer.encode(PROMPT, add_special=True, parse_special=True)
         assert _run(e, ids, n=60).tokens == _run(engines["full"], ids, n=60, cache_prompt=False).tokens
-        assert e.kv.swa_blocks_in_use() <= (WINDOW + 15) // 16 + 1
+        assert e.blocks.swa_blocks_in_use() <= (WINDOW + 15) // 16 + 1
     finally:
         e.stop()
 
@@ -251,7 +255,7 @@ def test_context_checkpoint_restores_the_window():
     assert s.swa_start == 32 and kv.window_ok(s, 19)  # (through the checkpoint)
     kv.truncate(s, 19)
     assert s.swa_start == 12 and kv.window_ok(s, 19)  # (from the window's first block, 14 // 4 * 4)
-    ks, vs = kv.gather(s, 14, 19)  # the next token (19) reads 14..18
+    ks, vs = kv.store.gather(s, 14, 19)  # the next token (19) reads 14..18
     for p in range(14, 19):
         assert torch.equal(ks[0][p - 14], written[p][0][0][0]) and torch.equal(vs[2][p - 14], written[p][1][2][0])
     # positions the checkpoint does not cover, and checkpoints past a truncation, are gone

@@ -142,7 +142,8 @@ def test_random_blocks_model_loads_and_runs(tmp_path):
     import torch
 
     from kernels.dequant_ref import dequantize
-    from runtime.kv_cache import SeqKV
+    from runtime.model.kv_store import SeqKV
+    from runtime.serving.blocks import BlockManager
     from runtime.model.loader import load_model
     from runtime.model.decoder import Model, SeqBatch
     from runtime.model.tiny_model import spec_with, write_tiny_model
@@ -155,8 +156,8 @@ def test_random_blocks_model_loads_and_runs(tmp_path):
         w = dequantize(lm.weights[name])
         assert torch.isfinite(w).all() and 0.001 < float(w.std()) < 0.2, name
     m = Model(lm, unpack_budget=0)
-    kv = m.new_cache(32)
+    kv = BlockManager(m.new_kv_store(32))
     s = SeqKV()
     kv.reserve(s, 5)
-    logits, _ = m.forward(kv, [SeqBatch(s, [1, 2, 3, 4, 5], 0)])
+    logits, _ = m.forward(kv.store, [SeqBatch(s, [1, 2, 3, 4, 5], 0)])
     assert torch.isfinite(logits).all()

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import torch
 
-from runtime.kv_cache import KVCache
+from runtime.model.kv_store import KVStore
 from runtime.model.decoder import Model, SeqBatch
 
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 class DecodeGraphs:
-    def __init__(self, model: Model, kv: KVCache, max_batch: int, max_blocks: int, capture: bool | None = None):
+    def __init__(self, model: Model, kv: KVStore, max_batch: int, max_blocks: int, capture: bool | None = None):
         dev = model.device
         self.model, self.kv = model, kv
         self.capture = dev.type == "cuda" if capture is None else capture
@@ -40,7 +40,7 @@ class DecodeGraphs:
         self.tables = torch.zeros((B, max_blocks), dtype=torch.int32, device=dev)
         self.lens = torch.ones(B, dtype=torch.int32, device=dev)
         self.cu = torch.arange(B + 1, dtype=torch.int32, device=dev)
-        # the sliding-window layers' slots and tables when the cache keeps them apart (kv_cache.py)
+        # the sliding-window layers' slots and tables when the store keeps them apart (kv_store.py)
         self.swa = bool(kv.window)
         self.swa_slots = torch.full((B,), -1, dtype=torch.int64, device=dev) if self.swa else None
         self.swa_tables = torch.zeros((B, max_blocks), dtype=torch.int32, device=dev) if self.swa else None

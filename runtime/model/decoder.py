@@ -33,7 +33,7 @@ from runtime.model.arch.qwen35 import LinearAttention, SharedExpertMoE, recurren
 from runtime.model.recurrent import RecurrentStore
 from runtime.model.arch.qwenvl import mrope, pair_sections
 from runtime.model import media as mm
-from runtime.kv_cache import KVCache, SeqKV
+from runtime.model.kv_store import KeyRotation, KVStore, SeqKV
 from runtime.model.lora import RowLora
 
 
@@ -69,7 +69,7 @@ class StepTensors:
     rows: list[int]
     need_hidden: bool
     swa_slots: torch.Tensor | None = None  # [T]: the sliding-window layers' slots in the SWA pool
-    swa_tables: torch.Tensor | None = None  # [S, max_blocks] int32: their block tables (kv_cache.py)
+    swa_tables: torch.Tensor | None = None  # [S, max_blocks] int32: their block tables (kv_store.py)
     media: mm.StepMedia | None = None  # rows taking media embeddings (runtime/model/media.py)
     rs_cells: torch.Tensor | None = None  # [S] int64: each sequence's RecurrentStore cell (hybrid models)
 
@@ -365,16 +365,21 @@ class Model:
             return logits
         return torch.where(torch.isinf(logits), logits, cap * torch.tanh(logits / cap))
 
-    def new_cache(self, n_tokens: int, block_size: int = 16, dtype: torch.dtype = torch.float16) -> KVCache:
+    def key_rotation(self) -> KeyRotation:  # how cached keys are re-rotated when they move (KVStore.move)
+        return KeyRotation(self.rope_inv_freqs, self.neox)
+
+    def new_kv_store(self, n_tokens: int, block_size: int = 16, dtype: torch.dtype = torch.float16) -> KVStore:
+        """K/V tensors for `n_tokens` positions; the serving room's `BlockManager` hands out its blocks."""
         nb = (n_tokens + block_size - 1) // block_size
-        return KVCache(len(self.layers), self.n_head_kv, self.head_dim, nb, block_size, dtype, self.device)
+        return KVStore(len(self.layers), self.n_head_kv, self.head_dim, nb, block_size, dtype, self.device,
+                       rope=self.key_rotation())
 
     def new_state(self, n_cells: int) -> RecurrentStore | None:
         """The recurrent state cells of a hybrid model (None for the others); the serving room
         hands them out (`SeqBatch.rs`)."""
         return None if self.recurrent is None else RecurrentStore(self.recurrent, n_cells, self.device)
 
-    def _layers(self, kv: KVCache, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
+    def _layers(self, kv: KVStore, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
                 tables: torch.Tensor, cu: torch.Tensor, kv_lens_t: torch.Tensor,
                 max_q_len: int | None, lora: RowLora | None = None,
                 swa_slot_t: torch.Tensor | None = None, swa_tables: torch.Tensor | None = None,
@@ -450,7 +455,7 @@ class Model:
                 h[media.rows] += mm.deepstack_rows(media, li, self.n_embd).to(h.dtype)
         return h if residual is None else h + residual  # [T, C] final residual stream
 
-    def _attention(self, li: int, L: Layer, x: torch.Tensor, kv: KVCache, pos_t, pos4, slot_t, tables, cu, kv_lens_t,
+    def _attention(self, li: int, L: Layer, x: torch.Tensor, kv: KVStore, pos_t, pos4, slot_t, tables, cu, kv_lens_t,
                    max_q_len, lora, swa_slot_t, swa_tables, media) -> torch.Tensor:
         """One attention block of `_layers` on the normed input x [T, C] -> its output [T, C] (before
         the residual add; with -tp this rank's partial sum)."""
@@ -508,7 +513,7 @@ class Model:
             h = h + L.bo.to(h.dtype)  # (no -tp with experts: the bias is added once)
         return h
 
-    def _attention_gemma4(self, li: int, L: Layer, qkv: torch.Tensor, kv: KVCache, pos_t, slot_t, tables, cu,
+    def _attention_gemma4(self, li: int, L: Layer, qkv: torch.Tensor, kv: KVStore, pos_t, slot_t, tables, cu,
                           kv_lens_t, max_q_len, swa_slot_t, swa_tables) -> torch.Tensor:
         """gemma4's attention block (runtime/model/arch/gemma4.py) from the projections qkv [T, H D (+ 2 KVH D)]:
         q/k norms, v's weightless norm, the layer's RoPE, K/V written unless the layer reads another
@@ -538,7 +543,7 @@ class Model:
     def _ones(self, D: int, like: torch.Tensor) -> torch.Tensor:
         return torch.ones(D, dtype=torch.float32, device=like.device)
 
-    def decode_logits(self, kv: KVCache, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
+    def decode_logits(self, kv: KVStore, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
                       tables: torch.Tensor, cu: torch.Tensor, kv_lens_t: torch.Tensor,
                       swa_slot_t: torch.Tensor | None = None, swa_tables: torch.Tensor | None = None) -> torch.Tensor:
         """One new token per sequence (B rows, cu = arange(B + 1)): full logits [B, V] float32,
@@ -579,15 +584,15 @@ class Model:
         return self._softcap(logits)
 
     @torch.inference_mode()
-    def forward(self, kv: KVCache, batch: list[SeqBatch],
+    def forward(self, kv: KVStore, batch: list[SeqBatch],
                 rs: RecurrentStore | None = None) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
         """Run the batch; returns (logits [n_rows_with_logits, n_vocab] float32 in batch order,
-        hidden states per sequence ([n_new, C] or None)). Blocks must be reserved beforehand
-        (`kv.reserve(seq, n_past + len(tokens))`). n_tokens of the sequences is not touched: the
-        caller advances it once the step is done (the serving room's `ModelRunner.run`). Hybrid
-        models: `rs` (default: `kv.rs`) holds each sequence's state in its cell `SeqBatch.rs` (default:
-        `seq.rs`; the state after its first n_past tokens; a sequence starting at 0 starts from
-        zeros), left there after the step."""
+        hidden states per sequence ([n_new, C] or None)). New K/V go to the blocks the rows' tables name
+        (reserved beforehand: `BlockManager.reserve`); the tables are only read (n_tokens is the
+        caller's to advance once the step is done, `ModelRunner.run`). Hybrid models: `rs` (default:
+        the store's, `kv.rs`) holds each sequence's state in its cell `SeqBatch.rs` (default: `seq.rs`;
+        the state after its first n_past tokens; a sequence starting at 0 starts from zeros), left
+        there after the step."""
         ids, pos, slots, q_lens, kv_lens = [], [], [], [], []
         for b in batch:
             n = len(b.tokens)
@@ -599,7 +604,7 @@ class Model:
             kv_lens.append(b.n_past + n)
         tables = _block_tables([b.seq.blocks for b in batch])
         swa_slots = swa_tables = None
-        if getattr(kv, "window", 0):  # sliding-window layers in their own pool (runtime/kv_cache.py)
+        if kv.window:  # sliding-window layers in their own pool (runtime/model/kv_store.py)
             swa_slots = torch.cat([kv.swa_slot_mapping(b.seq, b.n_past, b.n_past + len(b.tokens)) for b in batch])
             swa_tables = _block_tables([b.seq.swa_blocks for b in batch], tables.shape[1])
         cu = torch.zeros(len(batch) + 1, dtype=torch.int32)
@@ -612,7 +617,7 @@ class Model:
                            need_hidden=any(b.hidden for b in batch), swa_slots=swa_slots, swa_tables=swa_tables,
                            media=mm.step_media(batch, pos_t, self.rope_pairs is not None))
         if self.recurrent is not None:
-            rs = rs if rs is not None else getattr(kv, "rs", None)  # the serving cache's (kv_cache.py)
+            rs = rs if rs is not None else getattr(kv, "rs", None)  # the store's (KVStore.rs)
             cells = [b.rs if b.rs >= 0 else b.seq.rs for b in batch]
             if rs is None or any(c < 0 or c >= rs.n_cells for c in cells):
                 raise ValueError(f"{self.cfg.arch}: every sequence needs a recurrent state cell")
@@ -633,7 +638,7 @@ class Model:
             hidden.append(hn[s:e].float() if b.hidden else None)
         return logits, hidden
 
-    def run_step(self, kv: KVCache, step: "StepTensors", topk=None, lora: RowLora | None = None,
+    def run_step(self, kv: KVStore, step: "StepTensors", topk=None, lora: RowLora | None = None,
                  rs: RecurrentStore | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The computation of `forward` on prepared host tensors: (logits of `step.rows`, normed
         hidden states [T, C] when `step.need_hidden`). Every rank of a tensor-parallel model runs it

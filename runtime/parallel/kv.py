@@ -1,27 +1,28 @@
-"""Rank 0's KV cache under -tp: the block manager is rank 0's alone (block ids and slots travel
-with each step), and each rank keeps the K/V of its own KV heads. Data operations that are not
-part of a forward (copy on write, the prompt caches' export / import, slot files, --cache-reuse
-moves) are sent to every rank; reads are assembled into whole-head tensors, so that slot files and
-RAM-cache entries look exactly as with one rank."""
+"""Rank 0's KV store under -tp: the block manager (runtime/serving/blocks.py) is rank 0's alone
+(block ids and slots travel with each step), and each rank keeps the K/V of its own KV heads. Data
+operations that are not part of a forward (copy on write, the prompt caches' export / import, slot
+files, --cache-reuse moves) are sent to every rank; reads are assembled into whole-head tensors, so
+that slot files and RAM-cache entries look exactly as with one rank."""
 from __future__ import annotations
 
 import torch
 
-from runtime.kv_cache import KVCache
+from runtime.model.kv_store import KeyRotation, KVStore
 from runtime.parallel.shard import TPShard
 
 
-class TPKVCache(KVCache):
+class TPKVStore(KVStore):
     def __init__(self, shard: TPShard, n_layers: int, head_dim: int, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device):
+                 dtype: torch.dtype, device, rope: KeyRotation | None = None):
         k0, k1 = shard.heads.kv
-        super().__init__(n_layers, k1 - k0, head_dim, num_blocks, block_size, dtype, device)
+        super().__init__(n_layers, k1 - k0, head_dim, num_blocks, block_size, dtype, device, rope=rope)
         self.shard = shard
         self.n_kv_heads = shard.heads.n_head_kv  # what exports, slot files and sizes see: all heads
 
-    def copy_data(self, src: int, dst: int) -> None:
+    def copy_block(self, src: int, dst: int, swa: bool = False) -> None:
+        assert not swa, "no SWA pool with -tp"
         self.shard.group.send(("kv_copy", src, dst))
-        super().copy_data(src, dst)
+        super().copy_block(src, dst)
 
     def gather_slots(self, slots: torch.Tensor, swa_slots=None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         assert swa_slots is None, "no SWA pool with -tp"

@@ -1,6 +1,6 @@
 """Ranks 1..N-1 of a tensor-parallel server, and how one machine starts them.
 
-A worker loads its shard of the model and an identically shaped KV cache holding its KV heads, then
+A worker loads its shard of the model and an identically shaped KV store holding its KV heads, then
 obeys rank 0's commands until told to stop: "forward" (run the step on its shard, taking part in
 the all-reduces and the logits gather), "kv_copy" / "kv_gather" / "kv_scatter" (the KV data
 operations of runtime.parallel.kv), "stop". It never decides anything: block ids, slots and
@@ -18,21 +18,21 @@ import time
 from runtime.parallel.kv import local_heads
 
 
-def serve(model, kv) -> None:
-    """The command loop of a worker rank (returns on "stop")."""
+def serve(model, store) -> None:
+    """The command loop of a worker rank over its `KVStore` (returns on "stop")."""
     group = model.tp.group
     while True:
         cmd = group.recv()
         op = cmd[0]
         if op == "forward":
-            model.run_step(kv, cmd[1])
+            model.run_step(store, cmd[1])
         elif op == "kv_copy":
-            kv.copy_data(cmd[1], cmd[2])
+            store.copy_block(cmd[1], cmd[2])
         elif op == "kv_gather":
-            ks, vs = kv.gather_slots(cmd[1])
+            ks, vs = store.gather_slots(cmd[1])
             group.gather(([k.cpu() for k in ks], [v.cpu() for v in vs]))
         elif op == "kv_scatter":
-            kv.scatter_slots(cmd[1], *local_heads(model.tp, cmd[2], cmd[3]))
+            store.scatter_slots(cmd[1], *local_heads(model.tp, cmd[2], cmd[3]))
         elif op == "stop":
             return
         else:

@@ -17,8 +17,9 @@ import torch
 
 import kernels
 from runtime.model.cuda_graphs import DecodeGraphs
-from runtime.kv_cache import KVCache, SeqKV, swa_blocks_for
+from runtime.model.kv_store import KVStore, SeqKV
 from runtime.model.decoder import Model, SeqBatch
+from runtime.serving.blocks import BlockManager, swa_blocks_for
 from runtime.serving.config import EngineConfig
 from runtime.serving.plan import StepPlan
 from runtime.serving.prompt_cache import PromptCache
@@ -31,7 +32,7 @@ Log = Callable[[str, str], None]  # (level letter, message)
 @dataclass
 class Loaded:
     model: Model
-    kv: KVCache
+    blocks: BlockManager  # the KV blocks; its store holds the K/V tensors
     runner: ModelRunner
     tokenizer: Any  # runtime.tokenizer.Tokenizer
     chat_template: Any  # runtime.chat.ChatTemplate
@@ -170,12 +171,12 @@ def serve_worker(cfg: EngineConfig, log: Log) -> None:
     from runtime.parallel.worker import serve
 
     lm, model = _load_model(cfg, log)
-    kv = KVCache(len(model.layers), model.n_head_kv, model.head_dim, _n_blocks(cfg, lm.config.n_ctx_train),
-                 cfg.block_size, _kv_dtype(cfg), model.device)
+    store = KVStore(len(model.layers), model.n_head_kv, model.head_dim, _n_blocks(cfg, lm.config.n_ctx_train),
+                    cfg.block_size, _kv_dtype(cfg), model.device)
     log("I", f"srv    load_model: KV cache of rank {model.tp.group.rank}: {model.n_head_kv} of "
-             f"{model.tp.heads.n_head_kv} KV heads, {kv.k[0].numel() * kv.k[0].element_size() * 2 * len(kv.k) / 2**20:.1f} MiB")
+             f"{model.tp.heads.n_head_kv} KV heads, {store.nbytes / 2**20:.1f} MiB")
     try:
-        serve(model, kv)
+        serve(model, store)
     finally:  # leaving with gloo's threads alive can end the process in std::terminate
         model.tp.group.close()
 
@@ -217,25 +218,27 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     n_blocks = _n_blocks(cfg, c.n_ctx_train)
     if model.tp is None:
         windows, n_swa = _swa_pool(cfg, model, n_slots, n_blocks, log)
-        kv = KVCache(len(model.layers), model.n_head_kv, model.head_dim, n_blocks, cfg.block_size, _kv_dtype(cfg),
-                     model.device, windows, n_swa)
-        log("I", f"srv    load_model: KV cache {kv.nbytes / 2**20:.2f} MiB ({n_blocks} blocks of {cfg.block_size}"
-                 + (f"; sliding-window layers: {n_swa} blocks" if kv.window else "") + ")")
-        kv.cell_ext = model.rope_pairs is not None  # M-RoPE: slot files carry llama.cpp's cell ext
+        store = KVStore(len(model.layers), model.n_head_kv, model.head_dim, n_blocks, cfg.block_size, _kv_dtype(cfg),
+                        model.device, windows, n_swa, rope=model.key_rotation())
+        log("I", f"srv    load_model: KV cache {store.nbytes / 2**20:.2f} MiB ({n_blocks} blocks of {cfg.block_size}"
+                 + (f"; sliding-window layers: {n_swa} blocks" if store.window else "") + ")")
+        store.cell_ext = model.rope_pairs is not None  # M-RoPE: slot files carry llama.cpp's cell ext
+    else:
+        from runtime.parallel.kv import TPKVStore
+        store = TPKVStore(model.tp, len(model.layers), model.head_dim, n_blocks, cfg.block_size, _kv_dtype(cfg),
+                          model.device, rope=model.key_rotation())
+    blocks = BlockManager(store)
+    if model.tp is None:
         rs = model.new_state(n_slots + 1)  # hybrid models: a recurrent state cell per slot, one for the warm-up
         if rs is not None:
-            kv.attach_recurrent(rs, [L.linear is not None for L in model.layers])
+            blocks.attach_recurrent(rs, [L.linear is not None for L in model.layers])
             log("I", f"srv    load_model: recurrent state {rs.nbytes / 2**20:.2f} MiB ({rs.n_cells} cells of "
                      f"{rs.shape.cell_bytes() / 2**20:.3f} MiB)")
-    else:
-        from runtime.parallel.kv import TPKVCache
-        kv = TPKVCache(model.tp, len(model.layers), model.head_dim, n_blocks, cfg.block_size, _kv_dtype(cfg),
-                       model.device)
     graphs = None
     mode = cfg.cuda_graphs  # "0": off; "eager": static buffers, no capture
     if model.tp is None and model.recurrent is None and (mode == "eager" or (mode != "0" and model.device.type == "cuda")):
-        graphs = DecodeGraphs(model, kv, n_slots, kv.blocks_needed(n_ctx_slot) + 1, capture=mode != "eager")
-    runner = ModelRunner(model, kv, graphs, runner_ubatch(cfg, model, lm.size))
+        graphs = DecodeGraphs(model, store, n_slots, blocks.blocks_needed(n_ctx_slot) + 1, capture=mode != "eager")
+    runner = ModelRunner(model, blocks, graphs, runner_ubatch(cfg, model, lm.size))
     if cfg.warmup:
         tune_kernels(model, min(cfg.n_batch, cfg.n_ubatch), n_slots, log)
         warm_up(runner, log)
@@ -261,7 +264,7 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     }
     mm = load_mmproj(cfg, c, model, tk, log) if cfg.mmproj else None
     trim_heap()  # the tokenizer's build and the repack leave freed heap pages behind (~33 MiB for Gemma 3)
-    return Loaded(model, kv, runner, tk, chat_template, vocab, prompt_cache, n_ctx, n_slots, n_ctx_slot, unified,
+    return Loaded(model, blocks, runner, tk, chat_template, vocab, prompt_cache, n_ctx, n_slots, n_ctx_slot, unified,
                   model_info, mm)
 
 
@@ -314,7 +317,7 @@ def trim_heap() -> None:
 
 def _swa_pool(cfg: EngineConfig, model: Model, n_slots: int, n_blocks: int, log: Log) -> tuple[list[int] | None, int]:
     """(windows per layer, SWA pool blocks) for a model with sliding-window layers: they keep only
-    their window plus a micro-batch (runtime/kv_cache.py) unless --swa-full or when that would not
+    their window plus a micro-batch (runtime/serving/blocks.py) unless --swa-full or when that would not
     be smaller than the full cache (llama.cpp: min(n_ctx, n_swa * n_seq + n_ubatch) cells)."""
     windows = [L.window for L in model.layers]
     if not any(windows):
@@ -340,16 +343,16 @@ def warm_up(runner: ModelRunner, log: Log) -> None:
     """One small forward at load (as llama.cpp's warm-up run), so the first request does not
     pay for first-touch page faults, thread pool start-up and kernel builds; with CUDA graphs,
     every bucket is captured now rather than on a request's time (a failed capture: decode eagerly)."""
-    kv, seq = runner.kv, SeqKV()
+    blocks, seq = runner.blocks, SeqKV()
     try:
         for n in (8, 1):
-            kv.reserve(seq, seq.n_tokens + n)
+            blocks.reserve(seq, seq.n_tokens + n)
             runner.run(StepPlan([SeqBatch(seq, [0] * n, seq.n_tokens)]), graphs=False)
         if runner.graphs is not None:
             t0 = time.perf_counter()
             try:
                 for B in runner.graphs.buckets:
-                    kv.reserve(seq, seq.n_tokens + 1)
+                    blocks.reserve(seq, seq.n_tokens + 1)
                     runner.run(StepPlan([SeqBatch(seq, [0], seq.n_tokens) for _ in range(B)]))
             except Exception as e:  # an untested GPU/driver combination: stay eager
                 log("W", f"srv    load_model: CUDA graph capture failed ({e!r}), decoding eagerly")
@@ -358,8 +361,8 @@ def warm_up(runner: ModelRunner, log: Log) -> None:
                 log("I", f"srv    load_model: CUDA graphs captured for decode batches of "
                          f"{', '.join(map(str, runner.graphs.buckets))} in {time.perf_counter() - t0:.1f} s")
     finally:
-        kv.clear(seq)
-        kv.release_cell(seq)
+        blocks.clear(seq)
+        blocks.release_cell(seq)
 
 
 def _default_model(cfg: EngineConfig, log: Log) -> str:

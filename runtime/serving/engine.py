@@ -45,7 +45,7 @@ class Engine:
         self.cfg = cfg
         self.loaded = False
         # set by load()
-        self.model = self.kv = self.runner = self.tokenizer = self.chat_template = None
+        self.model = self.blocks = self.runner = self.tokenizer = self.chat_template = None
         self.mm = None  # runtime.vision.Multimodal (--mmproj)
         self.prompt_cache = None
         self.scheduler: Scheduler | None = None
@@ -81,12 +81,12 @@ class Engine:
     def load(self) -> None:
         """Blocking: model, tokenizer, chat template, KV cache, slots, warm-up (bootstrap.py)."""
         b = bootstrap.load(self.cfg, self._log)
-        self.model, self.kv, self.runner = b.model, b.kv, b.runner
+        self.model, self.blocks, self.runner = b.model, b.blocks, b.runner
         self.tokenizer, self.chat_template, self.model_info = b.tokenizer, b.chat_template, b.model_info
         self.n_ctx, self.n_slots, self.n_ctx_slot, self.kv_unified = b.n_ctx, b.n_slots, b.n_ctx_slot, b.kv_unified
         self.prompt_cache, self.vocab, self.mm = b.prompt_cache, b.vocab, b.mm
         self.slots = new_slots(b.n_slots, b.n_ctx_slot)
-        self.scheduler = Scheduler(self.cfg, self.slots, b.kv, b.model, b.vocab, b.prompt_cache, self._metrics,
+        self.scheduler = Scheduler(self.cfg, self.slots, b.blocks, b.model, b.vocab, b.prompt_cache, self._metrics,
                                    self._log, b.kv_unified, b.mm, b.n_ctx)
         if self.cfg.cache_idle_slots and not self.sleeping:
             if self.prompt_cache is None:
@@ -188,8 +188,8 @@ class Engine:
     def _metric_values(self, reset: bool = True) -> dict[str, float]:
         deferred = len(self.scheduler.waiting) if self.scheduler is not None else 0
         values = self._metrics.snapshot(sum(1 for s in self.slots if s.busy), deferred, reset)
-        if self.kv is not None:  # share of the KV blocks held by sequences (slots and cached prefixes)
-            values["kv_cache_usage_ratio"] = 1.0 - self.kv.pool.n_free / max(1, self.kv.pool.num_blocks)
+        if self.blocks is not None:  # share of the KV blocks held by sequences (slots and cached prefixes)
+            values["kv_cache_usage_ratio"] = self.blocks.usage().ratio
         return values
 
     def lora_adapters(self) -> list[dict]:
@@ -209,10 +209,10 @@ class Engine:
         s = self.slots[id_slot]
         n_stream = 1 if self.kv_unified else self.n_slots  # llama.cpp's KV streams: one per slot unless unified
         if action == "save":
-            return self.run_on_loop(lambda: save_slot(self.kv, s, self.cfg.slot_save_path, filename, n_stream))
+            return self.run_on_loop(lambda: save_slot(self.blocks, s, self.cfg.slot_save_path, filename, n_stream))
         if action == "restore":
-            return self.run_on_loop(lambda: restore_slot(self.kv, s, self.cfg.slot_save_path, filename, n_stream))
-        return self.run_on_loop(lambda: erase_slot(self.kv, s))
+            return self.run_on_loop(lambda: restore_slot(self.blocks, s, self.cfg.slot_save_path, filename, n_stream))
+        return self.run_on_loop(lambda: erase_slot(self.blocks, s))
 
     def control(self, cmpl_id: str, action: str) -> dict:
         """`/v1/chat/completions/control` on the engine thread: `reasoning_end` makes the budget
@@ -277,7 +277,7 @@ class Engine:
         self._log("I", "srv  handle_sleep: server is entering sleeping state")
         self.sleeping = True
         self._lora_scales = self.scheduler.lora_scales  # POST /lora-adapters outlives a sleep
-        self.model = self.kv = self.runner = self.prompt_cache = self.scheduler = None
+        self.model = self.blocks = self.runner = self.prompt_cache = self.scheduler = None
         self.slots = []
         gc.collect()
         bootstrap.trim_heap()  # hand the freed heap back to the system

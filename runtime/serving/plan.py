@@ -64,7 +64,7 @@ def checkpoint_resume(n_past: int, n_prompt: int, checkpoints: list[int], n_swa:
     from 0 without one; checkpoints past that are dropped (server-context.cpp, "search for a
     context checkpoint"). Returns (n_past, the checkpoints kept). Past the window llama-server
     restores a checkpoint's saved state: the scheduler does that where the window was dropped
-    (`KVCache.window_ok` / `truncate` with `SeqKV.swa_ckpt`)."""
+    (`BlockManager.window_ok` / `truncate` with `SeqKV.swa_ckpt`)."""
     if n_past <= 0 or n_past - n_swa - (0 if n_past < n_prompt else 1) > 0:
         return n_past, checkpoints
     c = next((c for c in reversed(checkpoints) if c - 1 <= n_past), None)

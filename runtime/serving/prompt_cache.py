@@ -2,7 +2,8 @@
 and the host-RAM prompt cache (`--cache-ram`) of saved slot states.
 
 `swap_with_ram_cache` and `reusable_prefix` are what a slot does with them when a new prompt
-arrives (called by the scheduler while admitting a task); the rest are pure functions and a small
+arrives (called by the scheduler while admitting a task), through the block manager
+(`runtime/serving/blocks.py`: export, import, clear, move); the rest are pure functions and a small
 data structure.
 """
 from __future__ import annotations
@@ -10,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-
-from runtime.kv_cache import KVCache, OutOfBlocks
+from runtime.model.kv_store import KVState
+from runtime.serving.blocks import BlockManager, OutOfBlocks
 from runtime.serving.slots import Slot, common_prefix
 
 
@@ -42,7 +42,7 @@ def cache_reuse_plan(cache: list[int], prompt: list[int], n_past: int, n_reuse: 
 @dataclass
 class CacheEntry:
     tokens: list[int]
-    state: dict  # {"k": [L, n, KVH, D], "v": ...} on the host
+    state: KVState  # the tokens' K/V rows on the host
     size: int
     checkpoints: list[int] = field(default_factory=list)  # the slot's context checkpoints (Slot.checkpoints)
 
@@ -81,8 +81,7 @@ class PromptCache:
             while self.entries and self.size + nbytes > self.limit_bytes:
                 self.entries.pop(0)
         state = export()
-        size = sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
-        self.entries.append(CacheEntry(list(tokens), state, size, list(checkpoints or [])))
+        self.entries.append(CacheEntry(list(tokens), state, state.nbytes, list(checkpoints or [])))
         return True
 
     def take_best(self, cur: list[int], new: list[int]) -> CacheEntry | None:
@@ -132,13 +131,13 @@ class PromptCache:
                        f"{e.size / mib:9.3f} MiB")
 
 
-def save_slot(cache: PromptCache, kv: KVCache, s: Slot) -> bool:
+def save_slot(cache: PromptCache, blocks: BlockManager, s: Slot) -> bool:
     """The slot's cached tokens and their KV into the RAM cache (False: not saved)."""
-    per_token = sum(t[0, 0].numel() * t.element_size() for t in (*kv.k, *kv.v))  # one position, all layers
-    return cache.save(s.tokens, lambda: kv.export(s.seq, len(s.tokens)), per_token * len(s.tokens), s.checkpoints)
+    n = len(s.tokens)
+    return cache.save(s.tokens, lambda: blocks.export(s.seq, n), blocks.state_bytes(n), s.checkpoints)
 
 
-def swap_with_ram_cache(cache: PromptCache, kv: KVCache, s: Slot, prompt: list[int], by_lru: bool,
+def swap_with_ram_cache(cache: PromptCache, blocks: BlockManager, s: Slot, prompt: list[int], by_lru: bool,
                         reserve: Callable[[Slot, int], None]) -> bool:
     """When the slot's content is mostly lost to the new prompt (or the slot was picked as the least
     recently used one), save it to the RAM cache and load the entry that matches the prompt better,
@@ -150,44 +149,43 @@ def swap_with_ram_cache(cache: PromptCache, kv: KVCache, s: Slot, prompt: list[i
     if not (by_lru or f_keep < 0.5):
         return False
     if s.tokens:
-        save_slot(cache, kv, s)
+        save_slot(cache, blocks, s)
     entry = cache.take_best(s.tokens, prompt)
     if entry is not None:
-        kv.clear(s.seq)  # its content is in the RAM cache now
+        blocks.clear(s.seq)  # its content is in the RAM cache now
         s.tokens, s.checkpoints = [], []
         try:
             reserve(s, len(entry.tokens))
-            kv.import_(s.seq, entry.state)
+            blocks.import_(s.seq, entry.state)
             s.tokens, s.checkpoints = list(entry.tokens), list(entry.checkpoints)
         except OutOfBlocks:
-            kv.clear(s.seq)
+            blocks.clear(s.seq)
     cache.update()
     return True
 
 
-def cache_idle_slot(cache: PromptCache, kv: KVCache, s: Slot, clear: bool) -> bool:
+def cache_idle_slot(cache: PromptCache, blocks: BlockManager, s: Slot, clear: bool) -> bool:
     """`--cache-idle-slots`: an idle slot's content goes to the RAM cache when another slot starts a
     task (False: nothing new to save); with a unified KV cache the slot is then cleared, so its blocks
     serve the running tasks (llama-server's TAG_IDLE_SLOT_CLEAR)."""
-    saved = bool(s.tokens) and save_slot(cache, kv, s)
+    saved = bool(s.tokens) and save_slot(cache, blocks, s)
     if saved:
         cache.update()
     if clear and s.tokens:
-        kv.clear(s.seq)
+        blocks.clear(s.seq)
         s.tokens, s.checkpoints = [], []
     return saved
 
 
-def reusable_prefix(kv: KVCache, s: Slot, prompt: list[int], n_reuse: int, inv_freq: torch.Tensor | list,
-                    neox: bool) -> int:
+def reusable_prefix(blocks: BlockManager, s: Slot, prompt: list[int], n_reuse: int) -> int:
     """How many of the prompt's first tokens the slot already holds: the common prefix, extended by
     moving matching chunks of at least `n_reuse` tokens into place (`--cache-reuse`, keys re-rotated)."""
     n_past = common_prefix(s.tokens, prompt)
-    if kv.window and s.seq.swa_start > 0:  # the sliding-window layers dropped the start: no chunk moves
+    if not blocks.can_move(s.seq):  # the sliding-window layers dropped the start: no chunk moves
         n_reuse = 0
     if n_reuse and n_reuse > 0:
         moves, n_past = cache_reuse_plan(s.tokens, prompt, n_past, n_reuse)
         for src, dst, n in moves:
-            kv.move(s.seq, src, dst, n, inv_freq, neox)
+            blocks.move(s.seq, src, dst, n)
             s.tokens[dst:dst + n] = s.tokens[src:src + n]
     return n_past

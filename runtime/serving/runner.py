@@ -3,8 +3,10 @@
 `run` takes a `StepPlan` (it reads only `plan.batch`), replays decode-only batches from CUDA
 graphs when they are set up (`runtime.model.cuda_graphs`) and runs everything else through
 `Model.forward`, in micro-batches of at most `n_ubatch` rows (llama.cpp's `-ub`: a step of four
-430-token prompts is four forwards of <= 512 rows, so its activations stay those of 512 rows). The model and the graphs only compute; this is the one place where a
-sequence's `n_tokens` advances after a forward (blocks were reserved by the scheduler before).
+430-token prompts is four forwards of <= 512 rows, so its activations stay those of 512 rows). The
+model and the graphs only compute, into the blocks the scheduler reserved; this is the one place
+where a sequence's `n_tokens` advances after a forward (`BlockManager.commit`) and where the
+sliding-window layers' blocks move along (`BlockManager.advance_window`, per micro-batch).
 
 `pool_embeddings` turns the hidden states of an embedding task's prompt into its vectors.
 """
@@ -16,9 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from runtime.model.cuda_graphs import DecodeGraphs
-from runtime.kv_cache import KVCache
 from runtime.model.decoder import Model, SeqBatch
 from runtime.model.media import slice_spans
+from runtime.serving.blocks import BlockManager
 from runtime.serving.plan import StepPlan
 
 
@@ -29,8 +31,9 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: Model, kv: KVCache, graphs: DecodeGraphs | None = None, n_ubatch: int = 512):
-        self.model, self.kv, self.graphs, self.n_ubatch = model, kv, graphs, max(1, n_ubatch)
+    def __init__(self, model: Model, blocks: BlockManager, graphs: DecodeGraphs | None = None, n_ubatch: int = 512):
+        self.model, self.blocks, self.graphs, self.n_ubatch = model, blocks, graphs, max(1, n_ubatch)
+        self.store = blocks.store  # the K/V tensors the forwards read and write
 
     def run(self, plan: StepPlan, graphs: bool = True) -> StepOutput:
         """One forward over `plan.batch`; `graphs=False` forces the eager path."""
@@ -41,19 +44,19 @@ class ModelRunner:
             out = StepOutput(self.graphs.run(batch), [None] * len(batch))
         elif sum(len(b.tokens) for b in batch) <= self.n_ubatch:
             self._advance_windows(batch)
-            out = StepOutput(*self.model.forward(self.kv, batch))
+            out = StepOutput(*self.model.forward(self.store, batch))
         else:
             out = self._run_ubatches(batch)
         for b in batch:
-            b.seq.n_tokens = b.n_past + len(b.tokens)
+            self.blocks.commit(b.seq, b.n_past + len(b.tokens))
         return out
 
     def _advance_windows(self, batch: list[SeqBatch]) -> None:
-        """Sliding-window layers with a pool of their own (runtime/kv_cache.py): drop what left the
+        """Sliding-window layers with a pool of their own (runtime/serving/blocks.py): drop what left the
         window of each row's first new token, make room for its rows (per micro-batch, so that a
         long prompt never holds more than its window plus n_ubatch rows there)."""
         for b in batch:
-            self.kv.advance_window(b.seq, b.n_past, b.n_past + len(b.tokens))
+            self.blocks.advance_window(b.seq, b.n_past, b.n_past + len(b.tokens))
 
     def _run_ubatches(self, batch: list[SeqBatch]) -> StepOutput:
         """The batch as forwards of <= n_ubatch rows, in order (a row's pieces see the KV of the
@@ -76,7 +79,7 @@ class ModelRunner:
                 n += len(pieces[end][1].tokens)
                 end += 1
             self._advance_windows([p for _, p in pieces[start:end]])  # moved with the earlier pieces
-            lg, hid = self.model.forward(self.kv, [p for _, p in pieces[start:end]])
+            lg, hid = self.model.forward(self.store, [p for _, p in pieces[start:end]])
             if lg is not None:
                 logits.append(lg)
             for (i, _), h in zip(pieces[start:end], hid):

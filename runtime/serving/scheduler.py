@@ -6,7 +6,8 @@ One engine step is `schedule()` -> `ModelRunner.run(plan)` -> `postprocess(plan,
 - `admit()` (between steps) gives waiting tasks an idle slot (`slots.pick_slot`) and starts their
   request: prompt-cache swap and prefix reuse, sampler and grammar, limits, text state;
 - `schedule()` frees cancelled slots, plans the step (`plan.plan_step`, pure) and reserves the KV
-  blocks of each row (purging idle slots when the pool is full); a row without room ends its task;
+  blocks of each row through the block manager (purging idle slots when the pool is full); a row
+  without room ends its task;
 - `postprocess()` records what was fed, finishes prompts (metrics, embeddings), samples the rows
   that asked for logits, applies the stop rules and emits the events.
 
@@ -19,9 +20,9 @@ from typing import Callable
 
 import torch
 
-from runtime.kv_cache import KVCache, OutOfBlocks
 from runtime.model.decoder import Model
 from runtime.sampling.sampler import Sampled
+from runtime.serving.blocks import BlockManager, OutOfBlocks
 from runtime.serving.config import EngineConfig
 from runtime.serving.failures import client_message, log_failure
 from runtime.serving.handle import TaskHandle
@@ -56,10 +57,10 @@ def send_progress(r: Request) -> None:
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, slots: list[Slot], kv: KVCache, model: Model, vocab: Vocabulary,
+    def __init__(self, cfg: EngineConfig, slots: list[Slot], blocks: BlockManager, model: Model, vocab: Vocabulary,
                  prompt_cache: PromptCache | None, metrics: Metrics, log: Callable[[str, str], None],
                  kv_unified: bool = False, mm=None, n_ctx: int = 0):
-        self.cfg, self.slots, self.kv, self.model, self.vocab = cfg, slots, kv, model, vocab
+        self.cfg, self.slots, self.blocks, self.model, self.vocab = cfg, slots, blocks, model, vocab
         # llama.cpp's context n_ubatch: min(n_ctx, -b, -ub); an embedding's prompt must fit it (pooling)
         self.n_ubatch_ctx = min(n_ctx or cfg.n_batch, cfg.n_batch, cfg.n_ubatch)
         self.mm = mm  # runtime.vision.Multimodal (--mmproj): encodes a media chunk when it is first planned
@@ -71,7 +72,7 @@ class Scheduler:
         # llama-server ends prompt batches where it saves context checkpoints and resumes a reused
         # prompt from the last one: models with sliding-window layers unless --swa-full (its n_swa > 0)
         # (its n_swa > 0), and hybrid models, whose recurrent state cannot be rolled back: there the
-        # checkpoints hold the state (KVCache.checkpoint)
+        # checkpoints hold the state (BlockManager.checkpoint)
         self.recurrent = getattr(model, "recurrent", None) is not None
         self.swa_checkpoints = ((any(L.window for L in model.layers) and not cfg.swa_full) or self.recurrent) \
             and cfg.ctx_checkpoints > 0
@@ -105,7 +106,7 @@ class Scheduler:
         return scales if any(scales) else ()  # () = the base model
 
     def _reserve(self, s: Slot, n_total: int) -> None:
-        reserve(self.kv, self.slots, s, n_total, self.log)
+        reserve(self.blocks, self.slots, s, n_total, self.log)
 
     def _start(self, s: Slot, by_lru: bool, h: TaskHandle) -> None:
         task = h.task
@@ -117,7 +118,7 @@ class Scheduler:
             r.media = PromptMedia(task.media)
         r.lora = self._lora(task)
         if s.lora != r.lora:  # the cached tokens were computed with other adapters
-            self.kv.clear(s.seq)
+            self.blocks.clear(s.seq)
             s.tokens, s.lora = [], r.lora
         if embedding:
             if not task.splittable and len(prompt) > self.n_ubatch_ctx:  # b1: pooled within one ubatch
@@ -129,7 +130,7 @@ class Scheduler:
                                   "tokens). skipping", "exceed_context_size_error",
                           {"n_prompt_tokens": len(prompt), "n_ctx": s.n_ctx})
                 return
-            self.kv.clear(s.seq)
+            self.blocks.clear(s.seq)
             s.tokens = []
             s.state = SlotState.PROMPT
             self._cache_idle_slots(s)
@@ -143,14 +144,14 @@ class Scheduler:
                       "exceed_context_size_error", {"n_prompt_tokens": len(prompt), "n_ctx": s.n_ctx})
             return
         # llama-server's RAM prompt cache: completion tasks only (not /infill; embeddings returned above)
-        if self.prompt_cache is not None and not task.infill and swap_with_ram_cache(self.prompt_cache, self.kv, s,
+        if self.prompt_cache is not None and not task.infill and swap_with_ram_cache(self.prompt_cache, self.blocks, s,
                                                                                      prompt, by_lru, self._reserve):
             self.log("D", "srv  get_availabl: updating prompt cache")
         n_past = 0
         if task.cache_prompt:
             n_reuse = self.cfg.cache_reuse if task.n_cache_reuse is None else task.n_cache_reuse
             n_reuse = 0 if self.recurrent else n_reuse  # no chunk moves under a recurrent state
-            n_past = reusable_prefix(self.kv, s, prompt, n_reuse, self.model.rope_inv_freqs, self.model.neox)
+            n_past = reusable_prefix(self.blocks, s, prompt, n_reuse)
         if self.recurrent:
             n_past, s.checkpoints = recurrent_resume(n_past, len(prompt), s.seq.n_tokens,
                                                      s.checkpoints if self.swa_checkpoints else [])
@@ -160,18 +161,18 @@ class Scheduler:
             n_past = len(prompt) - 1  # the last prompt token is always evaluated (its logits are needed)
         if r.media:
             n_past = r.media.align(n_past)  # a cached prefix holds whole media chunks
-        if n_past > 0 and not self.kv.window_ok(s.seq, n_past) and not self.recurrent and self.swa_checkpoints:
+        if n_past > 0 and not self.blocks.window_ok(s.seq, n_past) and not self.recurrent and self.swa_checkpoints:
             # the sliding-window layers dropped it: resume before the newest context checkpoint that
-            # holds the window (llama-server restores its saved SWA cache there; `KVCache.truncate`)
+            # holds the window (llama-server restores its saved SWA cache there; `BlockManager.truncate`)
             c = next((c for c in reversed(s.checkpoints) if 1 < c and c - 1 <= n_past
-                      and self.kv.window_ok(s.seq, c - 1)), None)
+                      and self.blocks.window_ok(s.seq, c - 1)), None)
             n_past = n_past if c is None else c - 1
-        if n_past > 0 and not self.kv.window_ok(s.seq, n_past):  # the sliding-window layers dropped it
+        if n_past > 0 and not self.blocks.window_ok(s.seq, n_past):  # the sliding-window layers dropped it
             self.log("W", f"slot update_slots: id {s.id:2d} | task {h.id} | forcing full prompt re-processing due to "
                           "lack of cache data (likely due to SWA or hybrid/recurrent memory, see "
                           "https://github.com/ggml-org/llama.cpp/pull/13194#issuecomment-2868343055)")
             n_past = 0
-        self.kv.truncate(s.seq, n_past)
+        self.blocks.truncate(s.seq, n_past)
         s.tokens = s.tokens[:n_past]
         s.checkpoints = [c for c in s.checkpoints if (c <= n_past if self.recurrent else c - 1 <= n_past)]
         r.n_past = r.n_cached = n_past
@@ -198,7 +199,7 @@ class Scheduler:
         if not self.cfg.cache_idle_slots or self.prompt_cache is None:
             return
         for x in self.slots:
-            if x is not started and not x.busy and cache_idle_slot(self.prompt_cache, self.kv, x, self.kv_unified):
+            if x is not started and not x.busy and cache_idle_slot(self.prompt_cache, self.blocks, x, self.kv_unified):
                 self.log("D", f"slot launch_slot_: id {x.id:2d} | task {started.id_task} | __TEST_TAG_CACHE_IDLE_SLOT__")
 
     # ---- one step ----------------------------------------------------------------------------
@@ -259,7 +260,7 @@ class Scheduler:
         if near or start in users and (not s.checkpoints or start == users[-1]):
             s.checkpoints = [c for c in s.checkpoints if c != start][-(self.cfg.ctx_checkpoints - 1):] + [start] \
                 if self.cfg.ctx_checkpoints > 1 else [start]
-            self.kv.checkpoint(s.seq, s.checkpoints)  # hybrid models: the recurrent state after `start`
+            self.blocks.checkpoint(s.seq, s.checkpoints)  # hybrid models: the recurrent state after `start`
 
     def _context_exceeded(self) -> None:
         """The KV pool is full even after purging idle slots (a unified cache shared by slots that
@@ -269,7 +270,7 @@ class Scheduler:
         for s in self.slots:
             if s.busy:
                 self.fail(s, 500, "Context size has been exceeded.", "server_error")
-                self.kv.clear(s.seq)
+                self.blocks.clear(s.seq)
                 s.tokens = []
 
     def postprocess(self, plan: StepPlan, out: StepOutput) -> None:
@@ -379,13 +380,13 @@ class Scheduler:
         child = s.req is not None and getattr(s.req.task, "is_child", False)
         release(s)
         if child:
-            self.kv.clear(s.seq)
+            self.blocks.clear(s.seq)
             s.tokens = []
 
     def _finish_embedding(self, s: Slot, hid: torch.Tensor) -> None:
         r = s.req
         vecs = pool_embeddings(hid, r.task.pooling, r.task.normalize, self.model.rank_scores)
-        self.kv.clear(s.seq)
+        self.blocks.clear(s.seq)
         s.tokens = []
         release(s)
         r.handle.emit(vecs)
@@ -403,7 +404,7 @@ class Scheduler:
         handle = s.req.handle if s.req is not None else h
         if s.busy:
             self._release(s)
-        self.kv.clear(s.seq)
+        self.blocks.clear(s.seq)
         s.tokens, s.checkpoints = [], []
         if handle is not None:
             handle.emit(TaskError(500, client_message(e, what), "server_error", {}))

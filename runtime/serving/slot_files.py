@@ -1,7 +1,8 @@
 """Slot files (`POST /slots/{id}?action=save|restore|erase`): the actions on an idle slot, the one
 slot-filename validator, and the file format (llama.cpp's sequence-state layout).
 
-The actions run on the engine thread between steps (`Engine.slot_action` queues them there);
+The actions run on the engine thread between steps (`Engine.slot_action` queues them there) and
+change the cache through the block manager (`runtime/serving/blocks.py`: export, import, clear);
 `check_action` validates a request on the caller's thread first. Errors are `SlotError(code,
 message, type)`, which the API turns into llama-server's error JSON.
 """
@@ -14,8 +15,10 @@ import time
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 
-from runtime.kv_cache import KVCache, OutOfBlocks
+from runtime.model.kv_store import KVState, KVStore
+from runtime.serving.blocks import BlockManager, OutOfBlocks
 from runtime.serving.slots import Slot
 
 
@@ -73,32 +76,33 @@ def _idle(s: Slot) -> None:
         raise SlotError(400, "Slot is busy", "invalid_request_error")
 
 
-def save_slot(kv: KVCache, s: Slot, directory: str, filename: str, n_stream: int) -> dict:
+def save_slot(blocks: BlockManager, s: Slot, directory: str, filename: str, n_stream: int) -> dict:
     _idle(s)
     t0 = time.perf_counter()
-    state = kv.export(s.seq, len(s.tokens))
+    state = blocks.export(s.seq, len(s.tokens))
+    store = blocks.store
     n_written = write_slot_file(os.path.join(directory, filename), s.tokens, state, s.id, n_stream,
-                                getattr(kv, "recurrent_layers", None) if kv.rs is not None else None,
-                                getattr(kv, "cell_ext", False))
+                                store.recurrent_layers if store.rs is not None else None, store.cell_ext)
     return {"id_slot": s.id, "filename": filename, "n_saved": len(s.tokens), "n_written": n_written,
             "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
 
 
-def restore_slot(kv: KVCache, s: Slot, directory: str, filename: str, n_stream: int) -> dict:
+def restore_slot(blocks: BlockManager, s: Slot, directory: str, filename: str, n_stream: int) -> dict:
     _idle(s)
     t0 = time.perf_counter()
     path = os.path.join(directory, filename)
     if not os.path.isfile(path):
         raise SlotError(400, "failed to restore slot", "invalid_request_error")
     try:
-        tokens, state, n_read = read_slot_file(path, kv, n_stream)
+        tokens, state, n_read = read_slot_file(path, blocks.store, n_stream)
     except SlotFileError as e:
         raise SlotError(400, f"{_NO_SPACE}: {e}", "invalid_request_error")
     if len(tokens) > s.n_ctx:
         raise SlotError(400, _NO_SPACE, "invalid_request_error")
     try:
-        kv.import_(s.seq, state)
+        blocks.import_(s.seq, state)
     except OutOfBlocks:
+        blocks.clear(s.seq)
         s.tokens = []
         raise SlotError(400, _NO_SPACE, "invalid_request_error")
     s.tokens, s.checkpoints = list(tokens), []  # a slot file holds no context checkpoints
@@ -106,10 +110,10 @@ def restore_slot(kv: KVCache, s: Slot, directory: str, filename: str, n_stream: 
             "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
 
 
-def erase_slot(kv: KVCache, s: Slot) -> dict:
+def erase_slot(blocks: BlockManager, s: Slot) -> dict:
     _idle(s)
     n = len(s.tokens)
-    kv.clear(s.seq)
+    blocks.clear(s.seq)
     s.tokens = []
     return {"id_slot": s.id, "n_erased": n}
 
@@ -120,23 +124,25 @@ SEQ_MAGIC = 0x67677371  # 'ggsq', llama.cpp's LLAMA_STATE_SEQ_MAGIC
 SEQ_VERSION = 3  # LLAMA_STATE_SEQ_VERSION of b1-0c1e570
 TOKENS_NULL = -1  # LLAMA_TOKEN_NULL: marks a packed server_tokens state instead of a plain token list
 TOKENS_STATE_VERSION = 1  # SERVER_TOKENS_STATE_VERSION
-GGML_TYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 30}
-def write_slot_file(path: str, tokens: list[int], state: dict, seq_id: int = 0, n_stream: int = 1,
+
+
+def write_slot_file(path: str, tokens: list[int], state: KVState, seq_id: int = 0, n_stream: int = 1,
                     recurrent_layers: list[bool] | None = None, cell_ext: bool = False) -> int:
     """A slot file as llama-server b1-0c1e570 writes it (checked byte for byte against its output):
     header (magic, version, word count), the slot's tokens packed as server_tokens::serialize does
     (LLAMA_TOKEN_NULL, state version, token count, ids, media count 0), then the KV section of
     llama_kv_cache::state_write: n_stream, and per stream a cell count; the sequence's own stream
     (stream seq_id when every slot has its own, else 0) holds per-cell (pos, n_seq_id, seq_id),
-    v_trans, n_layer, per layer K (type, row bytes, rows), per layer V. Returns the bytes written.
-    M-RoPE models (`cell_ext`: llama.cpp's has_cell_ext) write a cell as (pos, n_seq_id, x, y,
-    token, seq_id). Hybrid models (`recurrent_layers` given): the K/V of the attention layers only, then the
-    recurrent section (`recurrent_section`), as llama_memory_hybrid::state_write."""
-    k, v = state["k"], state["v"]  # [L, n, KVH, D]
+    v_trans, n_layer, per layer K (type, row bytes, rows), per layer V: the state's own rows and
+    ggml types. Returns the bytes written. M-RoPE models (`cell_ext`: llama.cpp's has_cell_ext)
+    write a cell as (pos, n_seq_id, x, y, token, seq_id). Hybrid models (`recurrent_layers` given):
+    the K/V of the attention layers only, then the recurrent section (`recurrent_section`), as
+    llama_memory_hybrid::state_write."""
+    k, v = state.k, state.v  # [L, n, row bytes] uint8
     if recurrent_layers is not None:
         attn = [i for i, r in enumerate(recurrent_layers) if not r]
         k, v = k[attn], v[attn]
-    n_layer, n = k.shape[0], k.shape[1]
+    n_layer, n = k.shape[0], state.n_tokens
     packed = [TOKENS_NULL, TOKENS_STATE_VERSION, len(tokens), *tokens, 0]
     parts = [struct.pack("<III", SEQ_MAGIC, SEQ_VERSION, len(packed)), np.asarray(packed, dtype=np.int32).tobytes(),
              struct.pack("<I", n_stream)]
@@ -159,13 +165,10 @@ def write_slot_file(path: str, tokens: list[int], state: dict, seq_id: int = 0, 
         cells[:, -1] = seq_id
         parts.append(cells.tobytes())
         parts.append(struct.pack("<II", 0, n_layer))
-        for t in (k, v):
-            gtype = GGML_TYPE[t.dtype]
+        for rows, gtype in ((k, state.type_k), (v, state.type_v)):  # [L, n, row bytes] uint8
             for layer in range(n_layer):
-                rows = t[layer].reshape(n, -1).contiguous()
-                row_bytes = rows.shape[1] * rows.element_size()
-                parts.append(struct.pack("<iQ", gtype, row_bytes))
-                parts.append(rows.view(torch.uint8).numpy().tobytes())
+                parts.append(struct.pack("<iQ", gtype, rows.shape[2]))
+                parts.append(rows[layer].contiguous().numpy().tobytes())
     if recurrent_layers is not None:
         parts.append(recurrent_section(state, n, recurrent_layers))
     data = b"".join(parts)
@@ -174,13 +177,13 @@ def write_slot_file(path: str, tokens: list[int], state: dict, seq_id: int = 0, 
     return len(data)
 
 
-def recurrent_section(state: dict, n: int, recurrent_layers: list[bool]) -> bytes:
+def recurrent_section(state: KVState, n: int, recurrent_layers: list[bool]) -> bytes:
     """llama_memory_recurrent::state_write for one sequence: its cell count (1, or 0 when empty),
     the cell's (pos = n - 1, n_seq_id 0), s_trans 0, n_layer (all layers), per recurrent layer the
     conv state (type f32, row bytes, the row: channel-major, the K - 1 taps of each channel
     together, as ggml's [K - 1, C] tensor), then per recurrent layer the delta-net state (type, row
     bytes, [H, S, S] as stored)."""
-    conv, ssm = state["rs_conv"], state["rs_ssm"]  # [Lr, K - 1, C], [Lr, H, S, S] float32
+    conv, ssm = state.rs  # [Lr, K - 1, C], [Lr, H, S, S] float32
     cells = 1 if n > 0 else 0
     parts = [struct.pack("<I", cells)]
     if cells:
@@ -199,10 +202,10 @@ def recurrent_section(state: dict, n: int, recurrent_layers: list[bool]) -> byte
     return b"".join(parts)
 
 
-def _read_recurrent(data: bytes, off: int, n: int, kv) -> tuple[dict, int]:
+def _read_recurrent(data: bytes, off: int, n: int, store: KVStore) -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
     """The recurrent section of a hybrid model's slot file (`recurrent_section`) for a store
-    shaped like `kv.rs`: {"rs_conv", "rs_ssm"} (zeros for an empty sequence), the offset after it."""
-    shape = kv.rs.shape
+    shaped like `store.rs`: (conv, ssm) (zeros for an empty sequence), the offset after it."""
+    shape = store.rs.shape
     conv = torch.zeros(shape.n_layers, shape.conv_rows, shape.conv_channels)
     ssm = torch.zeros(shape.n_layers, shape.n_heads, shape.head_dim, shape.head_dim)
     (cells,) = struct.unpack_from("<I", data, off)
@@ -212,7 +215,7 @@ def _read_recurrent(data: bytes, off: int, n: int, kv) -> tuple[dict, int]:
     off += 8 * cells
     s_trans, n_layer = struct.unpack_from("<II", data, off)
     off += 8
-    if s_trans != 0 or n_layer != len(kv.recurrent_layers):
+    if s_trans != 0 or n_layer != len(store.recurrent_layers):
         raise SlotFileError("recurrent layer count mismatch")
     for dst, rows in ((conv, (shape.conv_channels, shape.conv_rows)),
                       (ssm, (shape.n_heads, shape.head_dim, shape.head_dim))):
@@ -227,7 +230,7 @@ def _read_recurrent(data: bytes, off: int, n: int, kv) -> tuple[dict, int]:
                 t = torch.frombuffer(bytearray(data[off:off + row_bytes]), dtype=torch.float32).view(rows)
                 dst[li] = t.transpose(0, 1) if dst is conv else t
                 off += row_bytes
-    return {"rs_conv": conv, "rs_ssm": ssm}, off
+    return (conv, ssm), off
 
 
 def _unpack_tokens(words: list[int]) -> list[int]:
@@ -244,9 +247,10 @@ def _unpack_tokens(words: list[int]) -> list[int]:
     return words[3:3 + n]
 
 
-def read_slot_file(path: str, kv, n_stream: int = 1) -> tuple[list[int], dict, int]:
+def read_slot_file(path: str, store: KVStore, n_stream: int = 1) -> tuple[list[int], KVState, int]:
     """Read a slot file (as `write_slot_file` or llama-server writes it) for a cache shaped like
-    `kv` whose slots use `n_stream` streams; the cells of the one stream that has any are restored."""
+    `store` whose slots use `n_stream` streams; the cells of the one stream that has any are
+    restored, as rows of the types the file names (any the store takes in)."""
     with open(path, "rb") as f:
         data = f.read()
     try:
@@ -260,9 +264,8 @@ def read_slot_file(path: str, kv, n_stream: int = 1) -> tuple[list[int], dict, i
         off += 4
         if file_streams != n_stream:
             raise SlotFileError("n_stream mismatch")
-        dtype = {val: key for key, val in GGML_TYPE.items()}
-        hybrid = getattr(kv, "rs", None) is not None
-        attn = [i for i in range(kv.n_layers) if not (hybrid and kv.recurrent_layers[i])]
+        hybrid = store.rs is not None
+        attn = [i for i in range(store.n_layers) if not (hybrid and store.recurrent_layers[i])]
         out = None
         n = 0
         for _ in range(file_streams):
@@ -273,34 +276,36 @@ def read_slot_file(path: str, kv, n_stream: int = 1) -> tuple[list[int], dict, i
             if out is not None:
                 raise SlotFileError("cells of more than one stream")
             n = count
-            off += (24 if getattr(kv, "cell_ext", False) else 12) * n
+            off += (24 if store.cell_ext else 12) * n
             v_trans, n_layer = struct.unpack_from("<II", data, off)
             off += 8
             if n_layer != len(attn) or v_trans != 0:
                 raise SlotFileError("layer count mismatch")
-            out = {}
-            for name in ("k", "v"):
-                layers = []
+            parts = []  # K then V: (rows [L, n, row bytes] uint8, ggml type)
+            for _ in range(2):
+                layers, types = [], set()
                 for _ in attn:
                     gtype, row_bytes = struct.unpack_from("<iQ", data, off)
                     off += 12
-                    if gtype not in dtype or row_bytes != kv.n_kv_heads * kv.head_dim * torch.empty((), dtype=dtype[gtype]).element_size():
+                    if row_bytes != store.row_bytes(gtype) or types - {gtype}:
                         raise SlotFileError("KV shape mismatch")
                     if off + n * row_bytes > len(data):
                         raise SlotFileError("truncated file")
-                    raw = torch.frombuffer(bytearray(data[off: off + n * row_bytes]), dtype=torch.uint8)
+                    layers.append(torch.frombuffer(bytearray(data[off: off + n * row_bytes]), dtype=torch.uint8).view(n, row_bytes))
                     off += n * row_bytes
-                    layers.append(raw.view(dtype[gtype]).view(n, kv.n_kv_heads, kv.head_dim))
-                full = [torch.zeros_like(layers[0])] * kv.n_layers  # (a recurrent layer holds no K/V)
+                    types.add(gtype)
+                full = [torch.zeros_like(layers[0])] * store.n_layers  # (a recurrent layer holds no K/V)
                 for i, t in zip(attn, layers):
                     full[i] = t
-                out[name] = torch.stack(full)
+                parts.append((torch.stack(full), GGMLQuantizationType(gtype)))
+            (k, type_k), (v, type_v) = parts
+            out = KVState(k, v, type_k, type_v)
         if out is None:
-            shape = (kv.n_layers, 0, kv.n_kv_heads, kv.head_dim)
-            out = {"k": torch.empty(shape, dtype=kv.dtype), "v": torch.empty(shape, dtype=kv.dtype)}
+            k, v = (torch.empty((store.n_layers, 0, store.row_bytes(t)), dtype=torch.uint8)
+                    for t in (store.type_k, store.type_v))
+            out = KVState(k, v, store.type_k, store.type_v)
         if hybrid:
-            rs, off = _read_recurrent(data, off, n, kv)
-            out.update(rs)
+            out.rs, off = _read_recurrent(data, off, n, store)
         if n != len(tokens):
             raise SlotFileError("token count mismatch")
     except (struct.error, ValueError) as e:

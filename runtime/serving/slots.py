@@ -19,8 +19,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from runtime.kv_cache import KVCache, OutOfBlocks, SeqKV
+from runtime.model.kv_store import SeqKV
 from runtime.sampling.sampler import SamplerState
+from runtime.serving.blocks import BlockManager, OutOfBlocks
 from runtime.serving.handle import TaskHandle
 from runtime.serving.stopping import StopType, TextState
 from runtime.tasks import TokenOut
@@ -128,13 +129,13 @@ def pick_slot(slots: list[Slot], task, similarity: float) -> tuple[Slot, bool] |
     return min(reversed(idle), key=lambda s: s.t_last_used), True
 
 
-def reserve(kv: KVCache, slots: list[Slot], s: Slot, n_total: int, log: Callable[[str, str], None]) -> None:
+def reserve(blocks: BlockManager, slots: list[Slot], s: Slot, n_total: int, log: Callable[[str, str], None]) -> None:
     """Blocks for n_total tokens of slot s; when the (unified) pool is full, idle slots' cached
     prompts are purged one at a time in slot order, as llama.cpp's try_clear_idle_slots. Raises
     OutOfBlocks when even that is not enough."""
     while True:
         try:
-            kv.reserve(s.seq, n_total)
+            blocks.reserve(s.seq, n_total)
             return
         except OutOfBlocks:
             idle = [x for x in slots if not x.busy and x.tokens and x is not s]
@@ -142,7 +143,7 @@ def reserve(kv: KVCache, slots: list[Slot], s: Slot, n_total: int, log: Callable
                 raise
             victim = idle[0]
             log("W", f"srv  update_slots: purging slot {victim.id} with {len(victim.tokens)} tokens")
-            kv.clear(victim.seq)
+            blocks.clear(victim.seq)
             victim.tokens = []
 
 
