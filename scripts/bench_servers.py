@@ -6,6 +6,8 @@ RSS, load time, and greedy agreement.
     python scripts/bench_servers.py --preset q15b          # generates the 1.5B-shaped model first
     python scripts/bench_servers.py --preset smollm2       # the default model, SmolLM2-135M-Instruct Q4_1
     python scripts/bench_servers.py --preset qwen05b --agreement-only
+    PYTHONPATH=$PWD python scripts/bench_servers.py --preset qwen05b \
+        --tritium-base "env PYTHONPATH=/tmp/ab-old $(which tritium-server)"   # A/B of two trees
 
 Each server is started alone (`-np 4 -c 8192`, the preset's model, ports --port and --port + 1),
 waited for (/health 200: the load time), measured with `scripts/bench.py`'s workload of the
@@ -13,7 +15,15 @@ preset, then (`--agreement`, default on) asked for the greedy continuation of 8 
 (48 tokens, `/completion` with temperature 0), and stopped. Its peak RSS is the kernel's
 high-water mark of the process (VmHWM) read just before it is stopped. One JSON line per server
 and level, then the ratio lines (tritium / llama-server) and the agreement count, go to stdout;
-a markdown table to stderr.
+a markdown table to stderr. `--tritium-base CMD` adds a second tritium (another tree or build, port
++ 2, run between llama-server and tritium by default) to the same run: its lines, a tritium / base
+ratio line per level and a column in the table, for an A/B of a change. `--rounds N` then runs base and
+tritium N - 1 more times, alternating which goes first (ABBA: load that drifts hits both alike), and ends with
+one "tritium / base over rounds" line per level and metric: every round's ratio, the median and the spread,
+and the 1-minute load average at the start of each run.
+
+    PYTHONPATH=$PWD python scripts/bench_servers.py --preset qwen05b --rounds 4 \
+        --tritium-base "env PYTHONPATH=/tmp/ab-old $(which tritium-server)"
 """
 from __future__ import annotations
 
@@ -22,6 +32,7 @@ import asyncio
 import http.client
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -146,18 +157,57 @@ def run_server(name: str, cmd: list[str], url: str, opts: argparse.Namespace) ->
     return {"lines": lines, "tokens": tokens, "peak_rss_mib": rss, "load_s": load_s}
 
 
+AB_KEYS = ("decode_tokens_per_s_median", "gen_tokens_per_s", "ttft_ms_median")
+
+
+def ab_rounds(res: dict, servers: dict, opts: argparse.Namespace, rounds: int) -> None:
+    """Rounds 2..N of base against tritium, the first server alternating; prints each run's lines and the
+    ratios over all rounds (round 1: the runs already in res)."""
+    runs = [(res["tritium"], res["base"])]
+    agreement = opts.agreement
+    opts.agreement = False  # greedy agreement: round 1's
+    for i in range(1, rounds):
+        got = {}
+        for name in (("tritium", "base") if i % 2 else ("base", "tritium")):
+            cmd, url = servers[name]
+            load = os.getloadavg()[0]
+            got[name] = {**run_server(name, cmd, url, opts), "load_avg_1m": load}
+            for line in got[name]["lines"]:
+                print(json.dumps({**line, "round": i + 1}), flush=True)
+        runs.append((got["tritium"], got["base"]))
+    opts.agreement = agreement
+    for li, line in enumerate(runs[0][0]["lines"]):
+        for key in AB_KEYS:
+            ratios = [round(t["lines"][li][key] / b["lines"][li][key], 3) for t, b in runs
+                      if t["lines"][li].get(key) and b["lines"][li].get(key)]
+            if not ratios:
+                continue
+            xs = sorted(ratios)
+            med = xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+            print(json.dumps({"ratio": "tritium / base over rounds", "concurrency": line["concurrency"], "metric": key,
+                              "rounds": ratios, "median": round(med, 3), "min": xs[0], "max": xs[-1],
+                              "load_avg_1m": [[round(t["load_avg_1m"], 1), round(b["load_avg_1m"], 1)]
+                                              for t, b in runs]}), flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", choices=["qwen05b", "q15b", "gemma270m", "smollm2"], required=True)
     ap.add_argument("--llama", default=LLAMA, help="llama-server binary")
     ap.add_argument("--tritium", default=str(Path(sys.executable).parent / "tritium-server"))
-    ap.add_argument("--port", type=int, default=8100, help="tritium's port; llama-server gets port + 1")
+    ap.add_argument("--port", type=int, default=8100,
+                    help="tritium's port; llama-server gets port + 1, --tritium-base port + 2")
+    ap.add_argument("--tritium-base", metavar="CMD",
+                    help="a second tritium command to compare against (e.g. 'env PYTHONPATH=OLD_TREE tritium-server')")
     ap.add_argument("--requests-per-level", type=int, help="default: the preset's")
     ap.add_argument("--no-agreement", dest="agreement", action="store_false")
     ap.add_argument("--agreement-only", action="store_true")
     ap.add_argument("--server-args", default="-np 4 -c 8192", help="flags given to both servers")
     ap.add_argument("--wait", type=float, default=600.0)
-    ap.add_argument("--order", default="llama,tritium", help="the servers to run now, in order")
+    ap.add_argument("--order", help="the servers to run now, in order (default llama,tritium; llama,base,tritium "
+                                     "with --tritium-base)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with --tritium-base: run base and tritium this many times in all, alternating the order")
     ap.add_argument("--reuse", action="store_true",
                     help="take a server not run now from its saved result of an earlier run (/tmp/bench_servers-PRESET-NAME.json)")
     args = ap.parse_args()
@@ -171,50 +221,79 @@ def main() -> int:
         "tritium": ([args.tritium, "-m", model, "--port", str(args.port), *flags], f"http://127.0.0.1:{args.port}"),
         "llama": ([args.llama, "-m", model, "--port", str(args.port + 1), *flags], f"http://127.0.0.1:{args.port + 1}"),
     }
-    order = args.order.split(",")
+    if args.tritium_base:
+        servers["base"] = ([*shlex.split(args.tritium_base), "-m", model, "--port", str(args.port + 2), *flags],
+                           f"http://127.0.0.1:{args.port + 2}")
+    order = (args.order or ("llama,base,tritium" if args.tritium_base else "llama,tritium")).split(",")
     if "llama" in order and not Path(args.llama).exists():
         log(f"warning: {args.llama} does not exist: tritium alone, no ratios")
         order.remove("llama")
     res = {}
     for name in order:
         cmd, url = servers[name]
+        load = os.getloadavg()[0]
         res[name] = run_server(name, cmd, url, opts)
         res[name]["cmd"] = cmd
         res[name]["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        res[name]["load_avg_1m"] = load
         Path(f"/tmp/bench_servers-{args.preset}-{name}.json").write_text(json.dumps(res[name]))
         for line in res[name]["lines"]:
             print(json.dumps(line), flush=True)
         print(json.dumps({"server": name, "peak_rss_mib": res[name]["peak_rss_mib"],
                           "load_s": round(res[name]["load_s"], 2)}), flush=True)
-    for name in ("tritium", "llama"):
+    for name in servers:
         saved = Path(f"/tmp/bench_servers-{args.preset}-{name}.json")
         if name not in res and args.reuse and saved.exists():
             res[name] = json.loads(saved.read_text())
             log(f"{name}: the saved result of {res[name]['time']} ({' '.join(res[name]['cmd'])})")
-    if len(res) < 2:
+    if args.tritium_base and args.rounds > 1 and "tritium" in res and "base" in res:
+        ab_rounds(res, servers, opts, args.rounds)
+    if "tritium" not in res or "llama" not in res:
         return 0
-    t, r = res["tritium"], res["llama"]
+    t, r, o = res["tritium"], res["llama"], res.get("base")
+    if o is not None:
+        for a, b in zip(t["lines"], o["lines"]):
+            print(json.dumps({**bench.ratio_line(a, b), "ratio": "tritium / base"}), flush=True)
     rows = []
-    for a, b in zip(t["lines"], r["lines"]):
+    for i, (a, b) in enumerate(zip(t["lines"], r["lines"])):
         ratio = bench.ratio_line(a, b)
         print(json.dumps(ratio), flush=True)
         c = a["concurrency"]
-        rows += [(f"decode tok/s per stream, c={c}", b["decode_tokens_per_s_median"], a["decode_tokens_per_s_median"]),
-                 (f"aggregate tok/s, c={c}", b["gen_tokens_per_s"], a["gen_tokens_per_s"]),
-                 (f"TTFT median ms, c={c}", b["ttft_ms_median"], a["ttft_ms_median"])]
-    rows += [("peak RSS MiB", r["peak_rss_mib"], t["peak_rss_mib"]), ("load s (to /health 200)", r["load_s"], t["load_s"])]
+        rows += [(f"{label}, c={c}", b[key], a[key], o["lines"][i][key] if o else None)
+                 for label, key in (("decode tok/s per stream", "decode_tokens_per_s_median"),
+                                    ("aggregate tok/s", "gen_tokens_per_s"), ("TTFT median ms", "ttft_ms_median"))]
+    rows += [("peak RSS MiB", r["peak_rss_mib"], t["peak_rss_mib"], o and o["peak_rss_mib"]),
+             ("load s (to /health 200)", r["load_s"], t["load_s"], o and o["load_s"])]
     if t["tokens"] is not None and r["tokens"] is not None:
         same = sum(x == y for x, y in zip(t["tokens"], r["tokens"]))
         first_diff = [next((i for i, (u, v) in enumerate(zip(x or [], y or [])) if u != v), None)
                       for x, y in zip(t["tokens"], r["tokens"])]
         print(json.dumps({"greedy_identical": same, "prompts": len(AGREEMENT_PROMPTS), "tokens": AGREEMENT_TOKENS,
                           "first_difference_at": first_diff}), flush=True)
-        rows.append((f"greedy: prompts identical over {AGREEMENT_TOKENS} tokens", "", f"{same}/{len(AGREEMENT_PROMPTS)}"))
-    log(f"\n| {args.preset} | llama-server | tritium | ratio |\n| --- | --- | --- | --- |")
-    for label, b, a in rows:
-        ratio = f"{a / b:.2f}x" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else ""
-        log(f"| {label} | {b if not isinstance(b, float) else round(b, 2)} | "
-            f"{a if not isinstance(a, float) else round(a, 2)} | {ratio} |")
+        rows.append((f"greedy: prompts identical over {AGREEMENT_TOKENS} tokens", "", f"{same}/{len(AGREEMENT_PROMPTS)}",
+                     None))
+    if o is not None and t["tokens"] is not None and o["tokens"] is not None:
+        same = sum(x == y for x, y in zip(t["tokens"], o["tokens"]))
+        print(json.dumps({"greedy_identical_to_base": same, "prompts": len(AGREEMENT_PROMPTS)}), flush=True)
+        rows.append(("greedy: prompts identical to base", "", f"{same}/{len(AGREEMENT_PROMPTS)}", None))
+
+    def ratio(a, b) -> str:
+        return f"{a / b:.2f}x" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else ""
+
+    def num(x) -> str:
+        return str(round(x, 2) if isinstance(x, float) else x)
+
+    if o is None:
+        log(f"\n| {args.preset} | llama-server | tritium | ratio |\n| --- | --- | --- | --- |")
+    else:
+        log(f"\n| {args.preset} | llama-server | tritium (base) | tritium | tritium / llama-server | tritium / base |"
+            "\n| --- | --- | --- | --- | --- | --- |")
+    for label, b, a, base in rows:
+        if o is None:
+            log(f"| {label} | {num(b)} | {num(a)} | {ratio(a, b)} |")
+        else:
+            log(f"| {label} | {num(b)} | {num(base) if base is not None else ''} | {num(a)} | {ratio(a, b)} | "
+                f"{ratio(a, base)} |")
     return 0
 
 
