@@ -30,7 +30,7 @@ def n_choices(body: dict[str, Any], n_parallel: int) -> int:
 
 def with_children(task: CompletionTask, n: int) -> list[CompletionTask]:
     """The task and its `n - 1` children (any slot; seed + j unless random)."""
-    out = [task]
+    out = [dataclasses.replace(task, is_parent=True) if n > 1 else task]
     for j in range(1, n):
         seed = task.params.seed
         params = dataclasses.replace(task.params, seed=seed if seed == RANDOM_SEED else (seed + j) & 0xFFFFFFFF)

@@ -156,6 +156,7 @@ def engine_config(args: argparse.Namespace, scfg: ServerConfig, preload: Preload
         sleep_idle_seconds=args.sleep_idle_seconds,
         slot_prompt_similarity=args.slot_prompt_similarity, slot_save_path=args.slot_save_path,
         embeddings=args.embeddings, n_predict=args.n_predict, defaults=scfg.defaults, special=args.special,
+        ctx_shift=args.ctx_shift,
         chat_template=args.chat_template, chat_template_file=args.chat_template_file,
         verbosity=verbosity(args), n_batch=max(1, args.batch_size), n_ubatch=max(1, args.ubatch_size), kv_dtype=_kv_dtype(args), warmup=args.warmup,
         config_overrides=_rope_overrides(args), lora=lora_adapters(args),

@@ -346,6 +346,7 @@ def parse_task(body: dict[str, Any], prompt_tokens: list[int], params: SamplingP
         cache_prompt=f.boolean("cache_prompt", True if defaults is None else defaults.cache_prompt),
         n_cache_reuse=n_cache_reuse,
         n_keep=f.integer("n_keep", 0 if defaults is None else defaults.n_keep),
+        n_discard=f.integer("n_discard", 0),
         stream=f.boolean("stream", False),
         return_tokens=f.boolean("return_tokens", False),
         t_max_predict_ms=f.integer("t_max_predict_ms", -1),
@@ -378,7 +379,7 @@ def reasoning_format_name(fmt: str) -> str:
 
 
 def sampling_settings(p: SamplingParams, n_predict: int, stream: bool, chat_format: str, reasoning_format: str,
-                      only_metrics: bool, stop: list[str] | None = None, n_keep: int = 0,
+                      only_metrics: bool, stop: list[str] | None = None, n_keep: int = 0, n_discard: int = 0,
                       timings_per_token: bool = False, post_sampling_probs: bool = False,
                       generation_prompt: str = "") -> dict[str, Any]:
     """`task_params::to_json` of the pinned build: the full echo (`generation_settings`) or the
@@ -410,7 +411,7 @@ def sampling_settings(p: SamplingParams, n_predict: int, stream: bool, chat_form
               "adaptive_target": f32(p.adaptive_target), "adaptive_decay": f32(p.adaptive_decay)})
     if not only_metrics:
         d["stop"] = list(stop or [])
-    d.update({"max_tokens": n_predict, "n_predict": n_predict, "n_keep": n_keep, "n_discard": 0,
+    d.update({"max_tokens": n_predict, "n_predict": n_predict, "n_keep": n_keep, "n_discard": n_discard,
               "ignore_eos": p.ignore_eos, "stream": stream})
     if not only_metrics:
         d["logit_bias"] = [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in p.logit_bias]

@@ -74,7 +74,8 @@ class CompletionTask:
     id_slot: int = -1
     cache_prompt: bool = True
     n_cache_reuse: int | None = None  # None = server's --cache-reuse
-    n_keep: int = 0
+    n_keep: int = 0  # tokens of the prompt a context shift keeps (-1: all; the server's --keep when absent)
+    n_discard: int = 0  # tokens a context shift drops after them (0: half of the rest)
     stream: bool = False
     return_tokens: bool = False
     t_max_predict_ms: int = -1
@@ -83,6 +84,7 @@ class CompletionTask:
     grammar_prefix: str = ""  # text of a prefilled assistant turn the grammar has already seen
     generation_prompt: str = ""  # a chat's assistant-turn opening (+ prefill), echoed in generation_settings
     lora: dict[int, float] | None = None  # per-request adapter scales (unlisted: 0); None = the server's
+    is_parent: bool = False  # the first of `n` completions (b1: no context shift for a shared prompt)
     is_child: bool = False  # one of the n - 1 extra completions of `n`: its slot keeps no cache afterwards
     chat_format: str = "Content-only"  # echoed in generation_settings: llama.cpp's name of the parser format
     user_starts: list[int] = field(default_factory=list)  # chat: token positions where user messages begin

@@ -239,13 +239,12 @@ def test_values_reach_the_namespace(files):
 def test_startup_refusals_name_what_is_missing():
     p = build_parser()
     for argv, text in ((["-ctk", "q8_0"], "KV cache type q8_0 is not supported yet"),
-                       (["--context-shift"], "context shift is not supported yet"),
                        (["--control-vector", "x.gguf"], "control vectors are not supported yet"),
                        (["--adaptive-target", "0.5"], "adaptive-p")):
         r = refusal(p.parse_args(argv, environ={}))
         assert r is not None and text in str(r), argv
         assert str(r).startswith('error while handling argument "')
-    for argv in (["-ctk", "f32"], ["--no-context-shift"], ["--models-max", "2"], ["--adaptive-target", "-1"],
+    for argv in (["-ctk", "f32"], ["--context-shift"], ["--no-context-shift"], ["--models-max", "2"], ["--adaptive-target", "-1"],
                  ["--mmproj", "m.gguf"], ["--models-dir", "."], ["--models-preset", "p.ini"],
                  ["--vision-gemma-4b-default"]):
         assert refusal(p.parse_args(argv, environ={})) is None, argv

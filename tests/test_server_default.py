@@ -160,8 +160,7 @@ def test_llama_server_script_flags_are_accepted(start_server, tmp_path):
 
 
 @pytest.mark.parametrize("flag,value", [("--control-vector", "x.gguf"), ("-mu", "http://h/m.gguf"), ("-ctk", "q8_0"),
-                                        ("--control-vector-scaled", "x.gguf:0.5"),
-                                        ("--context-shift", None)])
+                                        ("--control-vector-scaled", "x.gguf:0.5")])
 def test_unsupported_llama_server_flags_fail_clearly(flag, value):
     import subprocess
     import sys

@@ -34,7 +34,7 @@ def native_request(ctx: ApiContext, body: dict[str, Any], prompt_tokens: list[in
     f = Fields(body)
     settings = sampling_settings(params, task.n_predict, task.stream, "Content-only",
                                  reasoning_format_name(ctx.cfg.reasoning_format),
-                                 only_metrics=False, stop=task.stop, n_keep=task.n_keep,
+                                 only_metrics=False, stop=task.stop, n_keep=task.n_keep, n_discard=task.n_discard,
                                  timings_per_token=f.boolean("timings_per_token", False),
                                  post_sampling_probs=f.boolean("post_sampling_probs", False))
     settings["lora"] = [{"id": i, "scale": s} for i, s in sorted((task.lora or {}).items())]

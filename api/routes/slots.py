@@ -38,7 +38,7 @@ async def slots(ctx: Ctx, request: Request) -> Response:
         params = task.params if isinstance(task, CompletionTask) else cfg.defaults
         settings = sampling_settings(params, getattr(task, "n_predict", -1), getattr(task, "stream", False),
                                      getattr(task, "chat_format", "Content-only"), "deepseek", only_metrics=True,
-                                     n_keep=getattr(task, "n_keep", 0),
+                                     n_keep=getattr(task, "n_keep", cfg.request_defaults.n_keep), n_discard=getattr(task, "n_discard", 0),
                                      generation_prompt=getattr(task, "generation_prompt", ""))
         # llama-server puts params between the prompt counts and next_token
         next_token = d.pop("next_token")

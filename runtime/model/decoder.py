@@ -366,7 +366,7 @@ class Model:
         return torch.where(torch.isinf(logits), logits, cap * torch.tanh(logits / cap))
 
     def key_rotation(self) -> KeyRotation:  # how cached keys are re-rotated when they move (KVStore.move)
-        return KeyRotation(self.rope_inv_freqs, self.neox)
+        return KeyRotation(self.rope_inv_freqs, self.neox, tuple(L.rope_theta_scale for L in self.layers), self.ops)
 
     def new_kv_store(self, n_tokens: int, block_size: int = 16, dtype: torch.dtype = torch.float16) -> KVStore:
         """K/V tensors for `n_tokens` positions; the serving room's `BlockManager` hands out its blocks."""

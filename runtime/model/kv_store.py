@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import mmap
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from gguf import GGMLQuantizationType
@@ -63,10 +64,15 @@ class SeqKV:
 
 @dataclass(frozen=True)
 class KeyRotation:
-    """RoPE of the cached keys, to re-rotate them when they move (`KVStore.move`): per-layer
-    inverse frequencies (gemma3's local layers have their own base) and the pair layout."""
+    """RoPE of the cached keys, to re-rotate them when they move (`KVStore.move`: --cache-reuse and
+    the context shift, llama.cpp's K-shift): per-layer inverse frequencies (gemma3's local layers
+    have their own base), the pair layout, per-layer ggml angle chains (`theta_scales`, as the
+    model's own RoPE: 0 = angles from inv_freq) and the kernel backend that rotates (the model's;
+    None: the device's default)."""
     inv_freqs: list[torch.Tensor]
     neox: bool
+    theta_scales: tuple[float, ...] = ()
+    ops: Any = None  # kernels.Backend
 
 
 @dataclass
@@ -207,11 +213,17 @@ class KVStore:
 
     def move(self, seq: SeqKV, src: int, dst: int, n: int) -> None:
         """Copy tokens [src, src + n) to [dst, dst + n) within `seq`'s blocks (dst < src), keys
-        re-rotated by the position delta (dst - src) as llama.cpp's seq_add does."""
+        re-rotated by the position delta (dst - src) as llama.cpp's K-shift does (ggml_rope_ext on
+        the cached keys: read in float32, rotated by the delta with the model's angles, stored back
+        in the cache type). The rotation runs in the rotation's backend: the CPU kernels follow
+        ggml's angle chain (`theta_scales`), Triton's `_rope_kernel` the plain angles (as ggml-cuda)."""
         ks, vs = self.gather(seq, src, src + n)
+        rot = self.rope
+        ops = rot.ops if rot.ops is not None else kernels.Backend.for_device(self.device)
         delta = torch.full((n,), dst - src, dtype=torch.int64, device=self.device)
-        freqs = self.rope.inv_freqs
-        ks = [kernels.rope(k.float(), delta, f.to(self.device), self.rope.neox) for k, f in zip(ks, freqs)]
+        ks = [ops.rope(k.float(), delta, f.to(self.device), rot.neox,
+                       rot.theta_scales[l] if l < len(rot.theta_scales) else 0.0)
+              for l, (k, f) in enumerate(zip(ks, rot.inv_freqs))]
         self.scatter(seq, dst, ks, vs)
 
     def read_window(self, seq: SeqKV, first: int, n: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -304,6 +304,21 @@ class BlockManager:
             return
         self.store.move(seq, src, dst, n)
 
+    def shift(self, seq: SeqKV, n_keep: int, n_discard: int) -> None:
+        """llama.cpp's context shift (`seq_rm(n_keep, n_keep + n_discard)`, then `seq_add` of
+        -n_discard to the rest): tokens [n_keep + n_discard, n) move down to n_keep, their keys
+        re-rotated by -n_discard, and the sequence holds n - n_discard tokens. Shared blocks that
+        the move writes are copied first. Not with an SWA pool (`can_move`)."""
+        n = seq.n_tokens
+        assert self.can_move(seq) and 0 <= n_keep and 0 <= n_discard and n_keep + n_discard <= n
+        if n_discard == 0:
+            return
+        for i in range(n_keep // self.block_size, self.blocks_needed(n - n_discard)):
+            if self.pool.refs[seq.blocks[i]] > 1:
+                seq.blocks[i] = self._copy_block(seq.blocks[i])
+        self.move(seq, n_keep + n_discard, n_keep, n - n_keep - n_discard)
+        self.truncate(seq, n - n_discard)
+
     def export(self, seq: SeqKV, n: int | None = None) -> KVState:
         """Host copy of the first n tokens' K/V in the store's rows; with an SWA pool also
         `swa_start` (the SWA layers' rows below it are zeros: not held); hybrid models also the

@@ -263,6 +263,11 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
         "rerank": rerank_format(lm.gguf_metadata),
     }
     mm = load_mmproj(cfg, c, model, tk, log) if cfg.mmproj else None
+    if cfg.ctx_shift and (store.window or c.rope_sections is not None or store.rs is not None):  # llama_memory_can_shift
+        # (an SWA pool smaller than the cache, M-RoPE's several positions per token; a recurrent
+        # state, which cannot drop tokens from its middle)
+        cfg.ctx_shift = False
+        log("W", "srv    load_model: ctx_shift is not supported by this context, it will be disabled")
     trim_heap()  # the tokenizer's build and the repack leave freed heap pages behind (~33 MiB for Gemma 3)
     return Loaded(model, blocks, runner, tk, chat_template, vocab, prompt_cache, n_ctx, n_slots, n_ctx_slot, unified,
                   model_info, mm)
@@ -278,6 +283,9 @@ def load_mmproj(cfg: EngineConfig, c, model: Model, tk, log: Log):
     mm = Multimodal(cfg.mmproj, tk, n_embd_inp, c.rope_sections is not None, device,
                     cfg.image_min_tokens, cfg.image_max_tokens, cfg.media_marker)
     log("I", f"srv    load_model: loaded multimodal model, '{cfg.mmproj}'")
+    if cfg.ctx_shift:  # an image chunk holds many tokens
+        cfg.ctx_shift = False
+        log("W", "srv    load_model: ctx_shift is not supported by multimodal, it will be disabled")
     if cfg.cache_reuse:
         cfg.cache_reuse = 0
         log("W", "srv    load_model: cache_reuse is not supported by multimodal, it will be disabled")

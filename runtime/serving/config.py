@@ -26,6 +26,7 @@ class EngineConfig:
     device: str = "cpu"  # cpu | cuda | auto (cuda when available)
     cache_ram_mib: int = 8192  # -1 unlimited, 0 off
     cache_reuse: int = 0
+    ctx_shift: bool = False  # --context-shift: a generating slot that fills its context drops half of it
     cache_idle_slots: bool = True  # on a new task, idle slots go to the RAM cache (and are cleared if unified)
     sleep_idle_seconds: int = -1  # idle this long: the model and KV cache are released until a request (-1: never)
     slot_prompt_similarity: float = 0.10

@@ -208,6 +208,10 @@ class Scheduler:
         for s in self.slots:
             if s.busy and s.req.handle.abandoned():
                 self._release(s)
+        if self.cfg.ctx_shift:
+            for s in self.slots:
+                if s.state is SlotState.GENERATING and s.busy and len(s.tokens) + 1 >= s.n_ctx:
+                    self._context_shift(s)
         plan = plan_step(self.slots, self.cfg.n_batch, self.cfg.n_prefill_chunk)
         if any(s.req.media for s in plan.slots):
             plan = self._media_rows(plan)
@@ -220,6 +224,28 @@ class Scheduler:
                 self._context_exceeded()
                 return plan.keep([False] * len(plan.slots))
         return plan
+
+    def _context_shift(self, s: Slot) -> None:
+        """llama-server's pre_decode context shift (--context-shift): a generating slot whose next
+        token would fill its context keeps its first n_keep tokens (the task's n_keep, -1: the
+        prompt; one more when the vocabulary adds BOS; at most n_ctx - 4) and drops the n_discard
+        after them (the task's, 0: half of the rest; at most the rest less one)."""
+        r, task = s.req, s.req.task
+        if task.is_parent or task.is_child:
+            self.fail(s, 500, "context shift cannot be used for shared prompt", "server_error")
+            return
+        n_keep = len(r.prompt) if task.n_keep < 0 else task.n_keep
+        if getattr(self.vocab.tokenizer, "add_bos", False):
+            n_keep += 1
+        n_keep = min(s.n_ctx - 4, n_keep)
+        n_left = len(s.tokens) - n_keep
+        n_discard = task.n_discard if task.n_discard else n_left // 2
+        n_discard = min(max(n_discard, 0), max(0, n_left - 1))
+        self.log("W", f"slot   operator(): id {s.id:2d} | task {r.handle.id} | slot context shift, n_keep = {n_keep}, "
+                      f"n_left = {n_left}, n_discard = {n_discard}")
+        self.blocks.shift(s.seq, n_keep, n_discard)
+        del s.tokens[n_keep:n_keep + n_discard]
+        r.truncated = True
 
     def _media_rows(self, plan: StepPlan) -> StepPlan:
         """Rope positions and media embeddings of the rows of requests with media
@@ -334,7 +360,8 @@ class Scheduler:
             ev.probs = [self.vocab.token_prob(t, lp) for t, lp in sampled.top]
             ev.logprob = sampled.logprob
             r.probs.append(ev)
-        stop, truncated = check_stop(r.text, stop_word, is_eog, n_cached=len(s.tokens), n_ctx=s.n_ctx,
+        stop, truncated = check_stop(r.text, stop_word, is_eog, n_cached=len(s.tokens),
+                                     n_ctx=0 if self.cfg.ctx_shift else s.n_ctx,
                                      n_decoded=r.n_decoded, n_predict=r.n_predict, n_indent=task.n_indent,
                                      t_max_ms=task.t_max_predict_ms, t_prompt_done=r.t_prompt_done)
         if truncated:

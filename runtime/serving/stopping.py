@@ -40,7 +40,7 @@ def check_stop(text: "TextState", stop_word: str | None, is_eog: bool, *, n_cach
     truncated = False
     if stop_word is not None:
         stop = StopType.WORD
-    if n_cached + 1 >= n_ctx:
+    if n_ctx > 0 and n_cached + 1 >= n_ctx:  # (n_ctx 0: --context-shift makes room instead)
         truncated = True
         stop = StopType.LIMIT
     if stop is None and 0 <= n_predict <= n_decoded:
