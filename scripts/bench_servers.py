@@ -172,8 +172,9 @@ def ab_rounds(res: dict, servers: dict, opts: argparse.Namespace, rounds: int) -
             cmd, url = servers[name]
             load = os.getloadavg()[0]
             got[name] = {**run_server(name, cmd, url, opts), "load_avg_1m": load}
-            for line in got[name]["lines"]:
-                print(json.dumps({**line, "round": i + 1}), flush=True)
+            print(json.dumps({"server": name, "round": i + 1, "load_avg_1m": round(load, 1),  # (lines: above)
+                              "peak_rss_mib": got[name]["peak_rss_mib"], "load_s": round(got[name]["load_s"], 2)}),
+                  flush=True)
         runs.append((got["tritium"], got["base"]))
     opts.agreement = agreement
     for li, line in enumerate(runs[0][0]["lines"]):
@@ -248,6 +249,10 @@ def main() -> int:
             log(f"{name}: the saved result of {res[name]['time']} ({' '.join(res[name]['cmd'])})")
     if args.tritium_base and args.rounds > 1 and "tritium" in res and "base" in res:
         ab_rounds(res, servers, opts, args.rounds)
+    if "tritium" in res and res.get("base") and res["tritium"]["tokens"] is not None \
+            and res["base"]["tokens"] is not None:
+        same_base = sum(x == y for x, y in zip(res["tritium"]["tokens"], res["base"]["tokens"]))
+        print(json.dumps({"greedy_identical_to_base": same_base, "prompts": len(AGREEMENT_PROMPTS)}), flush=True)
     if "tritium" not in res or "llama" not in res:
         return 0
     t, r, o = res["tritium"], res["llama"], res.get("base")
@@ -273,9 +278,7 @@ def main() -> int:
         rows.append((f"greedy: prompts identical over {AGREEMENT_TOKENS} tokens", "", f"{same}/{len(AGREEMENT_PROMPTS)}",
                      None))
     if o is not None and t["tokens"] is not None and o["tokens"] is not None:
-        same = sum(x == y for x, y in zip(t["tokens"], o["tokens"]))
-        print(json.dumps({"greedy_identical_to_base": same, "prompts": len(AGREEMENT_PROMPTS)}), flush=True)
-        rows.append(("greedy: prompts identical to base", "", f"{same}/{len(AGREEMENT_PROMPTS)}", None))
+        rows.append(("greedy: prompts identical to base", "", f"{same_base}/{len(AGREEMENT_PROMPTS)}", None))
 
     def ratio(a, b) -> str:
         return f"{a / b:.2f}x" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else ""
