@@ -137,6 +137,8 @@ class Timings:
     prompt_ms: float = 0.0
     predicted_n: int = 0
     predicted_ms: float = 0.0
+    draft_n: int = 0  # speculative decoding: draft tokens proposed, and accepted (listed when draft_n > 0)
+    draft_n_accepted: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         steps = max(self.predicted_n - 1, 0)  # the first token comes from the prompt's logits: no decode step
@@ -150,7 +152,7 @@ class Timings:
             "predicted_ms": self.predicted_ms,
             "predicted_per_token_ms": self.predicted_ms / steps if steps else 0.0,
             "predicted_per_second": 1e3 / self.predicted_ms * steps if self.predicted_ms > 0 else 0.0,
-        }
+        } | ({"draft_n": self.draft_n, "draft_n_accepted": self.draft_n_accepted} if self.draft_n > 0 else {})
 
 
 @dataclass

@@ -44,6 +44,7 @@ class SeqBatch:
     tokens: list[int]
     n_past: int  # tokens already in the cache; the first new token sits at this position
     logits: bool = True  # compute logits of the last new token
+    n_logits: int = 1  # with logits: of the last n_logits new tokens (a speculative verify row: all of them)
     hidden: bool = False  # return the final normed hidden states of all new tokens (embeddings)
     # > 0: only the `topk` largest logits must be exact (the sampler keeps no more than those);
     # the others may come back as -inf. `banned` tokens are excluded from that top-k.
@@ -613,7 +614,7 @@ class Model:
         pos_t = torch.cat(pos)
         step = StepTensors(torch.tensor(ids, dtype=torch.int64).clamp_(min=0), pos_t, torch.cat(slots), tables, cu,
                            torch.tensor(kv_lens, dtype=torch.int32), max(q_lens),
-                           rows=[e - 1 for b, e in zip(batch, ends) if b.logits],
+                           rows=[r for b, e in zip(batch, ends) if b.logits for r in range(e - b.n_logits, e)],
                            need_hidden=any(b.hidden for b in batch), swa_slots=swa_slots, swa_tables=swa_tables,
                            media=mm.step_media(batch, pos_t, self.rope_pairs is not None))
         if self.recurrent is not None:
@@ -628,7 +629,9 @@ class Model:
         if self.tp is not None:
             self.tp.group.send(("forward", step))  # the other ranks run the same step on their shards
         wants = [b for b in batch if b.logits]
-        topk = ([b.topk for b in wants], [b.banned for b in wants]) if any(b.topk > 0 for b in wants) else None
+        topk = None
+        if any(b.topk > 0 for b in wants):  # one entry per logits row
+            topk = ([b.topk for b in wants for _ in range(b.n_logits)], [b.banned for b in wants for _ in range(b.n_logits)])
         lora = None  # LoRA rows (runtime/model/lora.py); not with -tp (bootstrap refuses the pair)
         if self.adapters:
             lora = RowLora.build(self.adapters, [b.lora for b in batch], q_lens, self.device)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kernels import Numerics
+from runtime.serving.spec import SpecConfig
 from runtime.tasks import SamplingParams
 
 
@@ -69,5 +70,7 @@ class EngineConfig:
     # the model's kernel backend ("torch" | "cpu" | "triton"; None: the device's, kernels.Backend.for_device):
     # tests run the whole engine on the Triton kernels on CPU tensors under TRITON_INTERPRET=1
     kernel_backend: str | None = None
+    # speculative decoding (--spec-type and the --spec-* sizes; runtime/serving/spec.py): off by default
+    spec: SpecConfig = field(default_factory=SpecConfig)
     # the CLI's read of model_path started before its imports (runtime.launch.preload.Preload), taken once by the load
     preload: Any = None

@@ -36,6 +36,7 @@ from runtime.serving.metrics import WINDOW_GAUGES, Metrics
 from runtime.serving.scheduler import Scheduler
 from runtime.serving.slot_files import check_action, erase_slot, restore_slot, save_slot
 from runtime.serving.slots import Slot, new_slots, slot_view
+from runtime.serving.spec import make_speculator
 from runtime.serving.stop_match import StopMatcher
 from runtime.tasks import CompletionTask, EmbeddingTask
 
@@ -54,6 +55,7 @@ class Engine:
         self.n_slots = self.n_ctx = self.n_ctx_slot = 0
         self.kv_unified = False
         self.vocab = None
+        self.spec = None  # runtime.serving.spec.Speculator (--spec-type), set by load()
         # --sleep-idle-seconds
         self.sleeping = False
         self._t_active = time.monotonic()  # when the last task arrived or the last step ran
@@ -86,8 +88,9 @@ class Engine:
         self.n_ctx, self.n_slots, self.n_ctx_slot, self.kv_unified = b.n_ctx, b.n_slots, b.n_ctx_slot, b.kv_unified
         self.prompt_cache, self.vocab, self.mm = b.prompt_cache, b.vocab, b.mm
         self.slots = new_slots(b.n_slots, b.n_ctx_slot)
+        self.spec = make_speculator(self.cfg.spec, b.n_slots, self._log)
         self.scheduler = Scheduler(self.cfg, self.slots, b.blocks, b.model, b.vocab, b.prompt_cache, self._metrics,
-                                   self._log, b.kv_unified, b.mm, b.n_ctx)
+                                   self._log, b.kv_unified, b.mm, b.n_ctx, self.spec)
         if self.cfg.cache_idle_slots and not self.sleeping:
             if self.prompt_cache is None:
                 self._log("W", "srv          init: --cache-idle-slots requires --cache-ram, disabling")
@@ -170,7 +173,7 @@ class Engine:
 
     def slots_info(self) -> list[dict]:
         """/slots (see slots.slot_view)."""
-        return [slot_view(s) for s in self.slots]
+        return [slot_view(s, self.spec is not None) for s in self.slots]
 
     def metrics(self) -> dict[str, float]:
         """Counters (cumulative) and gauges (averaged over the window since the last call)."""

@@ -22,6 +22,9 @@ class Metrics:
     n_decode_total: int = 0
     n_busy_slots_total: int = 0
     n_tokens_max: int = 0
+    n_draft_tokens_total: int = 0  # speculative decoding: tokens drafted, accepted, verify steps
+    n_draft_accepted_total: int = 0
+    n_draft_verify_total: int = 0
     # window since the last scrape
     n_prompt_tokens_processed: int = 0
     t_prompt_processing: float = 0.0
@@ -36,6 +39,12 @@ class Metrics:
         self.n_decode += 1
         self.n_busy_slots_total += n_rows
         self.n_busy_slots += n_rows
+
+    def on_verify(self, n_draft: int, n_accepted: int) -> None:
+        """One speculative verify step of a slot: `n_draft` tokens proposed, `n_accepted` kept."""
+        self.n_draft_tokens_total += n_draft
+        self.n_draft_accepted_total += n_accepted
+        self.n_draft_verify_total += 1
 
     def on_prompt_done(self, n_processed: int, n_cached: int, seconds: float) -> None:
         self.n_prompt_tokens_processed_total += n_processed
@@ -64,9 +73,9 @@ class Metrics:
             "tokens_predicted_seconds_total": self.t_tokens_generation_total,
             "n_decode_total": self.n_decode_total,
             "n_tokens_max": self.n_tokens_max,
-            "spec_decode_num_draft_tokens_total": 0,
-            "spec_decode_num_accepted_tokens_total": 0,
-            "spec_decode_num_drafts_total": 0,
+            "spec_decode_num_draft_tokens_total": self.n_draft_tokens_total,
+            "spec_decode_num_accepted_tokens_total": self.n_draft_accepted_total,
+            "spec_decode_num_drafts_total": self.n_draft_verify_total,
             "prompt_tokens_seconds": (self.n_prompt_tokens_processed / self.t_prompt_processing
                                       if self.t_prompt_processing else 0.0),
             "predicted_tokens_seconds": (self.n_tokens_predicted / self.t_tokens_generation

@@ -5,7 +5,9 @@ Every busy slot is a request with tokens still to feed, and each step gives some
 number of new tokens within one budget (`n_batch` tokens per forward):
 
 1. decode rows first: every generating slot whose last sampled token is not yet in the cache
-   feeds that one token (so a long prompt never stalls the running generations);
+   feeds that one token (so a long prompt never stalls the running generations), followed by its
+   speculative draft when it has one (`Request.draft`, runtime/serving/spec.py: logits for every
+   token of the row; the scheduler bounds the drafts by the budget);
 2. then prompt chunks, slot order: each prompt-reading slot feeds the next
    min(remaining prompt, budget left, chunk cap) tokens, where the chunk cap is `n_prefill_chunk`
    while some slot decodes (chunked prefill) and the whole `n_batch` when none does, and a chunk
@@ -96,10 +98,11 @@ def plan_step(slots: list[Slot], n_batch: int, n_prefill_chunk: int) -> StepPlan
     budget = n_batch
     for s in decoding:
         k, banned = topk_needed(s.req.sampler)
-        plan.batch.append(SeqBatch(s.seq, [s.req.pending], len(s.tokens), logits=True, topk=k, banned=banned,
-                                   lora=s.req.lora))
+        toks = [s.req.pending] + s.req.draft  # a speculating slot's verify row: logits of every token
+        plan.batch.append(SeqBatch(s.seq, toks, len(s.tokens), logits=True, n_logits=len(toks), topk=k,
+                                   banned=banned, lora=s.req.lora))
         plan.slots.append(s)
-        budget -= 1
+        budget -= len(toks)
     chunk_cap = n_prefill_chunk if decoding else n_batch
     for s in prefilling:
         if budget <= 0:

@@ -161,12 +161,19 @@ def maybe_trigger_grammar(req: Request) -> None:
 
 
 def sample_rows(plan: StepPlan, logits: torch.Tensor, need: list[Slot]) -> list[tuple[Slot, Sampled | Exception]]:
-    """Sample the next token of each slot in `need` from its row of `logits` (one row per batch
-    row that asked for logits, in batch order), all rows in one `sample_batch` call; a row whose
+    """Sample the next token of each slot in `need` from its row of `logits` (`n_logits` rows per
+    batch row that asked for logits, in batch order; the last one), all in one `sample_batch` call; a row whose
     sampling raised has its exception in place of the result (the other rows are unaffected)."""
-    logit_owners = [s for b, s in zip(plan.batch, plan.slots) if b.logits]  # one per logits row
     wanted = {id(s) for s in need}
-    keep = [i for i, s in enumerate(logit_owners) if id(s) in wanted]
+    owners, keep, row = [], [], 0  # a row with n_logits rows is sampled at its last one
+    for b, s in zip(plan.batch, plan.slots):
+        if b.logits:
+            row += b.n_logits
+            if id(s) in wanted:
+                owners.append(s)
+                keep.append(row - 1)
+    if not keep:
+        return []
     sel = logits if len(keep) == logits.shape[0] else logits[torch.tensor(keep, device=logits.device)]
-    results = sample_batch(sel, [logit_owners[i].req.sampler for i in keep])
-    return [(logit_owners[i], r) for i, r in zip(keep, results)]
+    results = sample_batch(sel, [s.req.sampler for s in owners])
+    return list(zip(owners, results))

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from runtime.model.decoder import Model
-from runtime.sampling.sampler import Sampled
+from runtime.sampling.sampler import Sampled, sample_batch
 from runtime.serving.blocks import BlockManager, OutOfBlocks
 from runtime.serving.config import EngineConfig
 from runtime.serving.failures import client_message, log_failure
@@ -33,6 +33,7 @@ from runtime.serving.prompt_cache import PromptCache, cache_idle_slot, reusable_
 from runtime.serving.runner import StepOutput, pool_embeddings
 from runtime.serving.sampling import GrammarError, Vocabulary, maybe_trigger_grammar, sample_rows
 from runtime.serving.slots import Request, Slot, SlotState, pick_slot, release, reserve
+from runtime.serving.spec import Speculator
 from runtime.serving.stopping import StopType, TextState, check_stop, effective_n_predict
 from runtime.tasks import CompletionResult, EmbeddingTask, PromptProgress, TaskError, Timings, TokenOut
 
@@ -44,7 +45,8 @@ def running_timings(r: Request, now: float) -> Timings:
     return Timings(cache_n=r.n_cached, prompt_n=r.n_past - r.n_cached,
                    prompt_ms=(prompt_end - r.t_start) * 1e3 if prompt_end else 0.0,
                    predicted_n=r.n_decoded,
-                   predicted_ms=(now - r.t_prompt_done) * 1e3 if r.t_prompt_done and r.n_decoded else 0.0)
+                   predicted_ms=(now - r.t_prompt_done) * 1e3 if r.t_prompt_done and r.n_decoded else 0.0,
+                   draft_n=r.spec.n_draft_total, draft_n_accepted=r.spec.n_draft_accepted)
 
 
 def send_progress(r: Request) -> None:
@@ -59,10 +61,11 @@ def send_progress(r: Request) -> None:
 class Scheduler:
     def __init__(self, cfg: EngineConfig, slots: list[Slot], blocks: BlockManager, model: Model, vocab: Vocabulary,
                  prompt_cache: PromptCache | None, metrics: Metrics, log: Callable[[str, str], None],
-                 kv_unified: bool = False, mm=None, n_ctx: int = 0):
+                 kv_unified: bool = False, mm=None, n_ctx: int = 0, spec: Speculator | None = None):
         self.cfg, self.slots, self.blocks, self.model, self.vocab = cfg, slots, blocks, model, vocab
         # llama.cpp's context n_ubatch: min(n_ctx, -b, -ub); an embedding's prompt must fit it (pooling)
         self.n_ubatch_ctx = min(n_ctx or cfg.n_batch, cfg.n_batch, cfg.n_ubatch)
+        self.spec = spec  # speculative decoding's drafters (--spec-type), or None
         self.mm = mm  # runtime.vision.Multimodal (--mmproj): encodes a media chunk when it is first planned
         self.kv_unified = kv_unified  # one KV pool for all slots: clearing an idle slot frees room
         self.prompt_cache, self.metrics, self.log = prompt_cache, metrics, log
@@ -212,6 +215,8 @@ class Scheduler:
             for s in self.slots:
                 if s.state is SlotState.GENERATING and s.busy and len(s.tokens) + 1 >= s.n_ctx:
                     self._context_shift(s)
+        if self.spec is not None:
+            self._draft()
         plan = plan_step(self.slots, self.cfg.n_batch, self.cfg.n_prefill_chunk)
         if any(s.req.media for s in plan.slots):
             plan = self._media_rows(plan)
@@ -246,6 +251,25 @@ class Scheduler:
         self.blocks.shift(s.seq, n_keep, n_discard)
         del s.tokens[n_keep:n_keep + n_discard]
         r.truncated = True
+    def _draft(self) -> None:
+        """Each generating slot's draft for this step (llama-server's update_slots: at most
+        n_ctx - n_tokens - 2 tokens, and one less than the tokens still to predict), within the
+        rows of one forward: the verify rows of all slots fit min(n_batch, n_ubatch)."""
+        decoding = [s for s in self.slots if s.state is SlotState.GENERATING and s.req.pending is not None]
+        budget = min(self.cfg.n_batch, self.cfg.n_ubatch) - len(decoding)
+        for s in decoding:
+            r = s.req
+            r.draft = []
+            n_max = s.n_ctx - len(s.tokens) - 2
+            n_remaining = r.n_predict - r.n_decoded if r.n_predict >= 0 else -1
+            if n_remaining > 0:
+                n_max = min(n_max, n_remaining - 1)
+            n_max = min(n_max, budget)
+            if n_max <= 0:
+                continue
+            r.draft = self.spec.draft(s.id, s.tokens, r.pending, n_max)
+            r.spec.n_draft_total += len(r.draft)
+            budget -= len(r.draft)
 
     def _media_rows(self, plan: StepPlan) -> StepPlan:
         """Rope positions and media embeddings of the rows of requests with media
@@ -259,7 +283,7 @@ class Scheduler:
                 continue
             if s.state is SlotState.GENERATING:
                 if m.total_shift:
-                    b.pos = [b.n_past - m.total_shift]
+                    b.pos = [p - m.total_shift for p in range(b.n_past, b.n_past + len(b.tokens))]
                 continue
             e = b.n_past + len(b.tokens)
             try:
@@ -314,6 +338,10 @@ class Scheduler:
                 self.fail_unexpected(s, e, "processing the prompt")
         if out.logits is None or not need_sample:
             return
+        verify = {id(s) for b, s in zip(plan.batch, plan.slots) if b.n_logits > 1}
+        if verify:
+            self._verify_drafts(plan, out.logits, [s for s in need_sample if id(s) in verify])
+            need_sample = [s for s in need_sample if id(s) not in verify]
         for s, sampled in sample_rows(plan, out.logits, need_sample):
             if isinstance(sampled, BaseException):
                 self.fail_unexpected(s, sampled, "sampling")
@@ -322,6 +350,40 @@ class Scheduler:
                 self._on_token(s, sampled)
             except Exception as e:  # noqa: BLE001
                 self.fail_unexpected(s, e, "sampling")
+
+    def _verify_drafts(self, plan: StepPlan, logits: torch.Tensor, slots: list[Slot]) -> None:
+        """Speculative rows: each slot samples its rows in order with its own sampler (so penalties,
+        grammars and stop rules see the tokens one at a time, as without a draft) and keeps the
+        draft up to the first token the model did not choose; the rejected rows leave the KV cache
+        (`BlockManager.truncate`). llama-server's common_sampler_sample_and_accept_n."""
+        first, row = {}, 0
+        for b, s in zip(plan.batch, plan.slots):
+            if b.logits:
+                first[id(s)] = row
+                row += b.n_logits
+        for s in slots:
+            r, draft = s.req, s.req.draft
+            r.draft = []
+            rows = logits[first[id(s)]:first[id(s)] + len(draft) + 1]
+            del s.tokens[len(s.tokens) - len(draft):]  # the cache as one token at a time would hold it
+            n_acc = 0
+            try:
+                for i in range(len(draft) + 1):
+                    sampled = sample_batch(rows[i:i + 1], [r.sampler])[0]
+                    if isinstance(sampled, BaseException):
+                        raise sampled
+                    self._on_token(s, sampled)
+                    if s.req is not r or i == len(draft) or sampled.token != draft[i]:
+                        break
+                    s.tokens.append(draft[i])
+                    n_acc += 1
+            except Exception as e:  # noqa: BLE001 - this sequence alone fails
+                self.fail_unexpected(s, e, "sampling")
+            self.blocks.truncate(s.seq, len(s.tokens))
+            r.spec.n_draft_accepted += n_acc
+            r.spec.n_verify_steps += 1
+            self.metrics.on_verify(len(draft), n_acc)
+            self.spec.accept(s.id, n_acc)
 
     def _books(self, s: Slot, b, hid) -> bool:
         """Record what row `b` fed; False when the row's task is done (an embedding)."""
@@ -341,6 +403,8 @@ class Scheduler:
             r.t_prompt_done = time.perf_counter()
             self.metrics.on_prompt_done(len(r.prompt) - r.n_cached, r.n_cached, r.t_prompt_done - r.t_start)
             s.state = SlotState.GENERATING  # (n_predict 0 too: b1 samples one token, then stops)
+            if self.spec is not None:
+                self.spec.begin(s.id, s.tokens)
         return True
 
     def _on_token(self, s: Slot, sampled: Sampled) -> None:
@@ -383,7 +447,8 @@ class Scheduler:
         now = time.perf_counter()
         done = r.t_prompt_done or now
         return Timings(cache_n=r.n_cached, prompt_n=len(r.prompt) - r.n_cached, prompt_ms=(done - r.t_start) * 1e3,
-                       predicted_n=r.n_decoded, predicted_ms=(now - done) * 1e3 if r.t_prompt_done else 0.0)
+                       predicted_n=r.n_decoded, predicted_ms=(now - done) * 1e3 if r.t_prompt_done else 0.0,
+                       draft_n=r.spec.n_draft_total, draft_n_accepted=r.spec.n_draft_accepted)
 
     def finish(self, s: Slot) -> None:
         r = s.req

@@ -23,6 +23,7 @@ from runtime.model.kv_store import SeqKV
 from runtime.sampling.sampler import SamplerState
 from runtime.serving.blocks import BlockManager, OutOfBlocks
 from runtime.serving.handle import TaskHandle
+from runtime.serving.spec import SlotSpec
 from runtime.serving.stopping import StopType, TextState
 from runtime.tasks import TokenOut
 
@@ -30,7 +31,7 @@ from runtime.tasks import TokenOut
 class SlotState(enum.Enum):
     IDLE = "idle"  # no task
     PROMPT = "prompt"  # feeding the task's prompt to the model, a chunk per step
-    GENERATING = "generating"  # one sampled token per step
+    GENERATING = "generating"  # one sampled token per step (plus its draft when speculating)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -70,6 +71,8 @@ class Request:
     lora: tuple[float, ...] = ()  # scale per loaded LoRA adapter for this task
     prompt_breaks: tuple[int, ...] = ()  # prompt positions where a prompt batch ends (`plan.prompt_breaks`)
     media: Any = None  # the prompt's media chunks (runtime.serving.media_rows.PromptMedia), or None
+    draft: list[int] = field(default_factory=list)  # speculative tokens fed after `pending` this step
+    spec: SlotSpec = field(default_factory=SlotSpec)  # draft_n / draft_n_accepted of this task
 
     @property
     def task(self):
@@ -154,12 +157,12 @@ def release(s: Slot) -> None:
     s.t_last_used = time.perf_counter()
 
 
-def slot_view(s: Slot) -> dict:
+def slot_view(s: Slot, speculative: bool = False) -> dict:
     """One entry of /slots as llama-server b1-0c1e570 prints it: a slot that never ran a task shows
     id, n_ctx, speculative and is_processing only; the others add their last task's id and counts,
     `task` (that task: the API prints its params) and next_token (reset while idle)."""
     r = s.req
-    d: dict[str, Any] = {"id": s.id, "n_ctx": s.n_ctx, "speculative": False, "is_processing": r is not None}
+    d: dict[str, Any] = {"id": s.id, "n_ctx": s.n_ctx, "speculative": speculative, "is_processing": r is not None}
     if s.last_task is not None:
         n_remain = -1
         if r is not None and r.n_predict >= 0:
