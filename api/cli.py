@@ -163,7 +163,7 @@ def engine_config(args: argparse.Namespace, scfg: ServerConfig, preload: Preload
         lora_init_without_apply=args.lora_init_without_apply, preload=preload,
         numerics=args.numerics,  # None: TRITIUM_FAST_NUMERICS decides (bootstrap.resolve_config)
         mmproj=args.mmproj, mmproj_offload=args.mmproj_offload and (args.mmproj_device or "").lower() != "none",
-        image_min_tokens=args.image_min_tokens, image_max_tokens=args.image_max_tokens)
+        image_min_tokens=args.image_min_tokens, image_max_tokens=args.image_max_tokens, spec=spec_config(args))
 
 
 def start_preload(args: argparse.Namespace) -> Preload | None:
@@ -179,6 +179,44 @@ def verbosity(args: argparse.Namespace) -> int:
     if args.log_disable:
         return -1
     return 4 if args.verbose else args.verbosity
+
+
+def spec_config(args: argparse.Namespace):
+    """runtime.serving.spec.SpecConfig of the --spec-* flags, checked as common/arg.cpp checks them."""
+    from runtime.spec_config import NgramMapParams, NgramModParams, SpecConfig, SpecType, parse_spec_types
+
+    types: list = []
+    for value in args.spec_type or ():
+        try:
+            got = parse_spec_types(value)
+        except ValueError as e:
+            raise ArgError("--spec-type", str(e)) from None
+        if SpecType.NONE in got:  # "none" anywhere in a value clears that value's list
+            got = ()
+        types.extend(t for t in got if t not in types)
+    if args.spec_draft_n_max < 0:
+        raise ArgError("--spec-draft-n-max", "invalid value")
+
+    def ngram(name: str) -> NgramMapParams:
+        key = name.replace("-", "_")
+        n, m, hits = (getattr(args, f"spec_ngram_{key}_{f}") for f in ("size_n", "size_m", "min_hits"))
+        if not 1 <= n <= 1024:
+            raise ArgError(f"--spec-ngram-{name}-size-n", "ngram size N must be between 1 and 1024 inclusive")
+        if not 1 <= m <= 1024:
+            raise ArgError(f"--spec-ngram-{name}-size-m", "ngram size M must be between 1 and 1024 inclusive")
+        if hits < 1:
+            raise ArgError(f"--spec-ngram-{name}-min-hits", "ngram min hits must be at least 1")
+        return NgramMapParams(n, m, hits)
+
+    for flag, v, lo in (("--spec-ngram-mod-n-min", args.spec_ngram_mod_n_min, 0),
+                        ("--spec-ngram-mod-n-max", args.spec_ngram_mod_n_max, 0),
+                        ("--spec-ngram-mod-n-match", args.spec_ngram_mod_n_match, 1)):
+        if not lo <= v <= 1024:
+            what = {"--spec-ngram-mod-n-min": "ngram n-min", "--spec-ngram-mod-n-max": "ngram n-max"}.get(flag, "ngram size N")
+            raise ArgError(flag, f"{what} must be between {lo} and 1024 inclusive")
+    return SpecConfig(tuple(types), args.spec_draft_n_max, args.spec_draft_n_min, ngram("simple"), ngram("map-k"),
+                      ngram("map-k4v"), NgramModParams(args.spec_ngram_mod_n_match, args.spec_ngram_mod_n_max,
+                                                       args.spec_ngram_mod_n_min))
 
 
 def _speculative_warning(args: argparse.Namespace, log: Logger) -> None:
@@ -281,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     preload = start_preload(args)  # before the imports below (torch, the web stack): ~1.3 s
     try:
         scfg = server_config(args)
+        spec_config(args)  # (checked before the load; engine_config builds it again)
         n_ranks = tp_size(args)
         cpus = _cpu_set(args)
     except ArgError as e:

@@ -4,8 +4,10 @@ tritium's own options (no llama-server spelling).
 
 Speculative decoding changes how fast tokens come, not which: llama-server's drafts are verified
 by the target model, so greedy outputs are the same, and sampled ones come from the same
-distributions. tritium decodes without a draft: the options are parsed and checked as llama-server
-checks them, and a warning says they are ignored.
+distributions. The draft-free types (--spec-type ngram-simple, ngram-map-k, ngram-map-k4v,
+ngram-mod, their --spec-ngram-* sizes, --spec-default, and the draft sizes --spec-draft-n-max/min)
+take effect (runtime/serving/spec.py, settings built by api.cli.spec_config); the draft-model
+options are parsed and checked as llama-server checks them, and a warning says they are ignored.
 """
 from __future__ import annotations
 
@@ -13,14 +15,21 @@ import argparse
 
 from api.cli_opts_general import cpu_mask, cpu_range
 from api.cli_opts_model import gpu_layers, kv_cache_type, parse_device_list, tensor_overrides
-from api.cli_spec import Effect, Invalid, Kind, Section, const, opt, stod, stof, store, string_split, string_strip
+from api.cli_spec import Effect, Invalid, Kind, Section, opt, stod, stof, store, string_split, string_strip
 
 N, SP = Effect.NO_EFFECT, Section.SPEC
 SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
               "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-SPEC_NOTE = "speculative decoding: same tokens without it (tritium decodes without a draft; a warning says so)"
+SPEC_NOTE = "speculative decoding with a draft model: same tokens without it (tritium decodes without a draft; a warning says so)"
+DRAFT_FREE_NOTE = ("draft-free speculative decoding (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod; the other types "
+                   "are ignored with a warning): greedy tokens the same as without it")
 
-DEFAULTS = dict(speculative=False, max_body_size=32 << 20, header_timeout=10.0, shutdown_timeout=5.0,
+# the draft-free types' settings (runtime/spec_config.py, built by api.cli.spec_config)
+SPEC_DEFAULTS = dict(spec_type=[], spec_draft_n_max=3, spec_draft_n_min=0, spec_ngram_mod_n_min=48,
+                     spec_ngram_mod_n_max=64, spec_ngram_mod_n_match=24,
+                     **{f"spec_ngram_{k}_{f}": v for k in ("simple", "map_k", "map_k4v")
+                        for f, v in (("size_n", 12), ("size_m", 48), ("min_hits", 1))})
+DEFAULTS = dict(**SPEC_DEFAULTS, speculative=False, max_body_size=32 << 20, header_timeout=10.0, shutdown_timeout=5.0,
                 tensor_parallel_size=None, numerics=None)
 
 
@@ -71,6 +80,25 @@ def _spec_types(v: str) -> None:
             raise Invalid("unknown speculative type: " + name)
         if name == "none":
             return
+
+
+def _set(dest: str, check):
+    """A draft-free speculative option: checked as llama-server checks it, then stored."""
+    def h(ns: argparse.Namespace, v) -> None:
+        check(v)
+        setattr(ns, dest, v)
+    return h
+
+
+def _add_types(ns: argparse.Namespace, v: str) -> None:
+    _spec_types(v)
+    ns.spec_type = [*ns.spec_type, v]
+
+
+def _spec_default(ns: argparse.Namespace) -> None:
+    """--spec-default: ngram-mod with n_match 24, n_min 48, n_max 64 (arg.cpp)."""
+    ns.spec_type = [*ns.spec_type, "ngram-mod"]
+    ns.spec_ngram_mod_n_match, ns.spec_ngram_mod_n_min, ns.spec_ngram_mod_n_max = 24, 48, 64
 
 
 def _removed(message: str):
@@ -138,10 +166,10 @@ OPTIONS = [
         env="LLAMA_ARG_SPEC_DRAFT_CPU_MOE", section=SP, effect=N, note=SPEC_NOTE),
     opt(("--spec-draft-n-cpu-moe", "--spec-draft-ncmoe", "-ncmoed", "--n-cpu-moe-draft"), "N", _spec(_min0),
         kind=Kind.INT, env="LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE", section=SP, effect=N, note=SPEC_NOTE),
-    opt(("--spec-draft-n-max",), "N", _spec(_min0), kind=Kind.INT, env="LLAMA_ARG_SPEC_DRAFT_N_MAX", section=SP,
-        effect=N, note=SPEC_NOTE),
-    opt(("--spec-draft-n-min",), "N", _spec(), kind=Kind.INT, env="LLAMA_ARG_SPEC_DRAFT_N_MIN", section=SP, effect=N,
-        note=SPEC_NOTE),
+    opt(("--spec-draft-n-max",), "N", _set("spec_draft_n_max", _min0), kind=Kind.INT, env="LLAMA_ARG_SPEC_DRAFT_N_MAX",
+        section=SP, note=DRAFT_FREE_NOTE),
+    opt(("--spec-draft-n-min",), "N", _set("spec_draft_n_min", lambda v: None), kind=Kind.INT,
+        env="LLAMA_ARG_SPEC_DRAFT_N_MIN", section=SP, note=DRAFT_FREE_NOTE),
     opt(("--spec-synth-len",), "L", _spec(_synth_len), env="LLAMA_ARG_SPEC_SYNTH_LEN", section=SP, effect=N,
         note=SPEC_NOTE),
     opt(("--spec-synth-rates",), "P0,P1,...", _spec(_synth_rates), env="LLAMA_ARG_SPEC_SYNTH_RATES", section=SP,
@@ -159,26 +187,28 @@ OPTIONS = [
         note=SPEC_NOTE),
     opt(("--spec-draft-model", "-md", "--model-draft"), "FNAME", _spec(), env="LLAMA_ARG_SPEC_DRAFT_MODEL",
         section=SP, effect=N, note=SPEC_NOTE),
-    opt(("--spec-type",), ",".join(SPEC_TYPES), _spec(_spec_types),
-        env="LLAMA_ARG_SPEC_TYPE", section=SP, effect=N, note=SPEC_NOTE),
-    opt(("--spec-ngram-mod-n-min",), "N", _spec(_range(0, 1024, "ngram n-min must be between 0 and 1024 inclusive")),
-        kind=Kind.INT, section=SP, effect=N, note=SPEC_NOTE),
-    opt(("--spec-ngram-mod-n-max",), "N", _spec(_range(0, 1024, "ngram n-max must be between 0 and 1024 inclusive")),
-        kind=Kind.INT, section=SP, effect=N, note=SPEC_NOTE),
+    opt(("--spec-type",), ",".join(SPEC_TYPES), _add_types, env="LLAMA_ARG_SPEC_TYPE", section=SP, note=DRAFT_FREE_NOTE),
+    opt(("--spec-ngram-mod-n-min",), "N",
+        _set("spec_ngram_mod_n_min", _range(0, 1024, "ngram n-min must be between 0 and 1024 inclusive")),
+        kind=Kind.INT, section=SP, note=DRAFT_FREE_NOTE),
+    opt(("--spec-ngram-mod-n-max",), "N",
+        _set("spec_ngram_mod_n_max", _range(0, 1024, "ngram n-max must be between 0 and 1024 inclusive")),
+        kind=Kind.INT, section=SP, note=DRAFT_FREE_NOTE),
     opt(("--spec-ngram-mod-n-match",), "N",
-        _spec(_range(1, 1024, "ngram size N must be between 1 and 1024 inclusive")), kind=Kind.INT, section=SP,
-        effect=N, note=SPEC_NOTE),
+        _set("spec_ngram_mod_n_match", _range(1, 1024, "ngram size N must be between 1 and 1024 inclusive")),
+        kind=Kind.INT, section=SP, note=DRAFT_FREE_NOTE),
 ]
 for _name in ("simple", "map-k", "map-k4v"):
+    _d = "spec_ngram_" + _name.replace("-", "_")
     OPTIONS += [
         opt((f"--spec-ngram-{_name}-size-n",), "N",
-            _spec(_range(1, 1024, "ngram size N must be between 1 and 1024 inclusive")), kind=Kind.INT, section=SP,
-            effect=N, note=SPEC_NOTE),
+            _set(_d + "_size_n", _range(1, 1024, "ngram size N must be between 1 and 1024 inclusive")), kind=Kind.INT,
+            section=SP, note=DRAFT_FREE_NOTE),
         opt((f"--spec-ngram-{_name}-size-m",), "N",
-            _spec(_range(1, 1024, "ngram size M must be between 1 and 1024 inclusive")), kind=Kind.INT, section=SP,
-            effect=N, note=SPEC_NOTE),
-        opt((f"--spec-ngram-{_name}-min-hits",), "N", _spec(_range(1, None, "ngram min hits must be at least 1")),
-            kind=Kind.INT, section=SP, effect=N, note=SPEC_NOTE),
+            _set(_d + "_size_m", _range(1, 1024, "ngram size M must be between 1 and 1024 inclusive")), kind=Kind.INT,
+            section=SP, note=DRAFT_FREE_NOTE),
+        opt((f"--spec-ngram-{_name}-min-hits",), "N", _set(_d + "_min_hits", _range(1, None, "ngram min hits must be at least 1")),
+            kind=Kind.INT, section=SP, note=DRAFT_FREE_NOTE),
     ]
 OPTIONS += [
     opt(("--draft", "--draft-n", "--draft-max"), "N", _removed("use --spec-draft-n-max or --spec-ngram-mod-n-max"),
@@ -223,7 +253,7 @@ OPTIONS += [
     opt(("--vision-gemma-12b-default",), None, _preset(hf_repo="ggml-org/gemma-3-12b-it-qat-GGUF", port=8014,
                                                        ctx_size=0, jinja=True),
         section=Section.SERVER),
-    opt(("--spec-default",), None, const("speculative"), section=Section.SERVER, effect=N, note=SPEC_NOTE),
+    opt(("--spec-default",), None, _spec_default, section=Section.SERVER, note=DRAFT_FREE_NOTE),
 ]
 # tritium's own (llama-server has none of these spellings)
 T = Section.TRITIUM

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kernels import Numerics
-from runtime.serving.spec import SpecConfig
+from runtime.spec_config import SpecConfig
 from runtime.tasks import SamplingParams
 
 

@@ -367,21 +367,23 @@ class Scheduler:
             rows = logits[first[id(s)]:first[id(s)] + len(draft) + 1]
             del s.tokens[len(s.tokens) - len(draft):]  # the cache as one token at a time would hold it
             n_acc = 0
+            r.spec.n_verify_steps += 1
             try:
                 for i in range(len(draft) + 1):
                     sampled = sample_batch(rows[i:i + 1], [r.sampler])[0]
                     if isinstance(sampled, BaseException):
                         raise sampled
+                    matched = i < len(draft) and sampled.token == draft[i]
+                    if matched:  # counted before the token's stop rules, which may end the task
+                        n_acc += 1
+                        r.spec.n_draft_accepted += 1
                     self._on_token(s, sampled)
-                    if s.req is not r or i == len(draft) or sampled.token != draft[i]:
+                    if s.req is not r or not matched:
                         break
                     s.tokens.append(draft[i])
-                    n_acc += 1
             except Exception as e:  # noqa: BLE001 - this sequence alone fails
                 self.fail_unexpected(s, e, "sampling")
             self.blocks.truncate(s.seq, len(s.tokens))
-            r.spec.n_draft_accepted += n_acc
-            r.spec.n_verify_steps += 1
             self.metrics.on_verify(len(draft), n_acc)
             self.spec.accept(s.id, n_acc)
 
