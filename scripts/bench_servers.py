@@ -8,6 +8,10 @@ RSS, load time, and greedy agreement.
     python scripts/bench_servers.py --preset qwen05b --agreement-only
     PYTHONPATH=$PWD python scripts/bench_servers.py --preset qwen05b \
         --tritium-base "env PYTHONPATH=/tmp/ab-old $(which tritium-server)"   # A/B of two trees
+    python scripts/bench_servers.py --preset code-edit --spec-type ngram-simple   # speculative decoding
+
+`--preset code-edit` is scripts/bench_spec.py's workload (the real Qwen2.5-Coder-0.5B Q4_K_M, one
+stream, both servers with and without --spec-type); the rest of this text is about the others.
 
 Each server is started alone (`-np 4 -c 8192`, the preset's model, ports --port and --port + 1),
 waited for (/health 200: the load time), measured with `scripts/bench.py`'s workload of the
@@ -193,7 +197,10 @@ def ab_rounds(res: dict, servers: dict, opts: argparse.Namespace, rounds: int) -
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", choices=["qwen05b", "q15b", "gemma270m", "smollm2"], required=True)
+    ap.add_argument("--preset", choices=["qwen05b", "q15b", "gemma270m", "smollm2", "code-edit"], required=True)
+    ap.add_argument("--spec-type", default="ngram-simple", help="code-edit: the speculative type of both servers")
+    ap.add_argument("--reps", type=int, default=2, help="code-edit: runs of its prompts per server")
+    ap.add_argument("--no-warmup", dest="warmup", action="store_false", help="code-edit: no unmeasured first run")
     ap.add_argument("--llama", default=LLAMA, help="llama-server binary")
     ap.add_argument("--tritium", default=str(Path(sys.executable).parent / "tritium-server"))
     ap.add_argument("--port", type=int, default=8100,
@@ -212,6 +219,9 @@ def main() -> int:
     ap.add_argument("--reuse", action="store_true",
                     help="take a server not run now from its saved result of an earlier run (/tmp/bench_servers-PRESET-NAME.json)")
     args = ap.parse_args()
+    if args.preset == "code-edit":
+        import bench_spec
+        return bench_spec.main(args, model_path("qwen05b"), start, stop, wait_health, peak_rss_mib, log)
     opts = bench.resolve_options(bench.build_parser().parse_args(
         ["unused", "--preset", args.preset, "--wait", str(args.wait)]
         + (["--requests-per-level", str(args.requests_per_level)] if args.requests_per_level else [])))
