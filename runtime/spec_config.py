@@ -22,7 +22,7 @@ class SpecType(enum.Enum):
 
 
 # the types tritium drafts with (the others are ignored with a warning: draft models, ngram-cache)
-DRAFT_FREE = (SpecType.NGRAM_SIMPLE, SpecType.NGRAM_MOD)
+DRAFT_FREE = (SpecType.NGRAM_SIMPLE, SpecType.NGRAM_MAP_K, SpecType.NGRAM_MAP_K4V, SpecType.NGRAM_MOD)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 QWEN2 = SHARED / "vocab" / "ggml-vocab-qwen2.gguf"
 SIMPLE = SpecConfig(types=(SpecType.NGRAM_SIMPLE,), ngram_simple=NgramMapParams(3, 8, 1))
 MOD = SpecConfig(types=(SpecType.NGRAM_MOD,), ngram_mod=NgramModParams(n_match=3, n_max=8, n_min=2))
+MAP_K = SpecConfig(types=(SpecType.NGRAM_MAP_K,), ngram_map_k=NgramMapParams(3, 8, 1))
+MAP_K4V = SpecConfig(types=(SpecType.NGRAM_MAP_K4V,), ngram_map_k4v=NgramMapParams(2, 6, 1))
 
 
 # ---- the drafters ----------------------------------------------------------------------------
@@ -48,6 +50,27 @@ def test_ngram_mod_chains_lookups():
     assert sp.draft(0, [1, 5, 6], 7, 16) == [8, 9, 10, 11]  # n_max 4
     assert sp.draft(0, [1, 5, 6], 7, 2) == [8, 9]  # the slot's own bound
     assert sp.draft(0, [1, 2, 3, 10], 11, 16) == []  # [3, 10, 11] unseen: nothing before n_min
+
+
+def test_ngram_map_k_drafts_after_the_latest_key_and_learns_acceptance():
+    from runtime.serving.ngram_map import NgramMap
+    mp = NgramMap(NgramMapParams(2, 3, 1), key_only=True)
+    hist = [9, 1, 2, 5, 6, 7, 8, 3, 3, 1, 2, 40, 50, 60, 70, 4, 4, 4, 4, 4, 11, 1]
+    mp.begin(len(hist))
+    assert mp.draft(hist, 2) == [40, 50, 60]  # key [1, 2]: its latest occurrence (index 9)
+    mp.accept(1)  # one token accepted: the next draft of that key is one token
+    assert mp.draft(hist, 2) == [40]
+    assert mp.draft(hist, 77) == []  # an unseen key
+    k4v = NgramMap(NgramMapParams(2, 2, 1), key_only=False)
+    hist = [0, 1, 2, 7, 8, 1, 2, 7, 8, 1, 2, 5, 6, 0, 0, 0, 0, 1]
+    k4v.begin(len(hist))
+    # values after [1, 2]: [7, 8] twice, [5, 6] once: 2 >= 2 * 1 drafts (b1 copies what follows the
+    # latest occurrence, whichever value won)
+    assert k4v.draft(hist, 2) == [5, 6]
+    k4v = NgramMap(NgramMapParams(2, 2, 1), key_only=False)
+    hist = [0, 1, 2, 7, 8, 1, 2, 5, 6, 0, 0, 0, 0, 1]
+    k4v.begin(len(hist))
+    assert k4v.draft(hist, 2) == []  # [7, 8] once, [5, 6] once: no value dominates
 
 
 # ---- greedy identity on a tiny model ---------------------------------------------------------
@@ -94,7 +117,8 @@ def baseline(tiny_path):
         e.stop()
 
 
-@pytest.mark.parametrize("spec", [SIMPLE, MOD], ids=["ngram-simple", "ngram-mod"])
+@pytest.mark.parametrize("spec", [SIMPLE, MOD, MAP_K, MAP_K4V], ids=["ngram-simple", "ngram-mod", "ngram-map-k",
+                                                                  "ngram-map-k4v"])
 def test_greedy_identical_with_speculation_batched(tiny_path, baseline, spec):
     e = _engine(tiny_path, spec)
     try:

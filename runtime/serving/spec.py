@@ -1,5 +1,5 @@
 """Draft-free speculative decoding: llama.cpp b1-0c1e570's n-gram drafters (common/speculative.cpp,
-common/ngram-map.cpp, common/ngram-mod.cpp) and the per-slot numbers llama-server reports.
+common/ngram-map.cpp (in ngram_map.py), common/ngram-mod.cpp) and the per-slot numbers llama-server reports.
 
 A generating slot whose drafter proposes tokens feeds its last sampled token and the draft in one
 row (the verify step: a small prefill through the ordinary batched path, logits for every row);
@@ -237,7 +237,7 @@ def make_speculator(cfg: SpecConfig, n_seq: int, log=None) -> Speculator | None:
     other = [t.value for t in cfg.types if t is not SpecType.NONE and t not in DRAFT_FREE]
     if other and log is not None:
         log("W", f"srv    load_model: speculative type(s) {','.join(other)} not implemented in tritium "
-                 "(draft models, ngram-map-k*, ngram-cache): ignored (same output, decoded without them)")
+                 "(draft models, ngram-cache): ignored (same output, decoded without them)")
     if not any(t in DRAFT_FREE for t in cfg.types):
         return None
     if log is not None:
