@@ -135,7 +135,18 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             stop=[process_escapes(s) if args.escape else s for s in args.antiprompt]),
         prefill_assistant=args.prefill_assistant, spm_infill=args.spm_infill,
         reasoning_budget_message=args.reasoning_budget_message, template_kwargs=dict(args.template_kwargs),
-        preserve_reasoning_specified=args.preserve_reasoning_specified, skip_chat_parsing=args.skip_chat_parsing)
+        preserve_reasoning_specified=args.preserve_reasoning_specified, skip_chat_parsing=args.skip_chat_parsing,
+        spec_types=_spec_types_echo(args))
+
+
+def _spec_types_echo(args: argparse.Namespace) -> str:
+    """--spec-type as llama-server echoes it: its default `none`, then each value's types as given
+    (a value naming `none` adds `none`), as arg.cpp appends them."""
+    names = ["none"]
+    for v in args.spec_type or ():
+        got = v.split(",")
+        names += ["none"] if "none" in got else got
+    return ",".join(names)
 
 
 def engine_config(args: argparse.Namespace, scfg: ServerConfig, preload: Preload | None = None):

@@ -72,6 +72,7 @@ class ServerConfig:
     ui: bool = True  # the web chat page at / (api/routes/ui.py)
     public_path: str = ""  # --path: static files served instead of the built-in page (api/routes/ui.py)
     media_path: str = ""  # --media-path: the folder file:// media URLs may name ("": refused)
+    spec_types: str = "none"  # --spec-type as generation_settings' "speculative.types" echo it
     media_marker: str = ""  # LLAMA_MEDIA_MARKER: the media marker ("": drawn at random per app)
     verbose: bool = False  # a request's default "verbose" (its __verbose field): log verbosity > 9, as -v sets
     defaults: SamplingParams = field(default_factory=SamplingParams)

@@ -381,7 +381,7 @@ def reasoning_format_name(fmt: str) -> str:
 def sampling_settings(p: SamplingParams, n_predict: int, stream: bool, chat_format: str, reasoning_format: str,
                       only_metrics: bool, stop: list[str] | None = None, n_keep: int = 0, n_discard: int = 0,
                       timings_per_token: bool = False, post_sampling_probs: bool = False,
-                      generation_prompt: str = "") -> dict[str, Any]:
+                      generation_prompt: str = "", spec_types: str = "none") -> dict[str, Any]:
     """`task_params::to_json` of the pinned build: the full echo (`generation_settings`) or the
     `only_metrics` subset used by /props and /slots."""
     d: dict[str, Any] = {
@@ -426,7 +426,7 @@ def sampling_settings(p: SamplingParams, n_predict: int, stream: bool, chat_form
         "reasoning_in_content": False,
         "generation_prompt": generation_prompt,
         "samplers": list(p.samplers),
-        "speculative.types": "none",
+        "speculative.types": spec_types,
         "timings_per_token": timings_per_token,
         "post_sampling_probs": post_sampling_probs,
         "backend_sampling": False,

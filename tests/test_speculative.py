@@ -205,6 +205,7 @@ def test_server_spec_flags_timings_slots_metrics(start_server, tiny_path):
     prompt = "def f(x):\n    return x + 1\n" * 12
     r = httpx.post(srv.url + "/completion", json={"prompt": prompt, "n_predict": 64, "temperature": 0}, timeout=120)
     t = r.json()["timings"]
+    assert r.json()["generation_settings"]["speculative.types"] == "none,ngram-simple"  # as llama-server echoes it
     assert t["draft_n"] > 0 and 0 <= t["draft_n_accepted"] <= t["draft_n"]
     assert all(s["speculative"] is True for s in httpx.get(srv.url + "/slots", timeout=30).json())
     metrics = httpx.get(srv.url + "/metrics", timeout=30).text

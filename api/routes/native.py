@@ -36,7 +36,7 @@ def native_request(ctx: ApiContext, body: dict[str, Any], prompt_tokens: list[in
                                  reasoning_format_name(ctx.cfg.reasoning_format),
                                  only_metrics=False, stop=task.stop, n_keep=task.n_keep, n_discard=task.n_discard,
                                  timings_per_token=f.boolean("timings_per_token", False),
-                                 post_sampling_probs=f.boolean("post_sampling_probs", False))
+                                 post_sampling_probs=f.boolean("post_sampling_probs", False), spec_types=ctx.cfg.spec_types)
     settings["lora"] = [{"id": i, "scale": s} for i, s in sorted((task.lora or {}).items())]
     return NativeRequest(task, settings, ctx.tokenizer.decode(text_tokens(prompt_tokens)), params.n_probs,
                          f.boolean("post_sampling_probs", False), index)

@@ -200,7 +200,7 @@ def verbose_json(ctx: ApiContext, task: CompletionTask, prompt: str, res: Comple
                                  reasoning_format_name(reasoning_format or ctx.cfg.reasoning_format), only_metrics=False,
                                  stop=task.stop, n_keep=task.n_keep, n_discard=task.n_discard,
                                  timings_per_token=task.timings_per_token,
-                                 generation_prompt=task.generation_prompt)
+                                 generation_prompt=task.generation_prompt, spec_types=ctx.cfg.spec_types)
     req = NativeRequest(task, settings, prompt, p.n_probs, False)
     return completion_final_json(ctx, req, res, toks or res.probs, task.stream)
 

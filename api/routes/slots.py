@@ -39,7 +39,8 @@ async def slots(ctx: Ctx, request: Request) -> Response:
         settings = sampling_settings(params, getattr(task, "n_predict", -1), getattr(task, "stream", False),
                                      getattr(task, "chat_format", "Content-only"), "deepseek", only_metrics=True,
                                      n_keep=getattr(task, "n_keep", cfg.request_defaults.n_keep), n_discard=getattr(task, "n_discard", 0),
-                                     generation_prompt=getattr(task, "generation_prompt", ""))
+                                     generation_prompt=getattr(task, "generation_prompt", ""),
+                                     spec_types=cfg.spec_types)
         # llama-server puts params between the prompt counts and next_token
         next_token = d.pop("next_token")
         d["params"], d["next_token"] = settings, next_token
