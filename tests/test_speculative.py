@@ -99,7 +99,7 @@ PROMPTS = ["def f(x):\n    return x + 1\n" * 12, "The quick brown fox jumps over
 
 def _generate(e: Engine, prompts: list[str], n: int, **params) -> list[CompletionResult]:
     """The prompts as concurrent tasks (they share forwards: continuous batching)."""
-    sp = SamplingParams(temperature=0, **params)
+    sp = SamplingParams(**{"temperature": 0, **params})
     handles = [e.submit(CompletionTask(e.tokenizer.encode(p, add_special=True, parse_special=True), sp, n_predict=n,
                                        cache_prompt=False)) for p in prompts]
     with concurrent.futures.ThreadPoolExecutor(len(handles)) as ex:
@@ -112,7 +112,8 @@ def _generate(e: Engine, prompts: list[str], n: int, **params) -> list[Completio
 def baseline(tiny_path):
     e = _engine(tiny_path, SpecConfig())
     try:
-        yield {"plain": _generate(e, PROMPTS, 120), "penalized": _generate(e, PROMPTS[:1], 80, repeat_penalty=1.3)}
+        yield {"plain": _generate(e, PROMPTS, 120), "penalized": _generate(e, PROMPTS[:1], 80, repeat_penalty=1.3),
+               "sampled": _generate(e, PROMPTS[:1], 80, temperature=0.7, seed=11)}
     finally:
         e.stop()
 
@@ -124,6 +125,7 @@ def test_greedy_identical_with_speculation_batched(tiny_path, baseline, spec):
     try:
         got = _generate(e, PROMPTS, 120)
         pen = _generate(e, PROMPTS[:1], 80, repeat_penalty=1.3)
+        sampled = _generate(e, PROMPTS[:1], 80, temperature=0.7, seed=11)
         slots = e.slots_info()
         m = e.metrics()
     finally:
@@ -133,6 +135,9 @@ def test_greedy_identical_with_speculation_batched(tiny_path, baseline, spec):
         assert b.tokens_cached == a.tokens_cached  # the rejected rows left the cache
         assert b.stop_type == a.stop_type and b.n_decoded == a.n_decoded
     assert pen[0].tokens == baseline["penalized"][0].tokens  # the penalty sees the tokens one at a time
+    # temperature > 0: each row is sampled from the model's own distribution, one draw per token in
+    # order, so a seeded request gives the same tokens (the draft only says how far a step goes)
+    assert sampled[0].tokens == baseline["sampled"][0].tokens
     drafted = [r.timings.draft_n for r in got]
     accepted = [r.timings.draft_n_accepted for r in got]
     assert drafted[0] > 0 and 0 < accepted[0] <= drafted[0]  # the repeated code drafts and is accepted
@@ -141,8 +146,9 @@ def test_greedy_identical_with_speculation_batched(tiny_path, baseline, spec):
     no_draft = [r for r in got if r.timings.draft_n == 0]
     assert all("draft_n" not in r.timings.as_dict() for r in no_draft)  # listed only with a draft, as b1
     assert all(s["speculative"] is True for s in slots)
-    assert m["spec_decode_num_draft_tokens_total"] == sum(drafted) + pen[0].timings.draft_n
-    assert m["spec_decode_num_accepted_tokens_total"] == sum(accepted) + pen[0].timings.draft_n_accepted
+    assert m["spec_decode_num_draft_tokens_total"] == sum(drafted) + pen[0].timings.draft_n + sampled[0].timings.draft_n
+    assert m["spec_decode_num_accepted_tokens_total"] == (sum(accepted) + pen[0].timings.draft_n_accepted
+                                                          + sampled[0].timings.draft_n_accepted)
     assert m["spec_decode_num_drafts_total"] > 0
 
 
