@@ -88,7 +88,8 @@ class Engine:
         self.n_ctx, self.n_slots, self.n_ctx_slot, self.kv_unified = b.n_ctx, b.n_slots, b.n_ctx_slot, b.kv_unified
         self.prompt_cache, self.vocab, self.mm = b.prompt_cache, b.vocab, b.mm
         self.slots = new_slots(b.n_slots, b.n_ctx_slot)
-        self.spec = make_speculator(self.cfg.spec, b.n_slots, self._log)
+        self.spec = make_speculator(self.cfg.spec, b.n_slots, self._log,
+                                    recurrent=getattr(b.model, "recurrent", None) is not None)
         self.scheduler = Scheduler(self.cfg, self.slots, b.blocks, b.model, b.vocab, b.prompt_cache, self._metrics,
                                    self._log, b.kv_unified, b.mm, b.n_ctx, self.spec)
         if self.cfg.cache_idle_slots and not self.sleeping:

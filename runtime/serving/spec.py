@@ -229,10 +229,16 @@ class Speculator:
             impl.accept(sid, n_accepted, i != last)
 
 
-def make_speculator(cfg: SpecConfig, n_seq: int, log=None) -> Speculator | None:
-    """The engine's speculator for --spec-type, or None (no type, or only types tritium does not
-    implement: a warning says they are ignored)."""
+def make_speculator(cfg: SpecConfig, n_seq: int, log=None, recurrent: bool = False) -> Speculator | None:
+    """The engine's speculator for --spec-type, or None (no type, only types tritium does not
+    implement, or a model with recurrent layers, whose state tritium does not roll back to a draft's
+    accepted prefix (llama-server restores a checkpoint there): a warning says so)."""
     if not cfg.enabled:
+        return None
+    if recurrent:
+        if log is not None:
+            log("W", "srv    load_model: speculative decoding is not supported with recurrent layers in tritium: "
+                     "decoding without it (same output)")
         return None
     other = [t.value for t in cfg.types if t is not SpecType.NONE and t not in DRAFT_FREE]
     if other and log is not None:
