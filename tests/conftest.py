@@ -8,6 +8,7 @@ unless the test stops it first. Servers are meant to be module-scoped: each star
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -86,12 +87,34 @@ class ServerProcess:
         self._log.close()
 
 
+def _prebuild_kernels(cache: Path) -> None:
+    """The C libraries every server loads, compiled here once (into this process's cache, which the
+    in-process tests share) and copied into the servers' cache: a server's first start then does
+    not compile for minutes inside its readiness timeout. A copy is the same build: the file name is
+    a hash of the sources, flags and compiler target."""
+    from kernels import env as kenv
+    from kernels.cpu import native, qdot_lib
+
+    for lib in (native.KERNELS, lambda: qdot_lib.library(qdot_lib.current_isa())):
+        try:
+            built = native.build(lib() if callable(lib) else lib)
+        except (native.BuildError, ValueError):
+            continue  # the server logs it and takes the torch paths (or refuses a forced ISA itself)
+        if built is not None and kenv.cache_dir().resolve() != cache.resolve():
+            cache.mkdir(parents=True, exist_ok=True)
+            if not (cache / built.name).exists():
+                tmp = cache / (built.name + ".part")
+                shutil.copyfile(built, tmp)
+                os.replace(tmp, cache / built.name)
+
+
 @pytest.fixture(scope="session")
 def server_env(tmp_path_factory) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("TRITIUM_CACHE", str(tmp_path_factory.getbasetemp() / "tritium-cache"))
     env.pop("TRITON_INTERPRET", None)  # the server runs torch reference ops on CPU
     env.setdefault("TRITIUM_DEFAULT_MODEL", "builtin")  # no -m: the random-weight model even with SmolLM2 installed
+    _prebuild_kernels(Path(env["TRITIUM_CACHE"]))
     return env
 
 
