@@ -59,12 +59,10 @@ def lora_adapters(args: argparse.Namespace) -> list[tuple[str, float]]:
     return list(args.lora)
 
 
-def _kv_dtype(args: argparse.Namespace) -> str:
-    k, v = args.cache_type_k, args.cache_type_v
-    if k != v:
-        raise ArgError("--cache-type-v", f"KV cache types {k}/{v} differ: tritium keeps K and V alike "
-                                         "(f16, f32 or bf16)")
-    return k
+def _kv_types(args: argparse.Namespace) -> tuple[str, str]:
+    """(-ctk, -ctv): llama.cpp's cache type names (f32 f16 bf16 q8_0 q4_0 q4_1 iq4_nl q5_0 q5_1), K and V
+    each its own."""
+    return args.cache_type_k, args.cache_type_v
 
 
 def _rope_overrides(args: argparse.Namespace) -> dict:
@@ -99,7 +97,6 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     refused = refusal(args)  # a flag whose value needs what tritium lacks (quantized KV, router, ...)
     if refused is not None:
         raise refused
-    _kv_dtype(args)
     grammar = _default_grammar(args)
     logit_bias = [(tok, f32(bias)) for tok, bias in args.logit_bias]
     breakers = args.dry_sequence_breakers
@@ -169,7 +166,7 @@ def engine_config(args: argparse.Namespace, scfg: ServerConfig, preload: Preload
         embeddings=args.embeddings, n_predict=args.n_predict, defaults=scfg.defaults, special=args.special,
         ctx_shift=args.ctx_shift,
         chat_template=args.chat_template, chat_template_file=args.chat_template_file,
-        verbosity=verbosity(args), n_batch=max(1, args.batch_size), n_ubatch=max(1, args.ubatch_size), kv_dtype=_kv_dtype(args), warmup=args.warmup,
+        verbosity=verbosity(args), n_batch=max(1, args.batch_size), n_ubatch=max(1, args.ubatch_size), kv_dtype=_kv_types(args)[0], kv_type_v=_kv_types(args)[1], warmup=args.warmup,
         config_overrides=_rope_overrides(args), lora=lora_adapters(args),
         lora_init_without_apply=args.lora_init_without_apply, preload=preload,
         numerics=args.numerics,  # None: TRITIUM_FAST_NUMERICS decides (bootstrap.resolve_config)

@@ -15,7 +15,6 @@ N, P = Effect.NO_EFFECT, Effect.PENDING
 SV = Section.SERVER
 LLAMA_MAX_DEVICES = 16
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
-KV_TYPES_HERE = ("f32", "f16", "bf16")  # what tritium's KV cache stores today
 
 DEFAULTS = dict(
     pooling="", rope_scaling=None, rope_freq_base=None, rope_freq_scale=None, yarn_orig_ctx=None,
@@ -48,13 +47,6 @@ def kv_cache_type(v: str) -> str:
     if v not in KV_CACHE_TYPES:
         raise Invalid(f"Unsupported cache type: {v}")
     return v
-
-
-def _kv_refusal(ns: argparse.Namespace) -> str | None:
-    for t in (ns.cache_type_k, ns.cache_type_v):
-        if t not in KV_TYPES_HERE:
-            return f"KV cache type {t} is not supported yet (supported: {', '.join(KV_TYPES_HERE)})"
-    return None
 
 
 def _parallel(ns: argparse.Namespace, v: int) -> None:
@@ -268,10 +260,8 @@ OPTIONS = [
     opt(("--repack",), None, nothing, neg=("-nr", "--no-repack"), env="LLAMA_ARG_REPACK", effect=N,
         note="weight layout: same output"),
     opt(("--no-host",), None, nothing, env="LLAMA_ARG_NO_HOST", effect=N, note="buffer placement: same output"),
-    opt(("-ctk", "--cache-type-k"), "TYPE", store("cache_type_k", kv_cache_type), env="LLAMA_ARG_CACHE_TYPE_K",
-        effect=P, startup=_kv_refusal, note="quantized KV cache types"),
-    opt(("-ctv", "--cache-type-v"), "TYPE", store("cache_type_v", kv_cache_type), env="LLAMA_ARG_CACHE_TYPE_V",
-        effect=P, startup=_kv_refusal, note="quantized KV cache types"),
+    opt(("-ctk", "--cache-type-k"), "TYPE", store("cache_type_k", kv_cache_type), env="LLAMA_ARG_CACHE_TYPE_K"),
+    opt(("-ctv", "--cache-type-v"), "TYPE", store("cache_type_v", kv_cache_type), env="LLAMA_ARG_CACHE_TYPE_V"),
     opt(("-dt", "--defrag-thold"), "N", lambda ns, v: log_warn(
         "DEPRECATED: --defrag-thold is deprecated and no longer necessary to specify\n"),
         env="LLAMA_ARG_DEFRAG_THOLD", effect=N, note="deprecated in llama-server too"),

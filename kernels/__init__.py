@@ -60,7 +60,7 @@ OPS = (
     "ssm_conv", "gated_delta_net", "gdn_gates", "sigmoid", "router_matmul",
 )
 __all__ = ["Backend", "DecoderLayer", "DecoderShape", "Experts", "QWeight", "NAMES", "Numerics", "OPS", "PackMatrix",
-           "prepack_quantized", "decode_image", *OPS]
+           "prepack_quantized", "decode_image", "kv_quantized", "kv_row_bytes", "dequantize_kv", "kv_rotation_sizes", "hadamard", *OPS]
 
 
 class Backend:
@@ -205,6 +205,42 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, sc
     more softmax logit with a zero value (gpt-oss's attention sinks)."""
     return _on(q.device).paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale,
                                          softcap, max_q_len, window, k_type, v_type, sinks)
+
+
+def kv_quantized(t) -> bool:
+    """Whether ggml type t is one of the quantized KV cache types (-ctk / -ctv q8_0 q4_0 q4_1 q5_0
+    q5_1 iq4_nl; kernels/kv_quant_ref.py): a cache of it is uint8 [NB, BS, KVH, kv_row_bytes(t, D)]."""
+    from . import kv_quant_ref
+    return kv_quant_ref.is_quantized(t)
+
+
+def kv_row_bytes(t, head_dim: int) -> int:
+    """Bytes of one (cell, KV head) row of a quantized KV cache of type t."""
+    from . import kv_quant_ref
+    return kv_quant_ref.row_bytes(t, head_dim)
+
+
+def dequantize_kv(rows: torch.Tensor, t) -> torch.Tensor:
+    """A quantized KV cache's rows [..., row_bytes] (uint8, any device) -> float32 [..., D] on the same
+    device (ggml's dequantize_row_*; the CPU kernel where it is built)."""
+    from . import kv_quant_ref
+    if rows.device.type == "cpu":
+        from .cpu import kv_quant
+        return kv_quant.dequantize_rows(rows, t)
+    return kv_quant_ref.dequantize_rows(rows.cpu(), t).to(rows.device)
+
+
+def kv_rotation_sizes(type_k, type_v, head_dim: int) -> tuple[int, int]:
+    """llama.cpp's Hadamard rotation sizes (K and query, V and output) for these cache types, 0: none."""
+    from . import kv_quant_ref
+    return kv_quant_ref.rotation_sizes(type_k, type_v, head_dim)
+
+
+def hadamard(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Every n consecutive values of x times the normalized Hadamard matrix, in ggml-cpu's FWHT order
+    (float32 out; torch ops on x's device)."""
+    from . import kv_quant_ref
+    return kv_quant_ref.fwht(x, n)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -168,3 +168,34 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, sc
     """ref.paged_attention over the dequantized caches (float32; the query as given)."""
     return ref.paged_attention(q.float(), cache_floats(k_cache, k_type), cache_floats(v_cache, v_type), block_tables,
                                cu_seqlens_q, kv_lens, scale, softcap, max_q_len, window).to(q.dtype)
+
+
+def rotation_sizes(type_k, type_v, head_dim: int) -> tuple[int, int]:
+    """llama.cpp b1's Hadamard rotation of a quantized cache (llama_kv_cache attn_rot_k / attn_rot_v,
+    unless LLAMA_ATTN_ROT_DISABLE): (n_k, n_v), 0 for none. K (and the query): the largest power of
+    two from 64 dividing the head dimension; V (and the attention's output): 64; each where its
+    cache is quantized and the head dimension a multiple of 64."""
+    nk = 0
+    if is_quantized(type_k) and head_dim % 64 == 0:
+        nk = 64
+        while head_dim % (2 * nk) == 0:
+            nk *= 2
+    nv = 64 if is_quantized(type_v) and head_dim % 64 == 0 else 0
+    return nk, nv
+
+
+def fwht(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Every n consecutive values of x (float32, last dim a multiple of n) times the normalized
+    n x n Hadamard matrix, as ggml-cpu's fast Walsh-Hadamard transform computes it (the matmul
+    llama.cpp hints GGML_HINT_SRC0_IS_HADAMARD): x * (1 / sqrtf(n)), then butterflies (u + v, u - v)
+    over lengths 1, 2, 4, ...: every operation one float32 rounding, the same at any vector width.
+    Its own inverse (up to rounding)."""
+    shape = x.shape
+    y = x.float().reshape(-1, n) * torch.tensor(1.0, dtype=torch.float32).div(torch.tensor(float(n)).sqrt())
+    ln = 1
+    while ln < n:
+        y = y.reshape(-1, n // (2 * ln), 2, ln)
+        u, v = y[:, :, 0], y[:, :, 1]
+        y = torch.stack((u + v, u - v), dim=2).reshape(-1, n)
+        ln *= 2
+    return y.reshape(shape)

@@ -159,7 +159,7 @@ def test_llama_server_script_flags_are_accepted(start_server, tmp_path):
     assert "speculative decoding is not supported" in srv.log()
 
 
-@pytest.mark.parametrize("flag,value", [("--control-vector", "x.gguf"), ("-mu", "http://h/m.gguf"), ("-ctk", "q8_0"),
+@pytest.mark.parametrize("flag,value", [("--control-vector", "x.gguf"), ("-mu", "http://h/m.gguf"),
                                         ("--control-vector-scaled", "x.gguf:0.5")])
 def test_unsupported_llama_server_flags_fail_clearly(flag, value):
     import subprocess

@@ -369,11 +369,13 @@ class Model:
     def key_rotation(self) -> KeyRotation:  # how cached keys are re-rotated when they move (KVStore.move)
         return KeyRotation(self.rope_inv_freqs, self.neox, tuple(L.rope_theta_scale for L in self.layers), self.ops)
 
-    def new_kv_store(self, n_tokens: int, block_size: int = 16, dtype: torch.dtype = torch.float16) -> KVStore:
-        """K/V tensors for `n_tokens` positions; the serving room's `BlockManager` hands out its blocks."""
+    def new_kv_store(self, n_tokens: int, block_size: int = 16, dtype: torch.dtype = torch.float16,
+                     type_k=None, type_v=None) -> KVStore:
+        """K/V tensors for `n_tokens` positions; the serving room's `BlockManager` hands out its blocks.
+        `type_k` / `type_v`: ggml types of the caches (-ctk / -ctv; default: `dtype`'s)."""
         nb = (n_tokens + block_size - 1) // block_size
         return KVStore(len(self.layers), self.n_head_kv, self.head_dim, nb, block_size, dtype, self.device,
-                       rope=self.key_rotation())
+                       rope=self.key_rotation(), type_k=type_k, type_v=type_v)
 
     def new_state(self, n_cells: int) -> RecurrentStore | None:
         """The recurrent state cells of a hybrid model (None for the others); the serving room
@@ -494,16 +496,26 @@ class Model:
         if getattr(self.cfg, "attn_temp_scale", 0.0):  # mistral3: Llama 4's temperature tuning of q by position
             q = q * mistral3.temperature(pos_t, self.cfg.attn_temp_scale, self.cfg.attn_temp_floor).to(q.dtype)[:, None, None]
         own = swa_tables is not None and kv.is_swa[li]
-        ops.write_kv(k, v, kv.k[li], kv.v[li], swa_slot_t if own else slot_t)
+        kt, vt = kv.kv_types  # quantized caches (-ctk / -ctv): their ggml types, else None
+        if kv.rot_k:  # llama.cpp's Hadamard rotation of a quantized K (q alike, below)
+            k = kernels.hadamard(k, kv.rot_k)
+        if kv.rot_v:  # ... of a quantized V (the output rotated back, below)
+            v = kernels.hadamard(v, kv.rot_v)
+        ops.write_kv(k, v, kv.k[li], kv.v[li], swa_slot_t if own else slot_t, kt, vt)
         if self.spec.prescale_q:  # llama.cpp's gemma graphs: ggml_scale(q), then attention at scale 1
             q = q * self.scale
+        if kv.rot_k:
+            q = kernels.hadamard(q, kv.rot_k).to(q.dtype)
         attn = ops.paged_attention(q, kv.k[li], kv.v[li], swa_tables if own else tables, cu, kv_lens_t,
                                    1.0 if self.spec.prescale_q else self.scale,
-                                   self.spec.attn_softcap, max_q_len=max_q_len, window=L.window, sinks=L.sinks)
+                                   self.spec.attn_softcap, max_q_len=max_q_len, window=L.window, sinks=L.sinks,
+                                   k_type=kt, v_type=vt)
         if media is not None and media.spans:  # media rows seeing their whole chunk
             attn = mm.bidirectional_attention(ops, attn, q, kv.k[li], kv.v[li], swa_tables if own else tables, cu,
                                               kv_lens_t, media, 1.0 if self.spec.prescale_q else self.scale,
-                                              self.spec.attn_softcap, L.window)
+                                              self.spec.attn_softcap, L.window, kt, vt)
+        if kv.rot_v:
+            attn = kernels.hadamard(attn, kv.rot_v).to(attn.dtype)
         attn = attn.reshape(T, H * D)
         if gate is not None:
             attn = attn * ops.sigmoid(gate.float()).to(attn.dtype)

@@ -39,7 +39,9 @@ import kernels
 
 NULL_BLOCK = 0  # the SWA pool's never-allocated zero block: table entries of dropped blocks
 
-# the ggml types of the float caches (llama.cpp's -ctk / -ctv f32 | f16 | bf16)
+# the ggml types of the float caches (llama.cpp's -ctk / -ctv f32 | f16 | bf16); the quantized ones
+# (q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl) keep per layer uint8 [NB, BS, KVH, row_bytes] of GGML blocks
+# (kernels/kv_quant_ref.py), written and read by the kernels given the type
 GGML_TYPE = {torch.float32: GGMLQuantizationType.F32, torch.float16: GGMLQuantizationType.F16,
              torch.bfloat16: GGMLQuantizationType.BF16}
 _FLOAT_OF = {t: d for d, t in GGML_TYPE.items()}
@@ -114,10 +116,12 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 class KVStore:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int,
                  block_size: int = 16, dtype: torch.dtype = torch.float16, device: str | torch.device = "cpu",
-                 windows: list[int] | None = None, num_swa_blocks: int = 0, rope: KeyRotation | None = None):
+                 windows: list[int] | None = None, num_swa_blocks: int = 0, rope: KeyRotation | None = None,
+                 type_k: GGMLQuantizationType | None = None, type_v: GGMLQuantizationType | None = None):
         """`windows`: sliding window per layer (0: global); with `num_swa_blocks` > 0 the layers
         with a window live in the SWA pool of that many blocks (plus the null block). `rope`: what
-        `move` re-rotates keys with."""
+        `move` re-rotates keys with. `type_k` / `type_v`: the K / V cache's ggml type (-ctk / -ctv;
+        default: that of `dtype`); a quantized one is held as GGML blocks (uint8)."""
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.block_size, self.num_blocks, self.dtype = block_size, num_blocks, dtype
         self.device = torch.device(device)
@@ -127,19 +131,36 @@ class KVStore:
         self.window = max(ws, default=0) if any(self.is_swa) else 0  # 0: no SWA pool
         self.num_swa_blocks = num_swa_blocks if self.window else 0
         assert len({w for w in ws if w}) <= 1, "one window for all local layers"
-        shape = (num_blocks, block_size, n_kv_heads, head_dim)
-        swa_shape = (num_swa_blocks + 1, block_size, n_kv_heads, head_dim)
-        self.k = [_zeros(swa_shape if sw else shape, dtype, self.device) for sw in self.is_swa]
-        self.v = [_zeros(swa_shape if sw else shape, dtype, self.device) for sw in self.is_swa]
-        self.type_k = self.type_v = GGML_TYPE[dtype]
+        self.type_k = GGMLQuantizationType(type_k) if type_k is not None else GGML_TYPE[dtype]
+        self.type_v = GGMLQuantizationType(type_v) if type_v is not None else GGML_TYPE[dtype]
+        for t in (self.type_k, self.type_v):
+            if kernels.kv_quantized(t) and head_dim % 32:
+                raise ValueError(f"{t.name} KV cache needs a head dimension divisible by 32 (it is {head_dim})")
+
+        def tensors(t) -> list[torch.Tensor]:
+            q = kernels.kv_quantized(t)
+            last = kernels.kv_row_bytes(t, head_dim) if q else head_dim
+            dt = torch.uint8 if q else _FLOAT_OF[t]
+            return [_zeros((num_swa_blocks + 1 if sw else num_blocks, block_size, n_kv_heads, last), dt, self.device)
+                    for sw in self.is_swa]
+        self.k, self.v = tensors(self.type_k), tensors(self.type_v)
+        # llama.cpp's Hadamard rotation of quantized caches (K with the query, V with the output): sizes, 0 none
+        self.rot_k, self.rot_v = kernels.kv_rotation_sizes(self.type_k, self.type_v, head_dim)
         self.rs = None  # hybrid models: the recurrent state's cells (`BlockManager.attach_recurrent`)
         self.recurrent_layers: list[bool] = []  # (their K/V tensors are never written)
         self.cell_ext = False  # M-RoPE models: slot files write llama.cpp's cell ext (x, y, token) per cell
 
     # ---- sizes -------------------------------------------------------------------------
+    @property
+    def kv_types(self) -> tuple[GGMLQuantizationType | None, GGMLQuantizationType | None]:
+        """(k_type, v_type) as the kernels take them: a quantized cache's type, None for a float one."""
+        return tuple(t if kernels.kv_quantized(t) else None for t in (self.type_k, self.type_v))
+
     def row_bytes(self, gtype: int) -> int | None:
         """Bytes of one position's K (or V) of one layer, all KV heads, in ggml type `gtype`; None
         for a type this store cannot take in."""
+        if kernels.kv_quantized(gtype):
+            return self.n_kv_heads * kernels.kv_row_bytes(gtype, self.head_dim)
         dt = _FLOAT_OF.get(gtype)
         return None if dt is None else self.n_kv_heads * self.head_dim * torch.empty((), dtype=dt).element_size()
 
@@ -185,18 +206,36 @@ class KVStore:
         swa_slots = swa_slots.to(self.device) if swa_slots is not None else None
         heads = self.k[0].shape[2]
         at = [swa_slots if self.is_swa[l] else slots for l in range(self.n_layers)]
-        ks = [self.k[l].view(-1, heads, self.head_dim)[at[l]].clone() for l in range(self.n_layers)]
-        vs = [self.v[l].view(-1, heads, self.head_dim)[at[l]].clone() for l in range(self.n_layers)]
+        ks = [self.k[l].view(-1, heads, self.k[l].shape[3])[at[l]].clone() for l in range(self.n_layers)]
+        vs = [self.v[l].view(-1, heads, self.v[l].shape[3])[at[l]].clone() for l in range(self.n_layers)]
         return ks, vs
 
     def scatter_slots(self, slots: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor],
                       swa_slots: torch.Tensor | None = None) -> None:
-        """Write per-layer K/V [n, KVH, D] at flat slots [n] (SWA layers: at `swa_slots`)."""
+        """Write per-layer K/V [n, KVH, D] at flat slots [n] (SWA layers: at `swa_slots`): float
+        values (quantized into a quantized cache), or a quantized cache's own rows (uint8 [n, KVH,
+        row_bytes], copied as they are)."""
         slots = slots.to(self.device)
         swa_slots = swa_slots.to(self.device) if swa_slots is not None else None
+        kt, vt = self.kv_types
         for l in range(self.n_layers):
-            kernels.write_kv(ks[l].to(self.device, self.dtype), vs[l].to(self.device, self.dtype),
-                             self.k[l], self.v[l], swa_slots if self.is_swa[l] else slots)
+            at = swa_slots if self.is_swa[l] else slots
+            k, v = ks[l], vs[l]
+            raw_k, raw_v = kt is not None and k.dtype == torch.uint8, vt is not None and v.dtype == torch.uint8
+            if not raw_k and not raw_v:
+                kernels.write_kv(self._floats(k, self.k[l], kt), self._floats(v, self.v[l], vt), self.k[l], self.v[l], at,
+                                 kt, vt)
+                continue
+            for x, cache, t, raw in ((k, self.k[l], kt, raw_k), (v, self.v[l], vt, raw_v)):
+                if raw:
+                    keep = at >= 0
+                    cache.view(-1, *cache.shape[2:]).index_copy_(0, at[keep], x.to(self.device)[keep])
+                else:
+                    kernels.write_kv(self._floats(x, cache, t), self._floats(x, cache, t), cache, cache, at, t, t)
+
+    def _floats(self, x: torch.Tensor, cache: torch.Tensor, t) -> torch.Tensor:
+        """values on their way into `cache` (of type t; None: a float cache, in its dtype)"""
+        return x.to(self.device, torch.float32 if t is not None else cache.dtype)
 
     def gather(self, seq: SeqKV, start: int, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Copies of K and V of tokens [start, end) per layer: lists of [n, KVH, D] (SWA layers:
@@ -218,31 +257,39 @@ class KVStore:
         in the cache type). The rotation runs in the rotation's backend: the CPU kernels follow
         ggml's angle chain (`theta_scales`), Triton's `_rope_kernel` the plain angles (as ggml-cuda)."""
         ks, vs = self.gather(seq, src, src + n)
+        kt = self.kv_types[0]
+        if kt is not None:  # a quantized K: to float32, rotated, quantized again (llama.cpp's cast / rope / cpy)
+            ks = [kernels.dequantize_kv(k, kt) for k in ks]
+        if self.rot_k:  # the Hadamard rotation undone before RoPE, applied again after (build_rope_shift)
+            ks = [kernels.hadamard(k, self.rot_k) for k in ks]
         rot = self.rope
         ops = rot.ops if rot.ops is not None else kernels.Backend.for_device(self.device)
         delta = torch.full((n,), dst - src, dtype=torch.int64, device=self.device)
         ks = [ops.rope(k.float(), delta, f.to(self.device), rot.neox,
                        rot.theta_scales[l] if l < len(rot.theta_scales) else 0.0)
               for l, (k, f) in enumerate(zip(ks, rot.inv_freqs))]
+        if self.rot_k:
+            ks = [kernels.hadamard(k, self.rot_k) for k in ks]
         self.scatter(seq, dst, ks, vs)
 
     def read_window(self, seq: SeqKV, first: int, n: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Host copies of the sliding-window layers' K/V at positions [first, n): lists (one per SWA
         layer) of [n - first, KVH, D]."""
         slots = self.swa_slot_mapping(seq, first, n, write=False).to(self.device)
-        H, D = self.k[0].shape[2], self.head_dim
+        H = self.k[0].shape[2]
         swa_layers = [l for l in range(self.n_layers) if self.is_swa[l]]
-        return ([self.k[l].view(-1, H, D)[slots].cpu() for l in swa_layers],
-                [self.v[l].view(-1, H, D)[slots].cpu() for l in swa_layers])
+        return ([self.k[l].view(-1, H, self.k[l].shape[3])[slots].cpu() for l in swa_layers],
+                [self.v[l].view(-1, H, self.v[l].shape[3])[slots].cpu() for l in swa_layers])
 
     def write_window(self, seq: SeqKV, start: int, ks: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
         """Write the sliding-window layers' K/V (lists per SWA layer of [n, KVH, D]) at positions
         [start, start + n) through the table's `swa_blocks` (blocks allocated by the caller)."""
         slots = self.swa_slot_mapping(seq, start, start + ks[0].shape[0]).to(self.device)
         swa_layers = [l for l in range(self.n_layers) if self.is_swa[l]]
-        for i, l in enumerate(swa_layers):
-            kernels.write_kv(ks[i].to(self.device, self.dtype), vs[i].to(self.device, self.dtype),
-                             self.k[l], self.v[l], slots)
+        for i, l in enumerate(swa_layers):  # the rows read_window read, in the cache's own types
+            for x, cache in ((ks[i], self.k[l]), (vs[i], self.v[l])):
+                keep = slots >= 0
+                cache.view(-1, *cache.shape[2:]).index_copy_(0, slots[keep], x.to(self.device, cache.dtype)[keep])
 
     # ---- host rows -----------------------------------------------------------------------
     def read(self, seq: SeqKV, n: int) -> KVState:
@@ -257,8 +304,14 @@ class KVStore:
     def write(self, seq: SeqKV, state: KVState) -> None:
         """Write a state's rows at positions [0, n) (blocks reserved; rows of another float type are
         converted; SWA layers: positions in dropped blocks are skipped)."""
-        self.scatter(seq, 0, self._values(state.k, state.type_k), self._values(state.v, state.type_v))
+        self.scatter(seq, 0, self._values(state.k, state.type_k, self.type_k),
+                     self._values(state.v, state.type_v, self.type_v))
 
-    def _values(self, rows: torch.Tensor, gtype: int) -> list[torch.Tensor]:
+    def _values(self, rows: torch.Tensor, gtype: int, own: int) -> list[torch.Tensor]:
+        """A state's rows [L, n, row_bytes] of type gtype as what `scatter` takes into a cache of type
+        `own`: the rows themselves where the types match and are quantized, else float values."""
         L, n = rows.shape[0], rows.shape[1]
+        if kernels.kv_quantized(gtype):
+            x = rows.contiguous().view(L, n, self.n_kv_heads, -1)
+            return list((x if gtype == own else kernels.dequantize_kv(x, gtype)).unbind(0))
         return list(rows.contiguous().view(_FLOAT_OF[gtype]).view(L, n, self.n_kv_heads, self.head_dim).unbind(0))

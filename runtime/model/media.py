@@ -95,16 +95,21 @@ def deepstack_rows(media: StepMedia, layer: int, n_embd: int) -> torch.Tensor:
 
 def bidirectional_attention(ops, attn: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             tables: torch.Tensor, cu: torch.Tensor, kv_lens: torch.Tensor, media: StepMedia,
-                            scale: float, softcap: float, window: int) -> torch.Tensor:
+                            scale: float, softcap: float, window: int, k_type=None, v_type=None) -> torch.Tensor:
     """attn [T, H, D] with the rows of bidirectional spans recomputed: each such row (KV index p)
     sees the keys 0 .. kv_end - 1 of its sequence (only those above p - window on a sliding-window
-    layer), read from the paged cache through the sequence's block table."""
-    NB, BS, KVH, D = k_cache.shape
+    layer), read from the paged cache through the sequence's block table (a quantized cache,
+    `k_type` / `v_type`: dequantized)."""
+    import kernels
+
+    NB, BS, KVH, _ = k_cache.shape
     cu_h, lens_h = cu.tolist(), kv_lens.tolist()
     for a, e, si, kv_end in media.spans:
         blocks = tables[si, :(kv_end + BS - 1) // BS].long()
-        k = k_cache[blocks].reshape(-1, KVH, D)[:kv_end]
-        v = v_cache[blocks].reshape(-1, KVH, D)[:kv_end]
+        k = k_cache[blocks].reshape(-1, KVH, k_cache.shape[3])[:kv_end]
+        v = v_cache[blocks].reshape(-1, KVH, v_cache.shape[3])[:kv_end]
+        k = kernels.dequantize_kv(k, k_type) if k_type is not None else k
+        v = kernels.dequantize_kv(v, v_type) if v_type is not None else v
         p0 = lens_h[si] - (cu_h[si + 1] - cu_h[si]) + (a - cu_h[si])  # KV index of row a
         mask = None
         if window > 0:

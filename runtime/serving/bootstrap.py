@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from gguf import GGMLQuantizationType
 
 import kernels
 from runtime.model.cuda_graphs import DecodeGraphs
@@ -162,8 +163,30 @@ def _n_blocks(cfg: EngineConfig, n_ctx_train: int) -> int:
     return (n_ctx + cfg.block_size - 1) // cfg.block_size + n_slots
 
 
+_FLOAT_KV = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}
+
+
 def _kv_dtype(cfg: EngineConfig) -> torch.dtype:
-    return {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}[cfg.kv_dtype]
+    """the float dtype of the float caches (a quantized K's V float cache: -ctv's; else f16)"""
+    return _FLOAT_KV.get(cfg.kv_dtype) or _FLOAT_KV.get(cfg.kv_type_v or cfg.kv_dtype, torch.float16)
+
+
+def kv_types(cfg: EngineConfig) -> tuple[GGMLQuantizationType, GGMLQuantizationType]:
+    """The K and V caches' ggml types (-ctk / -ctv)."""
+    return GGMLQuantizationType[cfg.kv_dtype.upper()], GGMLQuantizationType[(cfg.kv_type_v or cfg.kv_dtype).upper()]
+
+
+def log_kv_size(store: KVStore, n_ctx: int, n_slots: int, unified: bool, log: Log) -> None:
+    """llama_kv_cache's size line, as llama-server prints it at -lv 4: the cache's bytes at n_ctx cells,
+    K and V apart, each in its type; its cells per stream (one stream per slot, or one with --kv-unified)
+    and seqs / streams. (tritium's pool is sized in blocks for the same cells plus one per slot.)"""
+    layers = store.n_layers - sum(store.recurrent_layers) if store.recurrent_layers else store.n_layers
+    k = layers * n_ctx * store.row_bytes(store.type_k) / 2**20
+    v = layers * n_ctx * store.row_bytes(store.type_v) / 2**20
+    streams = 1 if unified else max(1, n_slots)
+    log("D", f"llama_kv_cache: size = {k + v:7.2f} MiB ({n_ctx // streams:6d} cells, {layers:3d} layers, "
+             f"{n_slots:2d}/{streams} seqs), K ({store.type_k.name.lower()}): {k:7.2f} MiB, "
+             f"V ({store.type_v.name.lower()}): {v:7.2f} MiB")
 
 
 def serve_worker(cfg: EngineConfig, log: Log) -> None:
@@ -218,13 +241,17 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     n_blocks = _n_blocks(cfg, c.n_ctx_train)
     if model.tp is None:
         windows, n_swa = _swa_pool(cfg, model, n_slots, n_blocks, log)
+        tk, tv = kv_types(cfg)
         store = KVStore(len(model.layers), model.n_head_kv, model.head_dim, n_blocks, cfg.block_size, _kv_dtype(cfg),
-                        model.device, windows, n_swa, rope=model.key_rotation())
+                        model.device, windows, n_swa, rope=model.key_rotation(), type_k=tk, type_v=tv)
+        log_kv_size(store, n_ctx, n_slots, unified, log)
         log("I", f"srv    load_model: KV cache {store.nbytes / 2**20:.2f} MiB ({n_blocks} blocks of {cfg.block_size}"
                  + (f"; sliding-window layers: {n_swa} blocks" if store.window else "") + ")")
         store.cell_ext = model.rope_pairs is not None  # M-RoPE: slot files carry llama.cpp's cell ext
     else:
         from runtime.parallel.kv import TPKVStore
+        if any(kernels.kv_quantized(t) for t in kv_types(cfg)):
+            raise ValueError("quantized KV cache types (-ctk / -ctv) are not supported with tensor parallelism (-tp)")
         store = TPKVStore(model.tp, len(model.layers), model.head_dim, n_blocks, cfg.block_size, _kv_dtype(cfg),
                           model.device, rope=model.key_rotation())
     blocks = BlockManager(store)

@@ -39,7 +39,8 @@ class EngineConfig:
     n_ubatch: int = 512  # rows of one forward: a step with more runs as several (bounds activation memory)
     n_prefill_chunk: int = 512  # prompt tokens per step while other slots decode
     block_size: int = 16
-    kv_dtype: str = "f16"
+    kv_dtype: str = "f16"  # the K cache's type (-ctk: f32 f16 bf16 q8_0 q4_0 q4_1 iq4_nl q5_0 q5_1)
+    kv_type_v: str = ""  # the V cache's (-ctv); "": kv_dtype's
     defaults: SamplingParams = field(default_factory=SamplingParams)
     chat_template: str | None = None
     chat_template_file: str | None = None
