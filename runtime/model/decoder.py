@@ -406,7 +406,8 @@ class Model:
             h = mm.put_embeddings(h, media, self.n_embd)
         dec = self.decoder  # one query per sequence: the fused loop (same bits, kernels/cpu/decoder.py)
         if (dec is not None and lora is None and media is None and max_q_len == 1 and T == cu.shape[0] - 1
-                and (dec.max_rows is None or T <= dec.max_rows) and dec.supports(kv.k, kv.v)):
+                and (dec.max_rows is None or T <= dec.max_rows) and kv.kv_types == (None, None)
+                and dec.supports(kv.k, kv.v)):  # (quantized caches: the per-op path below)
             return dec(h, kv.k, kv.v, pos_t, slot_t, tables, kv_lens_t, kv.is_swa if swa_tables is not None else None,
                        swa_slot_t, swa_tables)
         act = ops.gelu_mul if self.spec.act == "gelu" else ops.silu_mul

@@ -241,9 +241,9 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     n_blocks = _n_blocks(cfg, c.n_ctx_train)
     if model.tp is None:
         windows, n_swa = _swa_pool(cfg, model, n_slots, n_blocks, log)
-        tk, tv = kv_types(cfg)
+        type_k, type_v = kv_types(cfg)
         store = KVStore(len(model.layers), model.n_head_kv, model.head_dim, n_blocks, cfg.block_size, _kv_dtype(cfg),
-                        model.device, windows, n_swa, rope=model.key_rotation(), type_k=tk, type_v=tv)
+                        model.device, windows, n_swa, rope=model.key_rotation(), type_k=type_k, type_v=type_v)
         log_kv_size(store, n_ctx, n_slots, unified, log)
         log("I", f"srv    load_model: KV cache {store.nbytes / 2**20:.2f} MiB ({n_blocks} blocks of {cfg.block_size}"
                  + (f"; sliding-window layers: {n_swa} blocks" if store.window else "") + ")")
