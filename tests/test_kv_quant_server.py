@@ -67,45 +67,49 @@ def _text_logprobs(srv, ids: list[int], n_probs: int) -> list[float | None]:
     return out
 
 
-@pytest.mark.parametrize("pair", ["q8_0/q8_0", "q4_0/q4_0", "iq4_nl/iq4_nl", "q8_0/f16"])
-def test_greedy_tokens_equal_llama_servers(rec, servers, pair):
-    k, v = pair.split("/")
-    want = rec["configs"][pair]["greedy"]
-    got = _greedy(servers(k, v), rec["prompts"], rec["n_predict"])
-    same = [g == w for g, w in zip(got, want)]
-    assert all(same), [(p[:20], sum(a == b for a, b in zip(g, w))) for p, g, w in zip(rec["prompts"], got, want)]
-
-
 def test_text_logprob_within_llama_servers_change(rec, servers):
-    """The mean log-probability of the text's tokens (those in llama-server's top n_probs with both cache
-    types) with q8_0 caches: tritium's differs from llama-server's q8_0 by no more than llama-server's
-    own f16 -> q8_0 change, and so does tritium's own f16 -> q8_0 change."""
+    """The mean log-probability of the text's tokens (those in llama-server's top n_probs with f16 and
+    with q8_0 caches) with q8_0 caches: tritium's differs from llama-server's q8_0 by no more than
+    llama-server's own f16 -> q8_0 change (tritium's f16 path: tests/test_real_models.py)."""
     f16, q8 = rec["configs"]["f16/f16"], rec["configs"]["q8_0/q8_0"]
     ids = q8["text_ids"]
-    ours = {pair: _text_logprobs(servers(*pair.split("/")), ids, rec["n_probs"]) for pair in ("q8_0/q8_0", "f16/f16")}
-    keep = [i for i in range(len(ids) - 1)
-            if None not in (f16["text_logprobs"][i], q8["text_logprobs"][i], ours["q8_0/q8_0"][i], ours["f16/f16"][i])]
+    ours = _text_logprobs(servers("q8_0", "q8_0"), ids, rec["n_probs"])
+    keep = [i for i in range(len(ids) - 1) if None not in (f16["text_logprobs"][i], q8["text_logprobs"][i], ours[i])]
     assert len(keep) >= len(ids) // 2
 
     def mean(xs):
         return sum(xs[i] for i in keep) / len(keep)
 
     theirs_change = abs(mean(q8["text_logprobs"]) - mean(f16["text_logprobs"]))
-    assert abs(mean(ours["q8_0/q8_0"]) - mean(q8["text_logprobs"])) <= max(theirs_change, 1e-4)
-    assert abs(mean(ours["q8_0/q8_0"]) - mean(ours["f16/f16"])) <= max(2 * theirs_change, 1e-3)
+    assert theirs_change > 0  # the recording's two cache types differ on this text
+    assert abs(mean(ours) - mean(q8["text_logprobs"])) <= theirs_change
 
 
 def test_start_log_reports_the_kv_size_and_a_slot_file_round_trips(rec, servers):
-    srv = servers("q8_0", "q4_0")
+    srv = servers("q8_0", "q8_0")
     line = next(ln for ln in srv.log().splitlines() if "llama_kv_cache: size" in ln)
-    # llama-server: "size =    9.75 MiB (  1024 cells,  24 layers,  2/2 seqs), K (q8_0): 6.38 MiB, V (q4_0): 3.38 MiB"
-    # at -c 2048 -np 2; here -np 1: the same bytes in one stream of 2048 cells
-    assert "(  2048 cells,  24 layers,  1/1 seqs), K (q8_0):    6.38 MiB, V (q4_0):    3.38 MiB" in line, line
-    body = {"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "id_slot": 0,
-            "cache_prompt": True, "return_tokens": True}
-    first = httpx.post(srv.url + "/completion", json=body, timeout=900).json()
+    # llama-server -c 2048 -np 2 -ctk q8_0 -ctv q4_0 -lv 4: "size =    9.75 MiB (  1024 cells,  24 layers,
+    # 2/2 seqs), K (q8_0):    6.38 MiB, V (q4_0):    3.38 MiB"; here -np 1 (one stream of 2048 cells), V q8_0
+    assert "size =   12.75 MiB (  2048 cells,  24 layers,  1/1 seqs), K (q8_0):    6.38 MiB, V (q8_0):    6.38 MiB" in line, line
+    # the prompt evaluated whole (as recorded), saved, overwritten, restored: the restored cache's
+    # continuation (its last prompt token evaluated alone) is llama-server's
+    body = {"prompt": rec["prompts"][0], "n_predict": 8, "temperature": 0, "id_slot": 0, "return_tokens": True}
+    first = httpx.post(srv.url + "/completion", json=dict(body, cache_prompt=False), timeout=900).json()
+    assert first["tokens"] == rec["configs"]["q8_0/q8_0"]["greedy"][0][:8]
     assert httpx.post(srv.url + "/slots/0?action=save", json={"filename": "q.bin"}, timeout=900).status_code == 200
-    httpx.post(srv.url + "/completion", json=dict(body, prompt="Something else entirely."), timeout=900)
+    httpx.post(srv.url + "/completion", json=dict(body, prompt="Something else entirely.", cache_prompt=False),
+               timeout=900)
     assert httpx.post(srv.url + "/slots/0?action=restore", json={"filename": "q.bin"}, timeout=900).status_code == 200
-    again = httpx.post(srv.url + "/completion", json=body, timeout=900).json()
+    again = httpx.post(srv.url + "/completion", json=dict(body, cache_prompt=True), timeout=900).json()
     assert again["timings"]["cache_n"] > 0 and again["tokens"] == first["tokens"]
+
+
+# last (two server starts in all, CI time: the tests above use the q8_0 one): q8_0 and a 4-bit type;
+# every type and mixed K / V pairs are bit-exact against llama.cpp's kernels in tests/test_kv_quant.py
+@pytest.mark.parametrize("pair", ["q8_0/q8_0", "q4_0/q4_0"])
+def test_greedy_tokens_equal_llama_servers(rec, servers, pair):
+    k, v = pair.split("/")
+    want = rec["configs"][pair]["greedy"]
+    got = _greedy(servers(k, v), rec["prompts"], rec["n_predict"])
+    same = [g == w for g, w in zip(got, want)]
+    assert all(same), [(p[:20], sum(a == b for a, b in zip(g, w))) for p, g, w in zip(rec["prompts"], got, want)]
