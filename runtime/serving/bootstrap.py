@@ -242,6 +242,10 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     if model.tp is None:
         windows, n_swa = _swa_pool(cfg, model, n_slots, n_blocks, log)
         type_k, type_v = kv_types(cfg)
+        if any(kernels.kv_quantized(t) for t in (type_k, type_v)):
+            if lm.config.arch == "gemma4" or any(L.sinks is not None for L in model.layers):
+                raise ValueError(f"quantized KV cache types (-ctk / -ctv) are not supported yet for the "
+                                 f"{lm.config.arch} architecture (attention sinks or gemma4's per-layer head sizes)")
         store = KVStore(len(model.layers), model.n_head_kv, model.head_dim, n_blocks, cfg.block_size, _kv_dtype(cfg),
                         model.device, windows, n_swa, rope=model.key_rotation(), type_k=type_k, type_v=type_v)
         log_kv_size(store, n_ctx, n_slots, unified, log)
