@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from api import cli_net
 from api.cli_args import ArgError, Exit, build_parser, refusal
 from api.log import Logger
+from api.cli_spec import is_falsey, is_truthy
 from runtime.launch import router_child
 from runtime.launch import start as launch
 from runtime.tasks import SamplingParams
@@ -165,6 +166,7 @@ def engine_config(args: argparse.Namespace, scfg: ServerConfig, preload: Preload
         slot_prompt_similarity=args.slot_prompt_similarity, slot_save_path=args.slot_save_path,
         embeddings=args.embeddings, n_predict=args.n_predict, defaults=scfg.defaults, special=args.special,
         ctx_shift=args.ctx_shift,
+        flash_attn="off" if is_falsey(args.flash_attn) else "on" if is_truthy(args.flash_attn) else "auto",
         chat_template=args.chat_template, chat_template_file=args.chat_template_file,
         verbosity=verbosity(args), n_batch=max(1, args.batch_size), n_ubatch=max(1, args.ubatch_size), kv_dtype=_kv_types(args)[0], kv_type_v=_kv_types(args)[1], warmup=args.warmup,
         config_overrides=_rope_overrides(args), lora=lora_adapters(args),

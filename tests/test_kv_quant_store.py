@@ -4,6 +4,7 @@ store of its types byte for byte and into a float store as its values; the Hadam
 b1 applies to quantized caches (attn_rot_k / attn_rot_v) is ggml's FWHT."""
 from __future__ import annotations
 
+import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
@@ -51,3 +52,20 @@ def test_hadamard_is_ggmls_fwht():
     assert kernels.kv_rotation_sizes(Q.Q8_0, Q.F16, 128) == (128, 0)
     assert kernels.kv_rotation_sizes(Q.F16, Q.Q4_0, 256) == (0, 64)
     assert kernels.kv_rotation_sizes(Q.Q8_0, Q.Q8_0, 96) == (0, 0)  # not a multiple of 64: no rotation
+
+
+def test_quantized_v_cache_needs_flash_attention(tmp_path):
+    """-ctv q8_0 -fa off: llama_init_from_model's refusal (b1 exits at load); -fa auto / on load it."""
+    from runtime.model.tiny_model import spec_with, write_tiny_model
+    from runtime.serving import Engine, EngineConfig
+
+    path = tmp_path / "t.gguf"
+    write_tiny_model(path, spec_with(n_layer=1, n_embd=64, n_head=2, n_head_kv=2, n_ff=64, n_ctx=256, seed=3),
+                     vocab="builtin")
+    cfg = dict(model_path=str(path), n_ctx=256, n_parallel=1, verbosity=0, warmup=False, kv_type_v="q8_0")
+    with pytest.raises(ValueError, match="quantized V cache requires flash_attn to be enabled"):
+        Engine(EngineConfig(**cfg, flash_attn="off")).load()
+    for fa in ("auto", "on"):
+        e = Engine(EngineConfig(**cfg, flash_attn=fa))
+        e.load()
+        assert e.blocks.store.type_v.name == "Q8_0"

@@ -242,6 +242,8 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
     if model.tp is None:
         windows, n_swa = _swa_pool(cfg, model, n_slots, n_blocks, log)
         type_k, type_v = kv_types(cfg)
+        if kernels.kv_quantized(type_v) and cfg.flash_attn == "off":  # llama_init_from_model's refusal
+            raise ValueError("llama_init_from_model: quantized V cache requires flash_attn to be enabled")
         if any(kernels.kv_quantized(t) for t in (type_k, type_v)):
             if lm.config.arch == "gemma4" or any(L.sinks is not None for L in model.layers):
                 raise ValueError(f"quantized KV cache types (-ctk / -ctv) are not supported yet for the "

@@ -28,6 +28,7 @@ class EngineConfig:
     cache_ram_mib: int = 8192  # -1 unlimited, 0 off
     cache_reuse: int = 0
     ctx_shift: bool = False  # --context-shift: a generating slot that fills its context drops half of it
+    flash_attn: str = "auto"  # -fa: on | off | auto: "off" refuses a quantized V cache as b1 does
     cache_idle_slots: bool = True  # on a new task, idle slots go to the RAM cache (and are cleared if unified)
     sleep_idle_seconds: int = -1  # idle this long: the model and KV cache are released until a request (-1: never)
     slot_prompt_similarity: float = 0.10
