@@ -30,15 +30,10 @@ import torch
 import kernels
 from kernels.qweight import Experts, QWeight
 from runtime.model.arch.gemma import _swa_layers
+from runtime.model.arch.qwen35 import _key
+from runtime.model.arch.qwen3moe import expert_weights
 
 ARCHS = ("gpt-oss",)
-
-
-def _key(md: dict[str, Any], arch: str, key: str) -> Any:
-    v = md.get(f"{arch}.{key}")
-    if v is None:
-        raise ValueError(f"key not found in model: {arch}.{key}")
-    return v
 
 
 def configure(md: dict[str, Any], cfg) -> None:
@@ -94,12 +89,8 @@ class GptOssMoE:
 
     @classmethod
     def load(cls, ops: kernels.Backend, w: dict, prefix: str, cfg, device, unpack: bool, pack: bool) -> "GptOssMoE":
-        names = [prefix + f"ffn_{n}_exps.weight" for n in ("gate", "up", "down")]
-        gate, up, down = (w[n].to(device) for n in names)
+        gate, up, down = expert_weights(w, prefix, cfg, device)
         E, F, C = cfg.n_expert, cfg.n_ff_exp, cfg.n_embd
-        if (gate.rows, gate.cols) != (E * F, C) or (up.rows, up.cols) != (E * F, C) or (down.rows, down.cols) != (E * C, F):
-            raise ValueError(f"{prefix}ffn_*_exps: shapes {[(x.rows, x.cols) for x in (gate, up, down)]} do not "
-                             f"match {E} experts of {F} x {C}")
         bias = (_vec(w, prefix + "ffn_gate_exps.bias", (E, F), device), _vec(w, prefix + "ffn_up_exps.bias", (E, F), device),
                 _vec(w, prefix + "ffn_down_exps.bias", (E, C), device))
         experts = dataclasses.replace(ops.prepare_experts(gate, up, down, E, unpack, pack), bias=bias, act="swiglu_oai")

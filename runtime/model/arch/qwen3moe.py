@@ -48,6 +48,18 @@ def spec_fields(cfg) -> dict[str, Any]:
     return dict(moe=True)
 
 
+def expert_weights(w: dict, prefix: str, cfg, device) -> tuple[QWeight, QWeight, QWeight]:
+    """A layer's stacked expert matrices (gate, up, down) on `device`, their shapes checked against
+    the config: gate / up [n_expert * n_ff_exp, n_embd], down [n_expert * n_embd, n_ff_exp]."""
+    names = [prefix + f"ffn_{n}_exps.weight" for n in ("gate", "up", "down")]
+    gate, up, down = (w[n].to(device) for n in names)
+    E, F, C = cfg.n_expert, cfg.n_ff_exp, cfg.n_embd
+    if (gate.rows, gate.cols) != (E * F, C) or (up.rows, up.cols) != (E * F, C) or (down.rows, down.cols) != (E * C, F):
+        raise ValueError(f"{prefix}ffn_*_exps: shapes {[(x.rows, x.cols) for x in (gate, up, down)]} do not "
+                         f"match {E} experts of {F} x {C}")
+    return gate, up, down
+
+
 @dataclass
 class MoeFFN:
     """One layer's mixture-of-experts FFN, its weights as the model's backend prepared them."""
@@ -59,14 +71,9 @@ class MoeFFN:
 
     @classmethod
     def load(cls, ops: kernels.Backend, w: dict, prefix: str, cfg, device, unpack: bool, pack: bool) -> "MoeFFN":
-        names = [prefix + f"ffn_{n}_exps.weight" for n in ("gate", "up", "down")]
-        gate, up, down = (w[n].to(device) for n in names)
-        E, F, C = cfg.n_expert, cfg.n_ff_exp, cfg.n_embd
-        if (gate.rows, gate.cols) != (E * F, C) or (up.rows, up.cols) != (E * F, C) or (down.rows, down.cols) != (E * C, F):
-            raise ValueError(f"{prefix}ffn_*_exps: shapes {[(x.rows, x.cols) for x in (gate, up, down)]} do not "
-                             f"match {E} experts of {F} x {C}")
+        gate, up, down = expert_weights(w, prefix, cfg, device)
         router = ops.prepare_weight(w[prefix + "ffn_gate_inp.weight"].to(device), unpack, pack)
-        return cls(router, ops.prepare_experts(gate, up, down, E, unpack, pack), cfg.n_expert_used,
+        return cls(router, ops.prepare_experts(gate, up, down, cfg.n_expert, unpack, pack), cfg.n_expert_used,
                    cfg.expert_weights_norm, cfg.expert_weights_scale)
 
     def __call__(self, ops: kernels.Backend, x: torch.Tensor) -> torch.Tensor:
