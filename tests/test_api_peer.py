@@ -108,9 +108,11 @@ def test_return_progress_and_timings_per_token(client):
     final = [c for c in chunks if "prompt_progress" not in c and c["stop"]]
     assert all("timings" in c for c in tokens + final)
     # one chunk per token as they come; a token whose text is held back (a partial UTF-8 sequence of
-    # this random model's vocabulary, as llama-server holds it) arrives with the final chunk instead
-    assert [c["timings"]["predicted_n"] for c in tokens] == list(range(1, len(tokens) + 1))
-    assert 2 <= len(tokens) <= 3 and final and final[-1]["timings"]["predicted_n"] == 3
+    # this random model's vocabulary, as llama-server holds it) arrives with the next token's chunk or
+    # the final one instead (sampled tokens: which one is held back, if any, varies from run to run)
+    counts = [c["timings"]["predicted_n"] for c in tokens]
+    assert counts == sorted(set(counts)) and all(1 <= n <= 3 for n in counts), counts
+    assert len(tokens) == len(counts) and final and final[-1]["timings"]["predicted_n"] == 3
     # chat: each progress chunk is a role delta; without return_progress none are sent
     chat = {"messages": MSGS, "max_tokens": 2, "stream": True, "return_progress": True}
     chunks = sse_json(client.post("/v1/chat/completions", json=chat).content)
