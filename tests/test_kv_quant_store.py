@@ -41,6 +41,16 @@ def test_quantized_rows_and_states_round_trip():
     assert torch.equal(back.k[0].view(torch.float32).view(10, 2, 64), R.dequantize_rows(state.k[0].view(10, 2, 68), Q.Q8_0))
 
 
+def test_an_empty_slots_state_has_its_row_width():
+    """A slot with no tokens exports [L, 0, row_bytes] (POST /slots/N?action=save on an idle slot
+    answered 500 "cannot reshape tensor of 0 elements"), in float and quantized stores."""
+    for kt, vt, dt in ((None, None, torch.float16), (Q.Q8_0, Q.Q4_0, torch.float16)):
+        st = _store(kt, vt, dt)
+        state = st.read(SeqKV(), 0)
+        assert state.k.shape == (3, 0, st.row_bytes(st.type_k)) and state.v.shape == (3, 0, st.row_bytes(st.type_v))
+        st.write(SeqKV(), state)
+
+
 def test_hadamard_is_ggmls_fwht():
     x = torch.randn(5, 3, 128, generator=torch.Generator().manual_seed(2))
     for n in (64, 128):

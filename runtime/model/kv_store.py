@@ -299,7 +299,8 @@ class KVStore:
 
     def _rows(self, ts: list[torch.Tensor]) -> torch.Tensor:
         x = torch.stack(ts).cpu()  # [L, n, KVH, D]
-        return x.view(torch.uint8).reshape(x.shape[0], x.shape[1], -1)
+        row = math.prod(x.shape[2:]) * x.element_size()  # bytes per position (n may be 0: an empty slot)
+        return x.view(torch.uint8).reshape(x.shape[0], x.shape[1], row)
 
     def write(self, seq: SeqKV, state: KVState) -> None:
         """Write a state's rows at positions [0, n) (blocks reserved; rows of another float type are
@@ -312,6 +313,6 @@ class KVStore:
         `own`: the rows themselves where the types match and are quantized, else float values."""
         L, n = rows.shape[0], rows.shape[1]
         if kernels.kv_quantized(gtype):
-            x = rows.contiguous().view(L, n, self.n_kv_heads, -1)
+            x = rows.contiguous().view(L, n, self.n_kv_heads, rows.shape[2] // self.n_kv_heads)
             return list((x if gtype == own else kernels.dequantize_kv(x, gtype)).unbind(0))
         return list(rows.contiguous().view(_FLOAT_OF[gtype]).view(L, n, self.n_kv_heads, self.head_dim).unbind(0))
