@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import record_moe_reference as moe_ref  # noqa: E402
 from runtime.model.tiny_model import GEMMA4_SPEC, TinyModelSpec  # noqa: E402
+from record_real_references import wait_ready  # noqa: E402
 
 
 def variants() -> dict[str, TinyModelSpec]:
@@ -64,13 +64,7 @@ def record_template(server: str, model: Path, port: int) -> list[dict]:
                              "--chat-template-file", str(TEMPLATE)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_ready(url, proc, timeout=120)
         out = []
         for case in TEMPLATE_CASES:
             r = httpx.post(url + "/apply-template", json=case, timeout=60)

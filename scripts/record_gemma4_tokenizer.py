@@ -17,9 +17,9 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
+from record_real_references import wait_ready  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -71,13 +71,7 @@ def main() -> int:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{a.port}"
         try:
-            for _ in range(600):
-                try:
-                    if httpx.get(url + "/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
+            wait_ready(url, proc, timeout=120)
             cases = []
             for t in TEXTS:
                 for add in (True, False):

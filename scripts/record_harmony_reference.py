@@ -16,8 +16,8 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+from record_real_references import wait_ready  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -77,13 +77,7 @@ def main() -> int:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{a.port}"
         try:
-            for _ in range(600):
-                try:
-                    if httpx.get(url + "/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
+            wait_ready(url, proc, timeout=120)
             prompts = [normalize(httpx.post(url + "/apply-template", json=c).json()["prompt"]) for c in CONVERSATIONS]
             whole = httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=60)
             streamed = httpx.post(url + "/v1/chat/completions", json=dict(CHAT, stream=True), timeout=60)

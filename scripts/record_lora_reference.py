@@ -16,10 +16,10 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
+from record_real_references import wait_ready  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -135,13 +135,7 @@ def main() -> int:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{a.port}"
         try:
-            for _ in range(600):
-                try:
-                    if httpx.get(url + "/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
+            wait_ready(url, proc, timeout=120)
             adapters = httpx.get(url + "/lora-adapters").json()
             tokens = record_all(url)
         finally:

@@ -27,13 +27,13 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.model.tiny_model import MOE_SPEC, TinyModelSpec, write_tiny_model  # noqa: E402
+from record_real_references import wait_ready  # noqa: E402
 
 # token-id prompts (no tokenizer in the way; llama-server adds nothing to a token array) and text
 # prompts (through both servers' tokenizers of the built-in vocabulary)
@@ -92,13 +92,7 @@ def record(server: str, model: Path, port: int, config: str) -> dict:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_ready(url, proc, timeout=120)
         text_ids = [httpx.post(url + "/tokenize", json={"content": p, "add_special": True}).json()["tokens"]
                     for p in TEXT_PROMPTS]
         return {"token_prompts": [greedy(url, p) for p in TOKEN_PROMPTS],

@@ -8,6 +8,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def recording_script(name: str):
-    """scripts/<name>.py as a module: it writes the tiny models (`write_variant`) whose tokens it recorded."""
+    """scripts/<name>.py as a module: it writes the tiny models (`write_variant`) whose tokens it recorded.
+    scripts/ is on the import path as when the script runs (`python scripts/<name>.py`): its siblings import."""
+    if str(REPO / "scripts") not in sys.path:
+        sys.path.append(str(REPO / "scripts"))
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
