@@ -22,6 +22,7 @@ from runtime.chat import (
     ToolGrammarError,
     parse_chat_output,
     json_response_grammar,
+    message_workarounds,
     thinking_forced_open,
     tool_grammar_for,
 )
@@ -195,6 +196,8 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         prefill = content if isinstance(content, str) else ""
         msgs = msgs[:-1]
         add_generation_prompt = True  # the turn before it is opened, then its content follows
+    if cfg.jinja:  # b1's workarounds: developer -> system; no system role: merged into the next message
+        msgs = message_workarounds(msgs, tmpl.source, template_caps(tmpl).get("supports_system_role", True))
     # the server's kwargs (--chat-template-kwargs, --reasoning*, ...) and the request's (api/chat_kwargs.py)
     kwargs, enable_thinking = request_kwargs(cfg, tmpl, body)
     if "add_generation_prompt" in kwargs:  # llama.cpp's extra_context overrides the template's variable

@@ -20,7 +20,13 @@ from runtime.chat.formats import (
 )
 from runtime.chat.message import ParsedMessage, parse_chat_output
 from runtime.chat.stream import StreamingChatParser, merge_deltas
-from runtime.chat.template import ChatTemplate, default_chatml_template, fallback_chatml_template, normalize_messages
+from runtime.chat.template import (
+    ChatTemplate,
+    default_chatml_template,
+    fallback_chatml_template,
+    message_workarounds,
+    normalize_messages,
+)
 from runtime.chat.tool_grammar import (
     ToolGrammar,
     ToolGrammarError,
@@ -34,6 +40,6 @@ from runtime.chat.tool_grammar import (
 __all__ = [
     "CAPS_KEYS", "REASONING_FORMATS", "ChatFormat", "ChatTemplate", "ParsedMessage", "ReasoningFormat",
     "StreamingChatParser", "ToolChoice", "ToolGrammar", "ToolGrammarError", "default_chatml_template", "fallback_chatml_template",
-    "detect_format", "hermes_grammar", "json_response_grammar", "merge_deltas", "normalize_messages", "parse_chat_output",
+    "detect_format", "hermes_grammar", "json_response_grammar", "merge_deltas", "message_workarounds", "normalize_messages", "parse_chat_output",
     "thinking_forced_open", "tool_call_grammar", "tool_call_triggers", "tool_grammar_for",
 ]

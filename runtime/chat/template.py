@@ -158,6 +158,24 @@ def normalize_messages(messages: list[dict], object_arguments: bool = True) -> l
     return out
 
 
+def message_workarounds(messages: list[dict], source: str, supports_system_role: bool) -> list[dict]:
+    """b1-0c1e570's common_chat_templates_apply_jinja workarounds on the messages before rendering:
+    a "developer" message becomes "system" unless the template is harmony's (`<|channel|>`), and a
+    template that does not read a system message gets the first one merged into the next message
+    ("SYSTEM\nNEXT"), or dropped when it is the only message."""
+    msgs = [dict(m) if isinstance(m, dict) else m for m in messages]
+    if "<|channel|>" not in source:
+        for m in msgs:
+            if isinstance(m, dict) and m.get("role") == "developer":
+                m["role"] = "system"
+    if not supports_system_role and msgs and isinstance(msgs[0], dict) and msgs[0].get("role") == "system":
+        first = msgs.pop(0)
+        if msgs and isinstance(msgs[0], dict):
+            head = _content_to_string(first.get("content")) or ""
+            msgs[0]["content"] = head + "\n" + (_content_to_string(msgs[0].get("content")) or "")
+    return msgs
+
+
 class ChatTemplate:
     """A compiled chat template plus the special tokens it may print."""
 
