@@ -167,6 +167,34 @@ def test_write_kv(cache_dtype):
     assert written.sum().item() == 4
 
 
+@pytest.mark.parametrize("M", [1, 5, 8, 9])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_and_silu_write_the_q8_form(M, dtype):
+    """Decode rows (M <= 8): RMSNorm and SiLU-mul also write their output's q8_1 form, the bits the
+    activation quantizer computes from the stored output, and the GEMV that reads the output uses
+    it (same product as from a copy quantized by its own launch); a view of the output does not
+    carry it; 9 rows: no form."""
+    from kernels.triton.qmatmul_q8 import attached, quantize_act
+
+    C, F = 160, 1056  # 5 groups; 33 groups over two 1024-column blocks (the second one partial)
+    x, r, w = torch.randn(M, C).to(dtype), torch.randn(M, C).to(dtype), torch.randn(C)
+    gu = torch.randn(M, 2 * F).to(dtype)
+    normed, _ = OPS.add_rms_norm(dev(x), dev(r), dev(w), 1e-5)
+    outs = [OPS.rms_norm(dev(x), dev(w), 1e-6), normed, OPS.silu_mul(dev(gu[:, :F]), dev(gu[:, F:]))]
+    for y in outs:
+        form = attached(y)
+        if M > 8:
+            assert form is None
+            continue
+        assert form is not None and attached(y.view(M, -1, 32)) is None and attached(y.clone()) is None
+        for a, b in zip(form, quantize_act(y)):
+            assert torch.equal(a.cpu(), b.cpu())
+        wq = OPS.prepare_weight(qw_dev(random_qweight(Q.Q4_K if y.shape[1] % 256 == 0 else Q.Q8_0, 7, y.shape[1])))
+        assert torch.equal(OPS.qmatmul(y, wq).cpu(), OPS.qmatmul(y.clone(), wq).cpu())
+    assert rel_err(outs[0], rms_norm_oracle(x, w, 1e-6)) < TOL[dtype]
+    assert rel_err(outs[2], gu[:, :F].double() * torch.sigmoid(gu[:, :F].double()) * gu[:, F:].double()) < TOL[dtype]
+
+
 ATTN_CASES = {
     "decode_one": ([1], [1]),
     "decode_batch": ([1, 1, 1], [1, 37, 16]),

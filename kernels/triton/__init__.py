@@ -16,9 +16,9 @@ autotune configs beside it:
 | `paged_decode.py` | `_paged_decode_kernel`: `paged_attention` when every q_len is 1 (split-K) |
 | `merge_splits.py` | `_merge_splits_kernel`: merges the split-K partials |
 | `paged_prefill.py` | `_paged_prefill_kernel`: `paged_attention` for prefill / mixed batches |
-| `norm.py` | `_rms_norm_kernel`: `rms_norm`, `add_rms_norm` |
+| `norm.py` | `_rms_norm_kernel`: `rms_norm`, `add_rms_norm` (decode rows: + their q8_1 form) |
 | `rope.py` | `_rope_kernel` |
-| `silu_mul.py` | `_silu_mul_kernel` |
+| `silu_mul.py` | `_silu_mul_kernel` (decode rows: + their q8_1 form) |
 | `write_kv.py` | `_write_kv_kernel` |
 | `moe_gemm.py` | `_moe_gemm_kernel`: `moe_ffn` (tokens grouped by expert, dequantizing grouped GEMM, SwiGLU fused) |
 | `dense_attention.py` | `_dense_attention_kernel`: `dense_attention` (contiguous keys, optional mask: the vision encoder, image spans) |
@@ -49,7 +49,7 @@ from .norm import add_rms_norm, rms_norm  # noqa: F401
 from .paged_decode import paged_decode
 from .paged_prefill import paged_prefill
 from .qmatmul_gemv import GEMV_MAX_M, qmatmul_gemv
-from .qmatmul_q8 import Q8_MAX_M, qmatmul_q8, quantize_act
+from .qmatmul_q8 import Q8_MAX_M, attached, qmatmul_q8, quantize_act
 from .qmatmul_tiled import qmatmul_packed_tiled, qmatmul_tiled
 from .rope import rope  # noqa: F401
 from .silu_mul import silu_mul  # noqa: F401
@@ -102,7 +102,8 @@ def embedding(ids: torch.Tensor, w: QWeight) -> torch.Tensor:
 
 def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
     """y[M, N] = x[M, K] @ dequant(W)^T in x.dtype. Repacked weights: the dp4a GEMV on activations
-    quantized once per call for M <= Q8_MAX_M, the `tl.dot` kernel above; GGUF-block weights: the
+    quantized once per call for M <= Q8_MAX_M (or already, by the RMSNorm / SiLU-mul kernel that
+    wrote x: `qmatmul_q8.attached`), the `tl.dot` kernel above; GGUF-block weights: the
     dequantizing GEMV for M <= 16, the `tl.dot` kernel above."""
     M, K = x.shape
     assert K == w.cols, (x.shape, w.cols)
@@ -111,9 +112,11 @@ def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
         return y
     if w.layout != "gpu":
         return qmatmul_gemv(x, w, y) if M <= GEMV_MAX_M else qmatmul_tiled(x, w, y)
+    xq = attached(x) if M <= Q8_MAX_M else None  # written by the norm / SiLU kernel that wrote x
     if x.stride(1) != 1:
         x = x.contiguous()
-    xq = quantize_act(x) if M <= Q8_MAX_M else None
+    if xq is None and M <= Q8_MAX_M:
+        xq = quantize_act(x)
     r0 = 0
     for p in w.parts or [w]:
         out = y[:, r0:r0 + p.rows]

@@ -227,8 +227,9 @@ def attention_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
 
 
 def small_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
-    """RMSNorm (with and without residual, rows of n_embd and of head_dim for q/k norms), RoPE
-    (both modes, full and partial rotary), SiLU-mul and the KV write, per activation dtype."""
+    """RMSNorm (with and without residual, rows of n_embd and of head_dim for q/k norms; 7 rows:
+    with the q8_1 epilogue), RoPE (both modes, full and partial rotary), SiLU-mul (3 rows: with the
+    q8_1 epilogue) and the KV write, per activation dtype."""
     from . import add_rms_norm, rms_norm, rope, silu_mul, write_kv
 
     quick = sc.quick

@@ -104,13 +104,68 @@ def _quant_act_kernel(x_ptr, xq_ptr, xd_ptr, xs_ptr, n_groups, stride_xm, GB: tl
     tl.store(xq_ptr + m * (n_groups * 8) + slot, words, mask=gm[:, None, None])
 
 
+@triton.jit
+def quant_store_groups(y, xq_row, xd_row, xs_row, g0, n_groups, NG: tl.constexpr):
+    """The epilogue of the kernels that produce a matmul's activations (`norm.py`, `silu_mul.py`):
+    y [NG * 32] float32, the values as stored (rounded to the output's dtype), groups g0 ..
+    g0 + NG - 1 of one row (those >= n_groups masked off) -> their q8_1 codes, scales and sums in
+    `_quant_act_kernel`'s layout, the same bits as that kernel on the stored row."""
+    g = g0 + tl.arange(0, NG)
+    gm = g < n_groups
+    y2 = tl.reshape(y, (NG, 32))
+    amax = tl.max(tl.abs(y2), axis=1)
+    inv = tl.where(amax > 0.0, 127.0 / amax, 0.0)
+    q = _round_codes(y2, inv[:, None])  # [NG, 32]
+    qs = tl.sum(tl.reshape(q, (NG, 2, 16)), axis=2)  # [NG, 2]
+    tl.store(xd_row + g, amax / 127.0, mask=gm)
+    tl.store(xs_row + g[:, None] * 2 + tl.arange(0, 2)[None, :], qs, mask=gm[:, None])
+    # element 8w + 4h + b -> byte b of word 4h + w
+    q4 = tl.reshape(q, (NG, 4, 2, 4))  # [group, w, h, b]
+    b = tl.arange(0, 4)[None, None, None, :]
+    words = tl.sum((q4 & 0xFF) << (b * 8), axis=3)  # [NG, 4, 2]
+    slot = g[:, None, None] * 8 + 4 * tl.arange(0, 2)[None, None, :] + tl.arange(0, 4)[None, :, None]
+    tl.store(xq_row + slot, words, mask=gm[:, None, None])
+
+
+def act_buffers(M: int, K: int, device):
+    """Empty q8_1 buffers of x [M, K]: (codes int32 [M, K / 4], scales float32 [M, K / 32], sums
+    int32 [M, K / 16])."""
+    ng = K // 32
+    return (torch.empty(M, ng * 8, dtype=torch.int32, device=device),
+            torch.empty(M, ng, dtype=torch.float32, device=device),
+            torch.empty(M, ng * 2, dtype=torch.int32, device=device))
+
+
+def fuses_quant(M: int, K: int) -> bool:
+    """Whether the kernel producing activations x [M, K] also writes their q8_1 form (decode rows)."""
+    return 0 < M <= Q8_MAX_M and K % 32 == 0
+
+
+_ATTR = "_tritium_q8"
+
+
+def attach(x: torch.Tensor, xq) -> torch.Tensor:
+    """Keep x's q8_1 form (`act_buffers`, written by the kernel that wrote x) with the tensor, for
+    the matmuls that read x (`attached`). Valid while x's data are what that kernel wrote: the
+    form names x's data pointer, shape and strides, and no op of the dispatch surface writes into
+    an activation it returned (inference tensors have no version counter to check)."""
+    setattr(x, _ATTR, (xq, x.data_ptr(), tuple(x.shape), x.stride()))
+    return x
+
+
+def attached(x: torch.Tensor):
+    """x's q8_1 form from `attach`, or None (another tensor object, a view, a reshaped copy)."""
+    r = getattr(x, _ATTR, None)
+    if r is None or r[1] != x.data_ptr() or r[2] != tuple(x.shape) or r[3] != x.stride():
+        return None
+    return r[0]
+
+
 def quantize_act(x: torch.Tensor):
     """x [M, K] (K % 32 == 0) -> (codes int32 [M, K / 4], scales float32 [M, K / 32], sums int32 [M, K / 16])."""
     M, K = x.shape
     ng = K // 32
-    xq = torch.empty(M, ng * 8, dtype=torch.int32, device=x.device)
-    xd = torch.empty(M, ng, dtype=torch.float32, device=x.device)
-    xs = torch.empty(M, ng * 2, dtype=torch.int32, device=x.device)
+    xq, xd, xs = act_buffers(M, K, x.device)
     GB = 16
     _quant_act_kernel[(M, triton.cdiv(ng, GB))](x, xq, xd, xs, ng, x.stride(0), GB=GB, num_warps=4)
     return xq, xd, xs
