@@ -226,7 +226,9 @@ def spec_config(args: argparse.Namespace):
             raise ArgError(flag, f"{what} must be between {lo} and 1024 inclusive")
     return SpecConfig(tuple(types), args.spec_draft_n_max, args.spec_draft_n_min, ngram("simple"), ngram("map-k"),
                       ngram("map-k4v"), NgramModParams(args.spec_ngram_mod_n_match, args.spec_ngram_mod_n_max,
-                                                       args.spec_ngram_mod_n_min))
+                                                       args.spec_ngram_mod_n_min),
+                      draft_model=args.spec_draft_model or None, draft_p_min=args.spec_draft_p_min,
+                      draft_cache_type_k=args.spec_draft_type_k, draft_cache_type_v=args.spec_draft_type_v)
 
 
 def _speculative_warning(args: argparse.Namespace, log: Logger) -> None:

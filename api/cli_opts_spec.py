@@ -6,8 +6,11 @@ Speculative decoding changes how fast tokens come, not which: llama-server's dra
 by the target model, so greedy outputs are the same, and sampled ones come from the same
 distributions. The draft-free types (--spec-type ngram-simple, ngram-map-k, ngram-map-k4v,
 ngram-mod, their --spec-ngram-* sizes, --spec-default, and the draft sizes --spec-draft-n-max/min)
-take effect (runtime/serving/spec.py, settings built by api.cli.spec_config); the draft-model
-options are parsed and checked as llama-server checks them, and a warning says they are ignored.
+take effect (runtime/serving/spec.py, settings built by api.cli.spec_config), and so does a draft
+model (-md FILE --spec-type draft-simple, --spec-draft-p-min, -ctkd / -ctvd:
+runtime/serving/spec_draft.py); the draft model's placement options (threads, CPU masks, devices,
+GPU layers) are parsed and checked as llama-server checks them and have no effect (the draft runs
+on the target's device and threads); the others (-hfd, --spec-synth-*) are ignored with a warning.
 """
 from __future__ import annotations
 
@@ -20,12 +23,16 @@ from api.cli_spec import Effect, Invalid, Kind, Section, opt, stod, stof, store,
 N, SP = Effect.NO_EFFECT, Section.SPEC
 SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
               "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-SPEC_NOTE = "speculative decoding with a draft model: same tokens without it (tritium decodes without a draft; a warning says so)"
-DRAFT_FREE_NOTE = ("draft-free speculative decoding (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod; the other types "
-                   "are ignored with a warning): greedy tokens the same as without it")
+SPEC_NOTE = "same tokens without it (not supported by tritium: ignored, a warning says so)"
+PLACE_NOTE = "the draft model runs on the target model's device and threads (checked as llama-server checks it)"
+DRAFT_NOTE = ("draft-model speculative decoding (-md FILE with --spec-type draft-simple): greedy tokens the same as "
+              "without it, sampled ones from the same distributions")
+DRAFT_FREE_NOTE = ("speculative decoding (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, draft-simple with -md; the "
+                   "other types are ignored with a warning): greedy tokens the same as without it")
 
 # the draft-free types' settings (runtime/spec_config.py, built by api.cli.spec_config)
-SPEC_DEFAULTS = dict(spec_type=[], spec_draft_n_max=3, spec_draft_n_min=0, spec_ngram_mod_n_min=48,
+SPEC_DEFAULTS = dict(spec_type=[], spec_draft_n_max=3, spec_draft_n_min=0, spec_draft_model=None, spec_draft_p_min=0.0,
+                     spec_draft_type_k="f16", spec_draft_type_v="f16", spec_ngram_mod_n_min=48,
                      spec_ngram_mod_n_max=64, spec_ngram_mod_n_match=24,
                      **{f"spec_ngram_{k}_{f}": v for k in ("simple", "map_k", "map_k4v")
                         for f, v in (("size_n", 12), ("size_m", 48), ("min_hits", 1))})
@@ -39,6 +46,14 @@ def _spec(check=None):
         if check is not None:
             check(*values)
         ns.speculative = True
+    return h
+
+
+def _accept(check=None):
+    """A draft model placement option: checked as llama-server checks it, no effect."""
+    def h(ns: argparse.Namespace, *values) -> None:
+        if check is not None:
+            check(*values)
     return h
 
 
@@ -135,37 +150,37 @@ _GPT_OSS = dict(port=8013, ubatch_size=2048, batch_size=32768, parallel=2, ctx_s
 OPTIONS = [
     opt(("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"), "<user>/<model>[:quant]", _spec(),
         env="LLAMA_ARG_SPEC_DRAFT_HF_REPO", section=SP, effect=N, note=SPEC_NOTE),
-    opt(("--spec-draft-threads", "-td", "--threads-draft"), "N", _spec(), kind=Kind.INT, section=SP, effect=N,
-        note=SPEC_NOTE),
-    opt(("--spec-draft-threads-batch", "-tbd", "--threads-batch-draft"), "N", _spec(), kind=Kind.INT, section=SP,
-        effect=N, note=SPEC_NOTE),
-    opt(("--spec-draft-cpu-mask", "-Cd", "--cpu-mask-draft"), "M", _spec(cpu_mask), section=SP, effect=N,
-        note=SPEC_NOTE),
-    opt(("--spec-draft-cpu-range", "-Crd", "--cpu-range-draft"), "lo-hi", _spec(cpu_range), section=SP, effect=N,
-        note=SPEC_NOTE),
-    opt(("--spec-draft-cpu-strict", "--cpu-strict-draft"), "<0|1>", _spec(), kind=Kind.INT, section=SP, effect=N,
-        note=SPEC_NOTE),
-    opt(("--spec-draft-prio", "--prio-draft"), "N", _spec(_prio03), kind=Kind.INT, section=SP, effect=N,
-        note=SPEC_NOTE),
-    opt(("--spec-draft-poll", "--poll-draft"), "<0|1>", _spec(), kind=Kind.INT, section=SP, effect=N, note=SPEC_NOTE),
-    opt(("--spec-draft-cpu-mask-batch", "-Cbd", "--cpu-mask-batch-draft"), "M", _spec(cpu_mask), section=SP,
-        effect=N, note=SPEC_NOTE),
-    opt(("--spec-draft-cpu-strict-batch", "--cpu-strict-batch-draft"), "<0|1>", _spec(), kind=Kind.INT, section=SP,
-        effect=N, note=SPEC_NOTE),
-    opt(("--spec-draft-prio-batch", "--prio-batch-draft"), "N", _spec(_prio03), kind=Kind.INT, section=SP, effect=N,
-        note=SPEC_NOTE),
-    opt(("--spec-draft-poll-batch", "--poll-batch-draft"), "<0|1>", _spec(), kind=Kind.INT, section=SP, effect=N,
-        note=SPEC_NOTE),
-    opt(("--spec-draft-type-k", "-ctkd", "--cache-type-k-draft"), "TYPE", _spec(kv_cache_type),
-        env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K", effect=N, note=SPEC_NOTE),
-    opt(("--spec-draft-type-v", "-ctvd", "--cache-type-v-draft"), "TYPE", _spec(kv_cache_type),
-        env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V", effect=N, note=SPEC_NOTE),
+    opt(("--spec-draft-threads", "-td", "--threads-draft"), "N", _accept(), kind=Kind.INT, section=SP, effect=N,
+        note=PLACE_NOTE),
+    opt(("--spec-draft-threads-batch", "-tbd", "--threads-batch-draft"), "N", _accept(), kind=Kind.INT, section=SP,
+        effect=N, note=PLACE_NOTE),
+    opt(("--spec-draft-cpu-mask", "-Cd", "--cpu-mask-draft"), "M", _accept(cpu_mask), section=SP, effect=N,
+        note=PLACE_NOTE),
+    opt(("--spec-draft-cpu-range", "-Crd", "--cpu-range-draft"), "lo-hi", _accept(cpu_range), section=SP, effect=N,
+        note=PLACE_NOTE),
+    opt(("--spec-draft-cpu-strict", "--cpu-strict-draft"), "<0|1>", _accept(), kind=Kind.INT, section=SP, effect=N,
+        note=PLACE_NOTE),
+    opt(("--spec-draft-prio", "--prio-draft"), "N", _accept(_prio03), kind=Kind.INT, section=SP, effect=N,
+        note=PLACE_NOTE),
+    opt(("--spec-draft-poll", "--poll-draft"), "<0|1>", _accept(), kind=Kind.INT, section=SP, effect=N, note=PLACE_NOTE),
+    opt(("--spec-draft-cpu-mask-batch", "-Cbd", "--cpu-mask-batch-draft"), "M", _accept(cpu_mask), section=SP,
+        effect=N, note=PLACE_NOTE),
+    opt(("--spec-draft-cpu-strict-batch", "--cpu-strict-batch-draft"), "<0|1>", _accept(), kind=Kind.INT, section=SP,
+        effect=N, note=PLACE_NOTE),
+    opt(("--spec-draft-prio-batch", "--prio-batch-draft"), "N", _accept(_prio03), kind=Kind.INT, section=SP, effect=N,
+        note=PLACE_NOTE),
+    opt(("--spec-draft-poll-batch", "--poll-batch-draft"), "<0|1>", _accept(), kind=Kind.INT, section=SP, effect=N,
+        note=PLACE_NOTE),
+    opt(("--spec-draft-type-k", "-ctkd", "--cache-type-k-draft"), "TYPE", store("spec_draft_type_k", kv_cache_type),
+        env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K", note=DRAFT_NOTE),
+    opt(("--spec-draft-type-v", "-ctvd", "--cache-type-v-draft"), "TYPE", store("spec_draft_type_v", kv_cache_type),
+        env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V", note=DRAFT_NOTE),
     opt(("--spec-draft-override-tensor", "-otd", "--override-tensor-draft"),
-        "<tensor name pattern>=<buffer type>,...", _spec(tensor_overrides), section=SP, effect=N, note=SPEC_NOTE),
-    opt(("--spec-draft-cpu-moe", "-cmoed", "--cpu-moe-draft"), None, lambda ns: _spec()(ns),
-        env="LLAMA_ARG_SPEC_DRAFT_CPU_MOE", section=SP, effect=N, note=SPEC_NOTE),
-    opt(("--spec-draft-n-cpu-moe", "--spec-draft-ncmoe", "-ncmoed", "--n-cpu-moe-draft"), "N", _spec(_min0),
-        kind=Kind.INT, env="LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE", section=SP, effect=N, note=SPEC_NOTE),
+        "<tensor name pattern>=<buffer type>,...", _accept(tensor_overrides), section=SP, effect=N, note=PLACE_NOTE),
+    opt(("--spec-draft-cpu-moe", "-cmoed", "--cpu-moe-draft"), None, lambda ns: None,
+        env="LLAMA_ARG_SPEC_DRAFT_CPU_MOE", section=SP, effect=N, note=PLACE_NOTE),
+    opt(("--spec-draft-n-cpu-moe", "--spec-draft-ncmoe", "-ncmoed", "--n-cpu-moe-draft"), "N", _accept(_min0),
+        kind=Kind.INT, env="LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE", section=SP, effect=N, note=PLACE_NOTE),
     opt(("--spec-draft-n-max",), "N", _set("spec_draft_n_max", _min0), kind=Kind.INT, env="LLAMA_ARG_SPEC_DRAFT_N_MAX",
         section=SP, note=DRAFT_FREE_NOTE),
     opt(("--spec-draft-n-min",), "N", _set("spec_draft_n_min", lambda v: None), kind=Kind.INT,
@@ -174,19 +189,19 @@ OPTIONS = [
         note=SPEC_NOTE),
     opt(("--spec-synth-rates",), "P0,P1,...", _spec(_synth_rates), env="LLAMA_ARG_SPEC_SYNTH_RATES", section=SP,
         effect=N, note=SPEC_NOTE),
-    opt(("--spec-draft-p-split", "--draft-p-split"), "P", _spec(stof), env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT", section=SP,
-        effect=N, note=SPEC_NOTE),
-    opt(("--spec-draft-p-min", "--draft-p-min"), "P", _spec(stof), env="LLAMA_ARG_SPEC_DRAFT_P_MIN", section=SP,
-        effect=N, note=SPEC_NOTE),
-    opt(("--spec-draft-backend-sampling",), None, _spec(), neg=("--no-spec-draft-backend-sampling",),
-        env="LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING", section=SP, effect=N, note=SPEC_NOTE),
-    opt(("--spec-draft-device", "-devd", "--device-draft"), "<dev1,dev2,..>", _spec(parse_device_list), section=SP,
-        effect=N, note=SPEC_NOTE),
+    opt(("--spec-draft-p-split", "--draft-p-split"), "P", _accept(stof), env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT", section=SP,
+        effect=N, note="llama-server's draft-simple does not read it either"),
+    opt(("--spec-draft-p-min", "--draft-p-min"), "P", store("spec_draft_p_min", stof), env="LLAMA_ARG_SPEC_DRAFT_P_MIN",
+        section=SP, note=DRAFT_NOTE),
+    opt(("--spec-draft-backend-sampling",), None, _accept(), neg=("--no-spec-draft-backend-sampling",),
+        env="LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING", section=SP, effect=N, note=PLACE_NOTE),
+    opt(("--spec-draft-device", "-devd", "--device-draft"), "<dev1,dev2,..>", _accept(parse_device_list), section=SP,
+        effect=N, note=PLACE_NOTE),
     opt(("--spec-draft-ngl", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft"), "N",
-        _spec(gpu_layers("--gpu-layers-draft")), env="LLAMA_ARG_N_GPU_LAYERS_DRAFT", section=SP, effect=N,
-        note=SPEC_NOTE),
-    opt(("--spec-draft-model", "-md", "--model-draft"), "FNAME", _spec(), env="LLAMA_ARG_SPEC_DRAFT_MODEL",
-        section=SP, effect=N, note=SPEC_NOTE),
+        _accept(gpu_layers("--gpu-layers-draft")), env="LLAMA_ARG_N_GPU_LAYERS_DRAFT", section=SP, effect=N,
+        note=PLACE_NOTE),
+    opt(("--spec-draft-model", "-md", "--model-draft"), "FNAME", store("spec_draft_model"),
+        env="LLAMA_ARG_SPEC_DRAFT_MODEL", section=SP, note=DRAFT_NOTE),
     opt(("--spec-type",), ",".join(SPEC_TYPES), _add_types, env="LLAMA_ARG_SPEC_TYPE", section=SP, note=DRAFT_FREE_NOTE),
     opt(("--spec-ngram-mod-n-min",), "N",
         _set("spec_ngram_mod_n_min", _range(0, 1024, "ngram n-min must be between 0 and 1024 inclusive")),

@@ -21,7 +21,8 @@ class SpecType(enum.Enum):
     NGRAM_CACHE = "ngram-cache"
 
 
-# the types tritium drafts with (the others are ignored with a warning: draft models, ngram-cache)
+# the draft-free types tritium drafts with (draft-simple: runtime/serving/spec_draft.py; the others are
+# ignored with a warning)
 DRAFT_FREE = (SpecType.NGRAM_SIMPLE, SpecType.NGRAM_MAP_K, SpecType.NGRAM_MAP_K4V, SpecType.NGRAM_MOD)
 
 
@@ -50,6 +51,11 @@ class SpecConfig:
     ngram_map_k: NgramMapParams = NgramMapParams()
     ngram_map_k4v: NgramMapParams = NgramMapParams()
     ngram_mod: NgramModParams = NgramModParams()
+    # draft-simple (runtime/serving/spec_draft.py): -md, --spec-draft-p-min, -ctkd / -ctvd
+    draft_model: str | None = None
+    draft_p_min: float = 0.0
+    draft_cache_type_k: str = "f16"
+    draft_cache_type_v: str = "f16"
 
     @property
     def enabled(self) -> bool:

@@ -139,15 +139,15 @@ def test_metrics_text_format():
 
 def test_llama_server_script_flags_are_accepted(start_server, tmp_path):
     """A typical llama-server launch line works unchanged: accepted flags (GPU offload, flash
-    attention, batch sizes, load mode, NUMA, continuous batching, tensor overrides, draft model and
-    speculative settings), the ones with an effect here (-C pins the process, --log-file,
+    attention, batch sizes, load mode, NUMA, continuous batching, tensor overrides, draft model placement
+    and speculative settings), the ones with an effect here (-C pins the process, --log-file,
     --no-warmup, -ctk/-ctv, -b, RoPE overrides). (b1-0c1e570 has no --mlock / --no-mmap: -lm.)"""
     import os
     log_file = tmp_path / "server.log"
     srv = start_server("-ngl", "99", "-fa", "on", "-b", "1024", "-ub", "512", "-tb", "2", "-lm", "mmap+mlock",
                        "--numa", "distribute", "-cb", "--no-warmup", "-C", "1", "-ctk", "f32", "-ctv", "f32",
                        "--rope-freq-base", "20000", "-sm", "none", "-mg", "0", "--threads-http", "4",
-                       "-dt", "0.1", "--no-webui", "-md", "draft.gguf", "--spec-draft-n-max", "8",
+                       "-dt", "0.1", "--no-webui", "-td", "2", "-ngld", "0", "--spec-draft-n-max", "8",
                        "--spec-type", "ngram-simple", "-ot", "exps=CPU", "--n-cpu-moe", "4", "--log-file",
                        str(log_file), "-dev", "none", "--top-nsigma", "-1", "--ignore-eos")
     assert os.sched_getaffinity(srv.proc.pid) == {0}
@@ -156,7 +156,7 @@ def test_llama_server_script_flags_are_accepted(start_server, tmp_path):
     assert r.json()["generation_settings"]["ignore_eos"] is True  # a sampling default from the command line
     text = log_file.read_text()
     assert "listening on" in text and "rope_freq_base = 20000.0 (command line)" in text
-    assert "speculative decoding is not supported" in srv.log()
+    assert "speculative decoding: ngram-simple" in srv.log()  # (-md FILE that cannot be read stops the start, as b1)
 
 
 @pytest.mark.parametrize("flag,value", [("--control-vector", "x.gguf"), ("-mu", "http://h/m.gguf"),

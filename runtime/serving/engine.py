@@ -37,6 +37,7 @@ from runtime.serving.scheduler import Scheduler
 from runtime.serving.slot_files import check_action, erase_slot, restore_slot, save_slot
 from runtime.serving.slots import Slot, new_slots, slot_view
 from runtime.serving.spec import make_speculator
+from runtime.serving.spec_draft import make_drafter
 from runtime.serving.stop_match import StopMatcher
 from runtime.tasks import CompletionTask, EmbeddingTask
 
@@ -56,6 +57,7 @@ class Engine:
         self.kv_unified = False
         self.vocab = None
         self.spec = None  # runtime.serving.spec.Speculator (--spec-type), set by load()
+        self.drafter = None  # runtime.serving.spec_draft.DraftModel (-md, --spec-type draft-simple), set by load()
         # --sleep-idle-seconds
         self.sleeping = False
         self._t_active = time.monotonic()  # when the last task arrived or the last step ran
@@ -88,10 +90,14 @@ class Engine:
         self.n_ctx, self.n_slots, self.n_ctx_slot, self.kv_unified = b.n_ctx, b.n_slots, b.n_ctx_slot, b.kv_unified
         self.prompt_cache, self.vocab, self.mm = b.prompt_cache, b.vocab, b.mm
         self.slots = new_slots(b.n_slots, b.n_ctx_slot)
-        self.spec = make_speculator(self.cfg.spec, b.n_slots, self._log,
-                                    recurrent=getattr(b.model, "recurrent", None) is not None)
+        recurrent = getattr(b.model, "recurrent", None) is not None
+        self.spec = make_speculator(self.cfg.spec, b.n_slots, self._log, recurrent=recurrent)
+        self.drafter, ok = make_drafter(self.cfg, b.tokenizer, b.n_slots, b.n_ctx, self._log, recurrent,
+                                        tp=getattr(b.model, "tp", None) is not None)
+        if not ok:  # llama-server's common_speculative_init threw: no speculation at all
+            self.spec = None
         self.scheduler = Scheduler(self.cfg, self.slots, b.blocks, b.model, b.vocab, b.prompt_cache, self._metrics,
-                                   self._log, b.kv_unified, b.mm, b.n_ctx, self.spec)
+                                   self._log, b.kv_unified, b.mm, b.n_ctx, self.spec, self.drafter)
         if self.cfg.cache_idle_slots and not self.sleeping:
             if self.prompt_cache is None:
                 self._log("W", "srv          init: --cache-idle-slots requires --cache-ram, disabling")
@@ -174,7 +180,7 @@ class Engine:
 
     def slots_info(self) -> list[dict]:
         """/slots (see slots.slot_view)."""
-        return [slot_view(s, self.spec is not None) for s in self.slots]
+        return [slot_view(s, self.spec is not None or self.drafter is not None) for s in self.slots]
 
     def metrics(self) -> dict[str, float]:
         """Counters (cumulative) and gauges (averaged over the window since the last call)."""
@@ -281,7 +287,7 @@ class Engine:
         self._log("I", "srv  handle_sleep: server is entering sleeping state")
         self.sleeping = True
         self._lora_scales = self.scheduler.lora_scales  # POST /lora-adapters outlives a sleep
-        self.model = self.blocks = self.runner = self.prompt_cache = self.scheduler = None
+        self.model = self.blocks = self.runner = self.prompt_cache = self.scheduler = self.drafter = None
         self.slots = []
         gc.collect()
         bootstrap.trim_heap()  # hand the freed heap back to the system

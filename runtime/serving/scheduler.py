@@ -34,6 +34,7 @@ from runtime.serving.runner import StepOutput, pool_embeddings
 from runtime.serving.sampling import GrammarError, Vocabulary, maybe_trigger_grammar, sample_rows
 from runtime.serving.slots import Request, Slot, SlotState, pick_slot, release, reserve
 from runtime.serving.spec import Speculator
+from runtime.serving.spec_draft import DraftModel, DraftRequest, rejection_sample
 from runtime.serving.stopping import StopType, TextState, check_stop, effective_n_predict
 from runtime.tasks import CompletionResult, EmbeddingTask, PromptProgress, TaskError, Timings, TokenOut
 
@@ -61,11 +62,13 @@ def send_progress(r: Request) -> None:
 class Scheduler:
     def __init__(self, cfg: EngineConfig, slots: list[Slot], blocks: BlockManager, model: Model, vocab: Vocabulary,
                  prompt_cache: PromptCache | None, metrics: Metrics, log: Callable[[str, str], None],
-                 kv_unified: bool = False, mm=None, n_ctx: int = 0, spec: Speculator | None = None):
+                 kv_unified: bool = False, mm=None, n_ctx: int = 0, spec: Speculator | None = None,
+                 drafter: DraftModel | None = None):
         self.cfg, self.slots, self.blocks, self.model, self.vocab = cfg, slots, blocks, model, vocab
         # llama.cpp's context n_ubatch: min(n_ctx, -b, -ub); an embedding's prompt must fit it (pooling)
         self.n_ubatch_ctx = min(n_ctx or cfg.n_batch, cfg.n_batch, cfg.n_ubatch)
         self.spec = spec  # speculative decoding's drafters (--spec-type), or None
+        self.drafter = drafter  # the draft model (-md, --spec-type draft-simple), or None
         self.mm = mm  # runtime.vision.Multimodal (--mmproj): encodes a media chunk when it is first planned
         self.kv_unified = kv_unified  # one KV pool for all slots: clearing an idle slot frees room
         self.prompt_cache, self.metrics, self.log = prompt_cache, metrics, log
@@ -215,7 +218,7 @@ class Scheduler:
             for s in self.slots:
                 if s.state is SlotState.GENERATING and s.busy and len(s.tokens) + 1 >= s.n_ctx:
                     self._context_shift(s)
-        if self.spec is not None:
+        if self.spec is not None or self.drafter is not None:
             self._draft()
         plan = plan_step(self.slots, self.cfg.n_batch, self.cfg.n_prefill_chunk)
         if any(s.req.media for s in plan.slots):
@@ -257,9 +260,10 @@ class Scheduler:
         rows of one forward: the verify rows of all slots fit min(n_batch, n_ubatch)."""
         decoding = [s for s in self.slots if s.state is SlotState.GENERATING and s.req.pending is not None]
         budget = min(self.cfg.n_batch, self.cfg.n_ubatch) - len(decoding)
+        model_drafts: list[DraftRequest] = []  # the draft model's, after the n-gram drafters (b1's order)
         for s in decoding:
             r = s.req
-            r.draft = []
+            r.draft, r.draft_q = [], None
             n_max = s.n_ctx - len(s.tokens) - 2
             n_remaining = r.n_predict - r.n_decoded if r.n_predict >= 0 else -1
             if n_remaining > 0:
@@ -267,9 +271,20 @@ class Scheduler:
             n_max = min(n_max, budget)
             if n_max <= 0:
                 continue
-            r.draft = self.spec.draft(s.id, s.tokens, r.pending, n_max)
+            if self.spec is not None:
+                r.draft = self.spec.draft(s.id, s.tokens, r.pending, n_max)
+            if not r.draft and self.drafter is not None and not r.media:
+                n_max = min(n_max, self.drafter.params.n_max)
+                model_drafts.append(DraftRequest(s.id, s.tokens, r.pending, n_max, r.sampler))
+                budget -= n_max
+                continue
             r.spec.n_draft_total += len(r.draft)
             budget -= len(r.draft)
+        if model_drafts:
+            for d, got in zip(model_drafts, self.drafter.draft(model_drafts)):
+                r = self.slots[d.sid].req
+                r.draft, r.draft_q = got.tokens, got.q if got.tokens else None
+                r.spec.n_draft_total += len(got.tokens)
 
     def _media_rows(self, plan: StepPlan) -> StepPlan:
         """Rope positions and media embeddings of the rows of requests with media
@@ -362,15 +377,18 @@ class Scheduler:
                 first[id(s)] = row
                 row += b.n_logits
         for s in slots:
-            r, draft = s.req, s.req.draft
-            r.draft = []
+            r, draft, q = s.req, s.req.draft, s.req.draft_q
+            r.draft, r.draft_q = [], None
             rows = logits[first[id(s)]:first[id(s)] + len(draft) + 1]
             del s.tokens[len(s.tokens) - len(draft):]  # the cache as one token at a time would hold it
             n_acc = 0
             r.spec.n_verify_steps += 1
             try:
                 for i in range(len(draft) + 1):
-                    sampled = sample_batch(rows[i:i + 1], [r.sampler])[0]
+                    if q is not None and i < len(draft):  # a sampled draft: the rejection rule (spec_draft.py)
+                        sampled = rejection_sample(rows[i], r.sampler, draft[i], q[i])
+                    else:
+                        sampled = sample_batch(rows[i:i + 1], [r.sampler])[0]
                     if isinstance(sampled, BaseException):
                         raise sampled
                     matched = i < len(draft) and sampled.token == draft[i]
@@ -385,7 +403,8 @@ class Scheduler:
                 self.fail_unexpected(s, e, "sampling")
             self.blocks.truncate(s.seq, len(s.tokens))
             self.metrics.on_verify(len(draft), n_acc)
-            self.spec.accept(s.id, n_acc)
+            if self.spec is not None:
+                self.spec.accept(s.id, n_acc)
 
     def _books(self, s: Slot, b, hid) -> bool:
         """Record what row `b` fed; False when the row's task is done (an embedding)."""

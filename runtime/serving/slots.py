@@ -72,6 +72,7 @@ class Request:
     prompt_breaks: tuple[int, ...] = ()  # prompt positions where a prompt batch ends (`plan.prompt_breaks`)
     media: Any = None  # the prompt's media chunks (runtime.serving.media_rows.PromptMedia), or None
     draft: list[int] = field(default_factory=list)  # speculative tokens fed after `pending` this step
+    draft_q: Any = None  # a sampled draft's distributions (spec_draft.Draft.q): verified by the rejection rule
     spec: SlotSpec = field(default_factory=SlotSpec)  # draft_n / draft_n_accepted of this task
 
     @property

@@ -240,7 +240,7 @@ def make_speculator(cfg: SpecConfig, n_seq: int, log=None, recurrent: bool = Fal
             log("W", "srv    load_model: speculative decoding is not supported with recurrent layers in tritium: "
                      "decoding without it (same output)")
         return None
-    other = [t.value for t in cfg.types if t is not SpecType.NONE and t not in DRAFT_FREE]
+    other = [t.value for t in cfg.types if t not in (SpecType.NONE, SpecType.DRAFT_SIMPLE) and t not in DRAFT_FREE]
     if other and log is not None:
         log("W", f"srv    load_model: speculative type(s) {','.join(other)} not implemented in tritium "
                  "(draft models, ngram-cache): ignored (same output, decoded without them)")
