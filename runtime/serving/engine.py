@@ -36,7 +36,7 @@ from runtime.serving.metrics import WINDOW_GAUGES, Metrics
 from runtime.serving.scheduler import Scheduler
 from runtime.serving.slot_files import check_action, erase_slot, restore_slot, save_slot
 from runtime.serving.slots import Slot, new_slots, slot_view
-from runtime.serving.spec import make_speculator
+from runtime.serving.spec import Speculator, make_speculator
 from runtime.serving.spec_draft import make_drafter
 from runtime.serving.stop_match import StopMatcher
 from runtime.tasks import CompletionTask, EmbeddingTask
@@ -96,6 +96,8 @@ class Engine:
                                         tp=getattr(b.model, "tp", None) is not None)
         if not ok:  # llama-server's common_speculative_init threw: no speculation at all
             self.spec = None
+        elif self.drafter is not None and self.spec is None:  # (draft-simple alone: the per-slot books, no n-gram drafter)
+            self.spec = Speculator(self.cfg.spec, b.n_slots, self._log)
         self.scheduler = Scheduler(self.cfg, self.slots, b.blocks, b.model, b.vocab, b.prompt_cache, self._metrics,
                                    self._log, b.kv_unified, b.mm, b.n_ctx, self.spec, self.drafter)
         if self.cfg.cache_idle_slots and not self.sleeping:
