@@ -295,6 +295,9 @@ def trace_decode(model, B: int, ctx: int) -> list[Op]:
     t = Tracer()
     t.ctx = float(ctx)
     z = dict(device=dev)
+    from kernels.triton.paged_decode import split_counters
+
+    split_counters(torch.device(dev), B * model.n_head_kv)  # zeroed once by the runner's warm-up step, not per step
     with t.recording(model):
         model.decode_logits(kv, torch.zeros(B, dtype=torch.int64, **z), torch.zeros(B, dtype=torch.int64, **z),
                             torch.zeros(B, dtype=torch.int64, **z), torch.zeros(B, nb, dtype=torch.int32, **z),

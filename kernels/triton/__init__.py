@@ -13,8 +13,7 @@ autotune configs beside it:
 | `qmatmul_q8.py` | `_quant_act_kernel` + `_qmm_q8_gemv_kernel` (dp4a): `qmatmul` of repacked weights, M <= 8 |
 | `qmatmul_tiled.py` | `_qmm_packed_tiled_kernel` (`tl.dot`): repacked weights, larger M; `_qmm_tiled_kernel`: GGUF blocks |
 | `qmatmul_gemv.py` | `_qmm_gemv_kernel`: `qmatmul` of types without a repack (GGUF blocks), M <= 16 |
-| `paged_decode.py` | `_paged_decode_kernel`: `paged_attention` when every q_len is 1 (split-K) |
-| `merge_splits.py` | `_merge_splits_kernel`: merges the split-K partials |
+| `paged_decode.py` | `_paged_decode_kernel`: `paged_attention` when every q_len is 1 (split-K, the last split of each sequence and KV head merges: `merge_splits.merge_head`) |
 | `paged_prefill.py` | `_paged_prefill_kernel`: `paged_attention` for prefill / mixed batches |
 | `norm.py` | `_rms_norm_kernel`: `rms_norm`, `add_rms_norm` (decode rows: + their q8_1 form) |
 | `rope.py` | `_rope_kernel` |
@@ -25,8 +24,8 @@ autotune configs beside it:
 | `layer_norm.py` | `_layer_norm_kernel`: `layer_norm` |
 | `linear_attn.py` | `_ssm_conv_kernel`: `ssm_conv`; `_gdn_kernel`: `gated_delta_net` (the gated delta rule, state rows in registers) |
 
-plus the device functions they share: `gguf_tl.py` (GGUF blocks dequantized in registers) and
-`attend_tile.py` (one online-softmax step); `tuning.py` (the matmul launch configs, timed at
+plus the device functions they share: `gguf_tl.py` (GGUF blocks dequantized in registers),
+`attend_tile.py` (one online-softmax step) and `merge_splits.py` (the split-K merge); `tuning.py` (the matmul launch configs, timed at
 start-up only, kept on disk) and `aot_cases.py` (every kernel's real launches, for
 `scripts/aot_compile.py`: a new kernel adds its case there). This module says which kernel serves
 each op.

@@ -1,9 +1,10 @@
-"""Split-K decode attention, second pass: merge the partial softmaxes of `paged_decode.py`'s splits
-(per sequence and query head: rescale each split's sum by exp(m_split - max m), add them up,
-divide by the rescaled normalizers). Reference: `kernels.ref.paged_attention` (all q_len == 1)."""
+"""Split-K decode attention, the merge: the partial softmaxes of `paged_decode.py`'s splits of one
+query head (rescale each split's sum by exp(m_split - max m), add them up, divide by the rescaled
+normalizers). A device function, run inside `_paged_decode_kernel` by the last split of each
+(sequence, KV head) to finish (an atomic counter per pair): the separate merge launch it replaces
+cost a launch per layer. Reference: `kernels.ref.paged_attention` (all q_len == 1)."""
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -13,40 +14,26 @@ reference = ref.paged_attention
 
 
 @triton.jit
-def _merge_splits_kernel(
-    po_ptr, pm_ptr, pl_ptr, cu_ptr, out_ptr, sinks_ptr, H, D, stride_ot, stride_oh,
-    NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, SINKS: tl.constexpr = False,
-):
-    s = tl.program_id(0)
-    h = tl.program_id(1)
-    qlen = tl.load(cu_ptr + s + 1) - tl.load(cu_ptr + s)
-    if qlen == 1:
-        qrow = tl.load(cu_ptr + s).to(tl.int64)
-        sp = tl.arange(0, NUM_SPLITS)
-        d = tl.arange(0, BLOCK_D)
-        base = (s * H + h) * NUM_SPLITS
-        m = tl.load(pm_ptr + base + sp)
-        lsum = tl.load(pl_ptr + base + sp)
-        mx = tl.max(m, axis=0)
-        if SINKS:  # gpt-oss: one more logit per head, with no value
-            sk = tl.load(sinks_ptr + h).to(tl.float32)
-            mx = tl.maximum(mx, sk)
-        w = tl.exp(m - mx)
-        po = tl.load(po_ptr + (base + sp)[:, None].to(tl.int64) * D + d[None, :], mask=d[None, :] < D, other=0.0)
-        den = tl.sum(lsum * w, axis=0)
-        if SINKS:
-            den = den + tl.exp(sk - mx)
-        o = tl.sum(po * w[:, None], axis=0) / den
-        tl.store(out_ptr + qrow * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty), mask=d < D)
-
-
-def merge_splits(po, pm, pl, cu_seqlens_q, out: torch.Tensor, sinks=None) -> torch.Tensor:
-    """po [S, H, NUM_SPLITS, D] float32 partial outputs, pm / pl [S, H, NUM_SPLITS] their maxima
-    and normalizers -> the rows of `out` [T, H, D] whose sequences have q_len == 1; `sinks` [H]:
-    gpt-oss's attention sinks, one more logit per head in the merged softmax."""
-    S, H, num_splits, D = po.shape
-    _merge_splits_kernel[(S, H)](
-        po, pm, pl, cu_seqlens_q, out, out if sinks is None else sinks, H, D, out.stride(0), out.stride(1),
-        NUM_SPLITS=num_splits, BLOCK_D=triton.next_power_of_2(D), SINKS=sinks is not None,
-    )
-    return out
+def merge_head(po_ptr, pm_ptr, pl_ptr, base, out_row, sinks_ptr, h, D,
+               NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, SINKS: tl.constexpr):
+    """Head h's partials at rows base .. base + NUM_SPLITS - 1 of po [*, D] (float32) and of pm / pl
+    (their maxima and normalizers) -> its output row `out_row` [D]. Loads through L2 (`.cg`): the
+    partials were written by other programs of this launch."""
+    sp = tl.arange(0, NUM_SPLITS)
+    d = tl.arange(0, BLOCK_D)
+    m = tl.load(pm_ptr + base + sp, cache_modifier=".cg")
+    lsum = tl.load(pl_ptr + base + sp, cache_modifier=".cg")
+    mx = tl.max(m, axis=0)
+    if SINKS:  # gpt-oss: one more logit per head, with no value
+        sk = tl.load(sinks_ptr + h).to(tl.float32)
+        mx = tl.maximum(mx, sk)
+    den = tl.sum(lsum * tl.exp(m - mx), axis=0)
+    if SINKS:
+        den = den + tl.exp(sk - mx)
+    # one split's row at a time: a [BLOCK_D] accumulator, not a [NUM_SPLITS, BLOCK_D] tile (registers:
+    # this runs at the end of the decode kernel, whose budget is 128)
+    o = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for j in range(0, NUM_SPLITS):
+        wj = tl.exp(tl.load(pm_ptr + base + j, cache_modifier=".cg") - mx)
+        o += tl.load(po_ptr + (base + j).to(tl.int64) * D + d, mask=d < D, other=0.0, cache_modifier=".cg") * wj
+    tl.store(out_row + d, (o / den).to(out_row.dtype.element_ty), mask=d < D)

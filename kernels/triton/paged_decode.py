@@ -2,8 +2,9 @@
 (GQA: BLOCK_G = the group size rounded up to a power of two, at least 16: a `tl.dot` tile; the
 padding rows cost tensor-core work, which is free here, and no registers: the CUDA-core version
 this replaced held [G, BLOCK_N, D] products and needed 169-255 registers), KV gathered through the
-block table, split-K over the context with a second kernel merging the partial softmaxes
-(`merge_splits.py`). The split count is fixed at launch (a CUDA graph keeps its grid) from the
+block table, split-K over the context, the partial softmaxes merged by the last split of each
+(sequence, KV head) to finish (`merge_splits.merge_head`; an int32 counter per pair in a zeroed
+workspace that the merging program zeroes again, so a CUDA graph replays it as is). The split count is fixed at launch (a CUDA graph keeps its grid) from the
 batch and the table's width; each split's share of a sequence comes from its live length in the
 kernel, so a short sequence in a wide table still spreads over every split. float32 softmax,
 optional tanh soft-capping and sliding window (splits before the window read nothing).
@@ -17,14 +18,14 @@ import triton.language as tl
 from .. import ref
 from .attend_tile import attend_tile_kv
 from .kv_quant import type_id
-from .merge_splits import merge_splits
+from .merge_splits import merge_head
 
 reference = ref.paged_attention
 
 
 @triton.jit
 def _paged_decode_kernel(
-    q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, lens_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr, sinks_ptr,
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, lens_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr, sinks_ptr, sem_ptr,
     scale, softcap, window, G, D, BS,
     stride_qt, stride_qh, stride_qd,
     stride_cb, stride_ct, stride_ch, stride_cd,
@@ -74,7 +75,7 @@ def _paged_decode_kernel(
                                          scale, softcap, m_i, l_i, acc, SOFTCAP, K_TYPE, V_TYPE)
         omask = gmask[:, None] & dmask[None, :]
         if NUM_SPLITS == 1:
-            if SINKS:  # gpt-oss: one more logit per head, with no value (split-K: merge_splits adds it)
+            if SINKS:  # gpt-oss: one more logit per head, with no value (split-K: merge_head adds it)
                 sk = tl.load(sinks_ptr + heads, mask=gmask, other=0.0).to(tl.float32)
                 m_new = tl.maximum(m_i, sk)
                 alpha = tl.exp(m_i - m_new)
@@ -90,6 +91,16 @@ def _paged_decode_kernel(
             tl.store(po_ptr + idx[:, None].to(tl.int64) * D + d[None, :], acc, mask=omask)
             tl.store(pm_ptr + idx, m_i, mask=gmask)
             tl.store(pl_ptr + idx, l_i, mask=gmask)
+            # the last split of (s, kvh) to get here merges: every thread's stores made visible
+            # (barrier, then a release at GPU scope), the others' seen (acquire, loads through L2)
+            tl.debug_barrier()
+            sem = sem_ptr + s * tl.num_programs(1) + kvh
+            if tl.atomic_add(sem, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
+                for gi in range(0, G):
+                    h = kvh * G + gi
+                    merge_head(po_ptr, pm_ptr, pl_ptr, (s * H + h) * NUM_SPLITS, out_ptr + qrow * stride_ot + h * stride_oh,
+                               sinks_ptr, h, D, NUM_SPLITS, BLOCK_D, SINKS)
+                tl.atomic_xchg(sem, 0)  # zero again for the next launch
 
 
 def num_splits_for(S: int, KVH: int, max_ctx: int, n_sm: int = 132) -> int:
@@ -99,6 +110,19 @@ def num_splits_for(S: int, KVH: int, max_ctx: int, n_sm: int = 132) -> int:
     cap = max(1, max_ctx // 256)
     n = min(want, cap, 32)
     return 1 << (n.bit_length() - 1)
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def split_counters(device: torch.device, n: int) -> torch.Tensor:
+    """n int32 zeros: the split-K counters. A workspace per device, zeroed once (a growth, outside
+    a CUDA graph capture: the runner's warm-up step runs first) and kept zero by the kernel, as
+    cuBLAS keeps its workspace; decode attention runs on one stream per device."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[device] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return buf
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap=0.0,
@@ -133,16 +157,15 @@ def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale
         po = torch.empty(S, H, num_splits, D, dtype=torch.float32, device=q.device)
         pm = torch.empty(S, H, num_splits, dtype=torch.float32, device=q.device)
         pl = torch.empty(S, H, num_splits, dtype=torch.float32, device=q.device)
+        sem = split_counters(q.device, S * KVH)
     else:
-        po = pm = pl = out
+        po = pm = pl = sem = out
     bt = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
     _paged_decode_kernel[(S, KVH, num_splits)](
-        q, k_cache, v_cache, bt, cu_seqlens_q, kv_lens, out, po, pm, pl, out if sinks is None else sinks,
+        q, k_cache, v_cache, bt, cu_seqlens_q, kv_lens, out, po, pm, pl, out if sinks is None else sinks, sem,
         float(scale), float(softcap), int(window), G, D, BS,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), bt.stride(0), out.stride(0), out.stride(1),
         NUM_SPLITS=num_splits, SOFTCAP=softcap > 0.0, WINDOW=window > 0, K_TYPE=k_type, V_TYPE=v_type,
         BLOCK_G=BLOCK_G, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, SINKS=sinks is not None, num_warps=warps,
     )
-    if num_splits > 1:
-        merge_splits(po, pm, pl, cu_seqlens_q, out, sinks)
     return out
