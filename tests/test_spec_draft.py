@@ -359,15 +359,15 @@ def test_real_qwen_as_its_own_draft_greedy_identical():
     out = {}
     for name, spec in (("plain", SpecConfig()),
                        ("draft", SpecConfig(types=(SpecType.DRAFT_SIMPLE,), draft_n_max=4, draft_model=path))):
-        e = Engine(EngineConfig(model_path=path, verbosity=0, n_ctx=1024, n_parallel=1, warmup=False, spec=spec))
+        e = Engine(EngineConfig(model_path=path, verbosity=0, n_ctx=512, n_parallel=1, warmup=False, spec=spec))
         e.load()
         e.start()
         try:
             ids = e.tokenizer.encode(EDIT_PROMPT, add_special=False, parse_special=True)
-            out[name] = e.submit(CompletionTask(ids, SamplingParams(temperature=0), n_predict=32)).result_sync(600)
+            out[name] = e.submit(CompletionTask(ids, SamplingParams(temperature=0), n_predict=24)).result_sync(600)
         finally:
             e.stop()
     a, b = out["plain"], out["draft"]
     assert isinstance(a, CompletionResult) and isinstance(b, CompletionResult)
-    assert b.tokens == a.tokens and len(a.tokens) == 32
-    assert b.timings.draft_n_accepted == b.timings.draft_n > 20
+    assert b.tokens == a.tokens and len(a.tokens) == 24
+    assert b.timings.draft_n_accepted == b.timings.draft_n >= 15  # 4 drafted per 5 tokens after the first
