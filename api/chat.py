@@ -1,8 +1,9 @@
 """OpenAI chat requests: messages -> prompt (`oaicompat_chat_params_parse`), and the model's text
 -> an assistant message with `content`, `reasoning_content` and `tool_calls`, whole or as deltas.
 
-A final assistant message is a prefill: the conversation before it is rendered with the generation
-prompt and its content is appended, so the model continues it (lesson Example 13).
+A final assistant message is a prefill: the conversation before it is rendered and b1's continuation
+(the generation prompt, the message's reasoning in the template's markers, its content) is appended,
+so the model continues it (lesson Example 13; runtime/chat/continuation.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from api.chat_kwargs import request_kwargs, template_variables
 from api.errors import ApiError
 from api.params import CHAT_PARSER_FAILED, Fields, schema_to_grammar_or_400
 from runtime.serving.failures import describe
+from runtime.chat.continuation import Continuation, continuation_tail, resolve_mode, template_markers
 from runtime.chat.harmony import HarmonyMismatch, is_harmony_template, template_messages
 from runtime.chat import (
     REASONING_FORMATS,
@@ -73,6 +75,8 @@ class ChatPrep:
     part_starts: list[int] = field(default_factory=list)  # where the prompt's text after each marker begins
     # --skip-chat-parsing: everything the model writes is content (b1's pure content parser)
     content_only: bool = False
+    reasoning_prefix: str = ""  # a continued message's reasoning (b1: its markers, its text), parsed before the prefill
+    think_space: tuple[str, str] | None = None  # whitespace b1's parser allows after <think> and </think>
 
 
 def _int_or(v: Any, default: int) -> int:
@@ -188,14 +192,20 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     if cfg.jinja and is_harmony_template(tmpl.source):  # gpt-oss: reasoning_content as "thinking"
         msgs = template_messages(msgs)
     prefill = ""
+    cont_mode = None  # continuing the final assistant message (b1's continue_msg)
     if continuation is not None and msgs and msgs[-1].get("role") == "assistant" and not msgs[-1].get("tool_calls"):
         content = msgs[-1].get("content")
         if isinstance(content, list):  # text parts, joined as the template joins them (Responses items)
             content = "\n".join(str(p.get("text", "")) for p in content
                                  if isinstance(p, dict) and p.get("type") == "text")
         prefill = content if isinstance(content, str) else ""
+        cont_reasoning = messages[-1].get("reasoning_content")
+        cont_reasoning = cont_reasoning if isinstance(cont_reasoning, str) else ""
+        cont_mode = resolve_mode(continuation, {"content": prefill, "reasoning_content": cont_reasoning})
         msgs = msgs[:-1]
-        add_generation_prompt = True  # the turn before it is opened, then its content follows
+        # --no-jinja: the turn before it is opened, then its content follows; with a template, b1 renders
+        # the messages without the generation prompt and appends its continuation (runtime/chat/continuation.py)
+        add_generation_prompt = not cfg.jinja
     if cfg.jinja:  # b1's workarounds: developer -> system; no system role: merged into the next message
         msgs = message_workarounds(msgs, tmpl.source, template_caps(tmpl).get("supports_system_role", True))
     # the server's kwargs (--chat-template-kwargs, --reasoning*, ...) and the request's (api/chat_kwargs.py)
@@ -218,6 +228,15 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         raise
     except Exception as e:  # jinja errors, raise_exception() in the template
         raise ApiError(f"Failed to apply chat template: {describe(e)}") from e
+    reasoning_prefix = ""  # the continued message's reasoning part, before the prefill (the parser reads both)
+    if cont_mode is not None and cfg.jinja:
+        tail, own = continuation_tail(tmpl.source, template_markers(tmpl), gen_prompt, prefill, cont_reasoning,
+                                      cont_mode)
+        if cont_mode is Continuation.REASONING:
+            prefill = ""
+        reasoning_prefix = own[:len(own) - len(prefill)]
+        gen_prompt = tail[:len(tail) - len(own)]
+        prompt += tail[:len(tail) - len(prefill)]
     prompt += prefill
     user_prefixes = []
     for i in [i for i, m in enumerate(msgs) if isinstance(m, dict) and m.get("role") == "user"][-USER_STARTS_MAX:]:
@@ -233,6 +252,13 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     think_prefix = ""
     if thinking_forced_open(gen_prompt):  # the generation prompt ends inside "<think>": the model continues it
         think_prefix = gen_prompt[gen_prompt.rfind("<think>"):]
+    if reasoning_prefix:  # the continuation wrote its own reasoning opening (closed, or open to continue)
+        think_prefix = ""
+    think_space = None  # b1's optspace around the template's own <think> / </think> markers
+    if cfg.jinja and not content_only:
+        mk = template_markers(tmpl)
+        if mk.start.strip(PEG_SPACE) == "<think>" and mk.end.strip(PEG_SPACE) == "</think>":
+            think_space = (mk.start[len(mk.start.rstrip(PEG_SPACE)):], mk.end[len(mk.end.rstrip(PEG_SPACE)):])
     # b1-0c1e570 ignores the tools of a template that cannot render tool calls (its generated
     # parser has no tool syntax to read: no grammar, the output is content)
     caps = template_caps(tmpl)
@@ -255,7 +281,8 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
                     # b1-0c1e570's default: whether the template can render several calls
                     f.boolean("parallel_tool_calls", caps.get("supports_parallel_tool_calls", False)),
                     include_usage, ChatFormat.PEG_NATIVE if cfg.jinja else ChatFormat.CONTENT_ONLY, grammar_prefix,
-                    gen_prompt + prefill, user_prefixes, files, content_only=content_only)
+                    gen_prompt + reasoning_prefix + prefill, user_prefixes, files, content_only=content_only,
+                    reasoning_prefix=reasoning_prefix, think_space=think_space)
 
 
 def media_options(server: Any) -> dict[str, Any] | None:
@@ -307,7 +334,8 @@ class ChatOutput:
         self.format = ChatFormat.CONTENT_ONLY if prep.content_only else prep.chat_format
         self.reasoning_format = "none" if prep.content_only else prep.reasoning_format
         self.stream = StreamingChatParser(self.format, self.reasoning_format, bool(prep.think_prefix),
-                                          self.parse_tools, "" if prep.content_only else prep.think_prefix + prep.prefill)
+                                          self.parse_tools, "" if prep.content_only else prep.think_prefix + prep.reasoning_prefix + prep.prefill,
+                                          prep.think_space)
         self.has_tool_calls = False
         self._leading = prep.content_only  # the pure content parser skips the whitespace the text starts with
 
@@ -335,7 +363,8 @@ class ChatOutput:
         try:
             msg = parse_chat_output(content, self.format, self.reasoning_format,
                                     bool(self.prep.think_prefix), self.parse_tools,
-                                    self.prep.think_prefix + self.prep.prefill)
+                                    self.prep.think_prefix + self.prep.reasoning_prefix + self.prep.prefill,
+                                    think_space=self.prep.think_space)
         except HarmonyMismatch as e:
             raise ApiError(str(e), "server_error", 500) from None
         self.has_tool_calls = bool(msg.tool_calls)

@@ -1,11 +1,14 @@
 """Record llama-server b1-0c1e570's rendering of developer and system messages (common/chat.cpp's
-workaround::map_developer_role_to_system and workaround::system_message_not_supported).
+workaround::map_developer_role_to_system and workaround::system_message_not_supported) and of a
+continued final assistant message (its reasoning in the template's markers, runtime/chat/continuation.py).
 
     python scripts/record_chat_workarounds.py [/path/to/llama-server] [--model M.gguf]
 
 Starts the reference binary (tritium's built-in tiny model, as scripts/record_chat_kwargs.py does) with
-each template of TEMPLATES and keeps its `/apply-template` answer to each message list of MESSAGES in
-tests/data/llama_server_chat_workarounds.json. tests/test_chat_workarounds.py sends the same to tritium.
+each template of TEMPLATES and keeps its `/apply-template` answer to each message list of MESSAGES, and
+its `/apply-template` and `/v1/chat/completions` answers (6 greedy tokens) to each of CONTINUE, in
+tests/data/llama_server_chat_workarounds.json ("shared/..." paths: ../shared/templates).
+tests/test_chat_workarounds.py sends the same to tritium.
 """
 from __future__ import annotations
 
@@ -18,7 +21,10 @@ from record_chat_kwargs import ROOT, run_case
 
 OUT = ROOT / "tests" / "data" / "llama_server_chat_workarounds.json"
 TEMPLATES = ["tests/data/templates/nosystem-probe.jinja", "tests/data/templates/kwargs-probe.jinja",
-             "tests/data/templates/openai-gpt-oss-120b.jinja"]
+             "tests/data/templates/openai-gpt-oss-120b.jinja", "shared/templates/Qwen-Qwen3-0.6B.jinja",
+             "shared/templates/Qwen-QwQ-32B.jinja", "shared/templates/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+             "shared/templates/Qwen-Qwen2.5-7B-Instruct.jinja"]
+SHARED = ROOT.parent / "shared"
 U = {"role": "user", "content": "U1"}
 MESSAGES = [
     [{"role": "developer", "content": "D"}, U],
@@ -29,6 +35,27 @@ MESSAGES = [
      {"role": "user", "content": [{"type": "text", "text": "P1"}, {"type": "text", "text": "P2"}]}],
     [{"role": "system", "content": "S"}, {"role": "system", "content": "S2"}, U],
 ]
+
+CONTINUE = [
+    [U, {"role": "assistant", "content": "prefill"}],
+    [U, {"role": "assistant", "content": "prefill", "reasoning_content": "r"}],
+    [U, {"role": "assistant", "content": "", "reasoning_content": "r"}],
+    {"messages": [U, {"role": "assistant", "content": "pre", "reasoning_content": "r"}],
+     "continue_final_message": "reasoning_content"},
+]
+
+
+def requests() -> list[tuple[str, dict]]:
+    out = [("/apply-template", {"messages": m}) for m in MESSAGES]
+    for c in CONTINUE:
+        body = c if isinstance(c, dict) else {"messages": c}
+        out.append(("/apply-template", body))
+        out.append(("/v1/chat/completions", {**body, "max_tokens": 6, "temperature": 0}))
+    return out
+
+
+def template_path(name: str) -> Path:
+    return SHARED / name.split("/", 1)[1] if name.startswith("shared/") else ROOT / name
 
 
 def main() -> int:
@@ -42,8 +69,7 @@ def main() -> int:
     binary = args[0] if args else os.environ.get("LLAMA_SERVER", "/work/lsb/llama-server")
     cases = []
     for t in TEMPLATES:
-        c = run_case(binary, model, ["--jinja", "--chat-template-file", str(ROOT / t)],
-                     [("/apply-template", {"messages": m}) for m in MESSAGES])
+        c = run_case(binary, model, ["--jinja", "--chat-template-file", str(template_path(t))], requests())
         c["flags"] = ["--jinja", "--chat-template-file", t]
         cases.append(c)
     OUT.write_text(json.dumps({"binary": "llama-server b1-0c1e570", "generator": "scripts/record_chat_workarounds.py",

@@ -1,6 +1,8 @@
 """Developer and system messages rendered as llama-server b1-0c1e570 renders them (common/chat.cpp:
 "developer" becomes "system" except for harmony templates; a template that does not read a system
-message gets the first one merged into the next message, or dropped when it is alone).
+message gets the first one merged into the next message, or dropped when it is alone), and a continued
+final assistant message: its prompt (the reasoning in the template's markers, then the content) and
+the parsed answer (runtime/chat/continuation.py).
 
 tests/data/llama_server_chat_workarounds.json holds the reference binary's /apply-template answers
 (scripts/record_chat_workarounds.py); the same requests go to tritium-server here.
@@ -15,9 +17,19 @@ import httpx
 import pytest
 
 from runtime.chat import ChatTemplate, message_workarounds
+from runtime.chat.continuation import find_markers
 
 ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
 CASES = json.loads((ROOT / "tests" / "data" / "llama_server_chat_workarounds.json").read_text())["cases"]
+
+
+def template_path(name: str) -> Path:
+    if name.startswith("shared/"):
+        if not SHARED.is_dir():
+            pytest.skip("../shared (templates) is not available")
+        return SHARED / name.split("/", 1)[1]
+    return ROOT / name
 
 
 def undated(answer: dict) -> dict:
@@ -40,9 +52,26 @@ def test_workarounds_leave_the_input_alone():
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c["flags"][-1].rsplit("/", 1)[-1])
 def test_as_llama_server(case, start_server):
-    flags = [str(ROOT / a) if a.startswith("tests/") else a for a in case["flags"]]
+    flags = [str(template_path(a)) if a.endswith(".jinja") else a for a in case["flags"]]
     srv = start_server("-np", "1", "-c", "512", *flags)
     for a in case["answers"]:
         r = httpx.post(srv.url + a["path"], json=a["body"], timeout=60)
-        assert (r.status_code, undated(r.json())) == (a["status"], undated(a["json"])), a["body"]
+        data = r.json()
+        if a["path"].endswith("/chat/completions") and r.status_code == 200:
+            data = {"message": data["choices"][0]["message"], "finish_reason": data["choices"][0]["finish_reason"]}
+        assert (r.status_code, undated(data)) == (a["status"], undated(a["json"])), a["body"]
     srv.stop()
+
+
+@pytest.mark.parametrize("name,want", [("tests/data/templates/kwargs-probe.jinja", ("<think>\n", "\n</think>\n")),
+                                       ("shared/templates/Qwen-Qwen3-0.6B.jinja", ("<think>\n", "\n</think>\n\n")),
+                                       ("shared/templates/Qwen-QwQ-32B.jinja", ("<think>", "</think>")),
+                                       ("shared/templates/Qwen-Qwen2.5-7B-Instruct.jinja", ("", ""))])
+def test_reasoning_markers(name, want):
+    """The markers b1's differential analysis finds (what its continuations above show)."""
+    t = ChatTemplate(template_path(name).read_text())
+
+    def render(messages, add_generation_prompt, enable_thinking):
+        return t.render(messages, add_generation_prompt, chat_template_kwargs={"enable_thinking": enable_thinking})
+    m = find_markers(render, t.source)
+    assert (m.start, m.end) == want

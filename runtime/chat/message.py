@@ -56,9 +56,20 @@ class MessageParse:
     calls: list[ParsedCall]
 
 
+def _optspace(text: str, i: int, spaces: str) -> int:
+    """b1's optspace: each of the tag's own surrounding whitespace characters, optionally, in order."""
+    for ch in spaces:
+        if text.startswith(ch, i):
+            i += 1
+    return i
+
+
 def parse_message(text: str, fmt: str, reasoning_format: str, thinking_forced_open: bool,
-                  with_tool_calls: bool, partial: bool) -> MessageParse:
-    """Split `text` into reasoning, content and tool calls; `partial` while more text may follow."""
+                  with_tool_calls: bool, partial: bool, think_space: tuple[str, str] | None = None) -> MessageParse:
+    """Split `text` into reasoning, content and tool calls; `partial` while more text may follow.
+    `think_space`: the whitespace the template's reasoning markers end with (runtime/chat/continuation.py),
+    b1's optspace after `<think>` and after `</think>`; None: any whitespace after `</think>`.
+    Reasoning of whitespace only is dropped, as b1's PEG mapper drops it."""
     if reasoning_format not in REASONING_FORMATS:
         raise ValueError(f"unknown reasoning_format {reasoning_format!r}")
     if fmt == ChatFormat.GPT_OSS:  # harmony channels: analysis -> reasoning, final -> content, calls
@@ -72,6 +83,8 @@ def parse_message(text: str, fmt: str, reasoning_format: str, thinking_forced_op
         opened = False
         if text.startswith(Marker.THINK_START):
             start, opened = len(Marker.THINK_START), True
+            if think_space is not None:
+                start = _optspace(text, start, think_space[0])
         elif thinking_forced_open:
             opened = True
         elif partial and Marker.THINK_START.startswith(text):
@@ -79,7 +92,8 @@ def parse_message(text: str, fmt: str, reasoning_format: str, thinking_forced_op
         if opened:
             reasoning, end, _ = split_at_marker(text, (Marker.THINK_END,), partial, start)
             if end >= 0:
-                body_start = skip_ws(text, end + len(Marker.THINK_END))
+                body_start = (skip_ws(text, end + len(Marker.THINK_END)) if think_space is None
+                              else _optspace(text, end + len(Marker.THINK_END), think_space[1]))
                 if partial and body_start >= len(text):
                     body_start = len(text)
                 raw_head = text[:body_start]
@@ -95,13 +109,17 @@ def parse_message(text: str, fmt: str, reasoning_format: str, thinking_forced_op
         content, calls = body, []
     if reasoning_format == ReasoningFormat.DEEPSEEK_LEGACY and reasoning:
         content = raw_head + content
+    if not reasoning.strip(" \n\r\t"):
+        reasoning = ""
     return MessageParse(content, reasoning, calls)
 
 
 def parse_chat_output(text: str, format: str = ChatFormat.CONTENT_ONLY, reasoning_format: str = ReasoningFormat.AUTO,
                       thinking_forced_open: bool = False, parse_tool_calls: bool = True,
-                      prefix: str = "", tool_call_ids: list[str] | None = None) -> ParsedMessage:
+                      prefix: str = "", tool_call_ids: list[str] | None = None,
+                      think_space: tuple[str, str] | None = None) -> ParsedMessage:
     """Parse a complete generation. `prefix`: assistant text already in the prompt (see module doc).
     `tool_call_ids`: ids to use for the calls in order (extended with new random ones)."""
-    p = parse_message(prefix + text, format, reasoning_format, thinking_forced_open, parse_tool_calls, False)
+    p = parse_message(prefix + text, format, reasoning_format, thinking_forced_open, parse_tool_calls, False,
+                      think_space)
     return ParsedMessage(p.content, p.reasoning, to_openai_calls(p.calls, tool_call_ids))

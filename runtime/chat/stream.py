@@ -23,8 +23,10 @@ class StreamingChatParser:
     """
 
     def __init__(self, format: str = ChatFormat.CONTENT_ONLY, reasoning_format: str = ReasoningFormat.AUTO,
-                 thinking_forced_open: bool = False, parse_tool_calls: bool = True, prefix: str = ""):
+                 thinking_forced_open: bool = False, parse_tool_calls: bool = True, prefix: str = "",
+                 think_space: tuple[str, str] | None = None):
         self.format = format
+        self.think_space = think_space
         self.reasoning_format = reasoning_format
         self.thinking_forced_open = thinking_forced_open
         self.parse_tool_calls = parse_tool_calls
@@ -37,7 +39,7 @@ class StreamingChatParser:
 
     def _parse(self, partial: bool) -> MessageParse:
         return parse_message(self.text, self.format, self.reasoning_format, self.thinking_forced_open,
-                             self.parse_tool_calls, partial)
+                             self.parse_tool_calls, partial, self.think_space)
 
     def _diff(self, p: MessageParse) -> list[dict]:
         out: list[dict] = []
