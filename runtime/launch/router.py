@@ -3,13 +3,11 @@ least-recently-used unloading and a FIFO queue of requests waiting for a free pl
 llama-server b1-0c1e570's `server_models` / `server_lru_sched` / `server_monitor`
 (tools/server/server-models.cpp).
 
-A worker is `python -m api.cli` with the model's options on 127.0.0.1 and a free port, started
-with `LLAMA_SERVER_ROUTER_PORT` set (runtime/launch/router_child.py): it reports
-`loading`/`ready` as `cmd_child_to_router:state:{json}` lines on its stdout (the router forwards
-every other line to its own log, prefixed `[port]`) and leaves when `cmd_router_to_child:exit`
-arrives on its stdin (force-killed after the model's `stop-timeout`, default 10 s) or when its
-stdin closes. A worker that dies leaves its model `unloaded` with its exit code (`failed` in
-`GET /models`); the router goes on and the next request for that model starts it again.
+A worker is `python -m api.cli` with the model's options on 127.0.0.1 and a free port
+(runtime/launch/router_worker.py: its process, its `loading`/`ready` state lines, the exit command;
+runtime/launch/router_child.py: the worker's side). A worker that dies leaves its model `unloaded`
+with its exit code (`failed` in `GET /models`); the router goes on and the next request for that
+model starts it again.
 
 Everything here runs on the router's event loop: `ModelRouter` is the one owner of the model
 table, the queue and the SSE subscribers; a waiter is woken by `_changed`, re-armed per change.
@@ -18,21 +16,19 @@ A request cancelled while it waits (its client left) leaves the queue and hands 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import sys
 import time
 from typing import Callable
 
+from runtime.launch import router_worker
 from runtime.launch.model_sources import (HF_FILE, HF_REPO, LOAD_ON_STARTUP, MMPROJ, MMPROJ_AUTO, MODEL, PRESET_ONLY,
                                           STOP_TIMEOUT, ModelPreset, ModelSource, cached_mmproj, mmproj_inputs,
                                           remove_cached, resolve_cached)
-from runtime.launch.router_state import (CHILD_ADDR, CMD_EXIT, CMD_STATE, DEFAULT_STOP_TIMEOUT, ModelEntry,
+from runtime.launch.router_state import (CHILD_ADDR, DEFAULT_STOP_TIMEOUT, ModelEntry,
                                          ModelStatus, RouterError, RouterSettings, WaitQueue, Worker, free_port)
 
 __all__ = ["ModelStatus", "ModelEntry", "ModelRouter", "RouterSettings", "RouterError"]
 
-MAX_LINE = 1 << 20  # a worker line longer than this is dropped (b1 server_monitor::max_line)
 SSE_BACKLOG = 4096  # events kept for one slow /models/sse client before it is dropped
 
 
@@ -299,17 +295,12 @@ class ModelRouter:
         self.log("I", "spawning server instance with args:")
         for a in e.args:
             self.log("I", f"  {a}")
-        env = dict(os.environ, LLAMA_SERVER_ROUTER_PORT=str(self.settings.port))
-        env.pop("TRITIUM_DEFAULT_MODEL", None)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *e.args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, env=env, start_new_session=True)
+            w = await router_worker.spawn(e.args, e.port, self.settings.port)
         except OSError as ex:
             e.status = ModelStatus.UNLOADED
             self._notify()
             raise RouterError(f"failed to spawn server instance: {ex}") from None
-        w = Worker(proc, e.port)
         e.worker = w
         self._sse("model_status", name, {"status": ModelStatus.LOADING.value})
         w.reader = asyncio.ensure_future(self._watch(name, w))
@@ -317,23 +308,7 @@ class ModelRouter:
 
     async def _watch(self, name: str, w: Worker) -> None:
         """Reads a worker's output until it closes, then reaps it."""
-        buf = b""
-        assert w.proc.stdout is not None
-        while True:
-            chunk = await w.proc.stdout.read(4096)
-            if not chunk:
-                break
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                self._on_line(name, w, line.decode("utf-8", "replace"))
-            if len(buf) > MAX_LINE:
-                buf = b""
-        if buf:
-            self._on_line(name, w, buf.decode("utf-8", "replace"))
-        code = await w.proc.wait()
-        if w.kill is not None:
-            w.kill.cancel()
+        code = await router_worker.read_lines(w, lambda line: self._on_line(name, w, line))
         e = self.models.get(name)
         if e is None or e.worker is not w:
             self.stopping.discard(name)
@@ -342,24 +317,25 @@ class ModelRouter:
         self.log("I", f"instance name={name} exited with status {code}")
 
     def _on_line(self, name: str, w: Worker, line: str) -> None:
-        if line.startswith(CMD_STATE):
-            try:
-                data = json.loads(line[len(CMD_STATE):])
-                state, payload = data.get("state", ""), data.get("payload") or {}
-            except (ValueError, AttributeError) as ex:
-                self.log("E", f"failed to parse child state update for name={name}: {ex}")
-                return
-            e = self.models.get(name)
-            if e is None or e.worker is not w:
-                return
-            if state == "loading":
-                self._update_status(name, ModelStatus.LOADING, progress=payload)
-            elif state == "ready":
-                self._update_status(name, ModelStatus.LOADED, info=payload or None)
-            elif state == "sleeping":
-                self._update_status(name, ModelStatus.SLEEPING)
-        elif line:
-            self.forward(f"[{w.port:5d}] {line}")
+        try:
+            got = router_worker.state_line(line)
+        except ValueError as ex:
+            self.log("E", f"failed to parse child state update for name={name}: {ex}")
+            return
+        if got is None:
+            if line:
+                self.forward(f"[{w.port:5d}] {line}")
+            return
+        e = self.models.get(name)
+        if e is None or e.worker is not w:
+            return
+        state, payload = got
+        if state == "loading":
+            self._update_status(name, ModelStatus.LOADING, progress=payload)
+        elif state == "ready":
+            self._update_status(name, ModelStatus.LOADED, info=payload or None)
+        elif state == "sleeping":
+            self._update_status(name, ModelStatus.SLEEPING)
 
     def _request_stop(self, name: str, send_exit: bool = True) -> None:
         e = self.models.get(name)
@@ -368,21 +344,13 @@ class ModelRouter:
         self.stopping.add(name)
         w = e.worker
         if send_exit:
-            self._send_exit(w)
+            router_worker.send_exit(w)
 
         def force() -> None:
             if w.proc.returncode is None:
                 self.log("W", f"force-killing model instance name={name} after timeout")
                 w.proc.kill()
         w.kill = asyncio.get_running_loop().call_later(max(0, e.stop_timeout), force)
-
-    @staticmethod
-    def _send_exit(w: Worker) -> None:
-        try:
-            assert w.proc.stdin is not None
-            w.proc.stdin.write((CMD_EXIT + "\n").encode())
-        except (OSError, RuntimeError, AssertionError):
-            pass
 
     def unload(self, name: str) -> None:
         e = self.models.get(name)
