@@ -249,6 +249,26 @@ def test_paged_decode_split_k(num_splits):
         out.fill_(float("nan"))
 
 
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_decode_attention_writes_the_q8_form_of_its_output(num_splits, monkeypatch):
+    """Decode rows: the attention output, seen as [T, H * D] (what o_proj reads), carries its q8_1
+    form, the bits the activation quantizer computes from it, written by the decode kernel (one
+    split) or by the merging split."""
+    pd = importlib.import_module("kernels.triton.paged_decode")  # (the package exports the function)
+    from kernels.triton.qmatmul_q8 import attached, quantize_act
+
+    case = make_paged_case([1, 1, 1], [90, 5, 40], 8, 2, 32, 4, dtype=torch.float16)
+    monkeypatch.setattr(pd, "num_splits_for", lambda *a, **k: num_splits)
+    got = OPS.paged_attention(dev(case.q), dev(case.k_cache), dev(case.v_cache), dev(case.block_tables),
+                              dev(case.cu_seqlens_q), dev(case.kv_lens), 0.2, max_q_len=1)
+    assert rel_err(got, attention_oracle(case, 0.2)) < 3e-3
+    flat = got.reshape(3, 8 * 32)
+    form = attached(flat)
+    assert form is not None and attached(got) is None  # [T, H, D] is not a matmul's [M, K]
+    for a, b in zip(form, quantize_act(flat)):
+        assert torch.equal(a.cpu(), b.cpu())
+
+
 def test_num_splits_policy():
     from kernels.triton.paged_decode import num_splits_for
 

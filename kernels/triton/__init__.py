@@ -13,7 +13,7 @@ autotune configs beside it:
 | `qmatmul_q8.py` | `_quant_act_kernel` + `_qmm_q8_gemv_kernel` (dp4a): `qmatmul` of repacked weights, M <= 8 |
 | `qmatmul_tiled.py` | `_qmm_packed_tiled_kernel` (`tl.dot`): repacked weights, larger M; `_qmm_tiled_kernel`: GGUF blocks |
 | `qmatmul_gemv.py` | `_qmm_gemv_kernel`: `qmatmul` of types without a repack (GGUF blocks), M <= 16 |
-| `paged_decode.py` | `_paged_decode_kernel`: `paged_attention` when every q_len is 1 (split-K, the last split of each sequence and KV head merges: `merge_splits.merge_head`) |
+| `paged_decode.py` | `_paged_decode_kernel`: `paged_attention` when every q_len is 1 (split-K, the last split of each sequence and KV head merges: `merge_splits.merge_head`; decode rows: also the output's q8_1 form) |
 | `paged_prefill.py` | `_paged_prefill_kernel`: `paged_attention` for prefill / mixed batches |
 | `norm.py` | `_rms_norm_kernel`: `rms_norm`, `add_rms_norm` (decode rows: + their q8_1 form) |
 | `rope.py` | `_rope_kernel` |
@@ -48,7 +48,7 @@ from .norm import add_rms_norm, rms_norm  # noqa: F401
 from .paged_decode import paged_decode
 from .paged_prefill import paged_prefill
 from .qmatmul_gemv import GEMV_MAX_M, qmatmul_gemv
-from .qmatmul_q8 import Q8_MAX_M, attached, qmatmul_q8, quantize_act
+from .qmatmul_q8 import Q8_MAX_M, act_buffers, attach, attached, fuses_quant, qmatmul_q8, quantize_act
 from .qmatmul_tiled import qmatmul_packed_tiled, qmatmul_tiled
 from .rope import rope  # noqa: F401
 from .silu_mul import silu_mul  # noqa: F401
@@ -133,7 +133,7 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, sc
     """Same contract as `kernels.ref.paged_attention`: the decode kernel when every query run has
     length 1, the prefill kernel otherwise. Without `max_q_len`, one host sync reads the longest
     query run."""
-    T = q.shape[0]
+    T, H, D = q.shape
     S = kv_lens.shape[0]
     out = torch.empty_like(q)
     if T == 0 or S == 0:
@@ -146,8 +146,15 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, sc
     if sinks is not None:
         sinks = sinks.to(device=q.device, dtype=torch.float32).contiguous()
     if max_q_len == 1:
+        xq = None
+        # the output's q8_1 form for o_proj (float caches: over quantized ones the registers of the
+        # tiles' dequantization leave no room for it under triton 3.6's 192)
+        if fuses_quant(T, H * D) and D >= 32 and D & (D - 1) == 0 and k_type is None and v_type is None:
+            flat = torch.empty(T, H * D, dtype=q.dtype, device=q.device)
+            out, xq = flat.view(T, H, D), act_buffers(T, H * D, q.device)
+            attach(flat, xq)
         return paged_decode(q, k_cache, v_cache, bt, cu, lens, scale, softcap, out=out, window=window,
-                            k_type=k_type, v_type=v_type, sinks=sinks)
+                            k_type=k_type, v_type=v_type, sinks=sinks, xq=xq)
     return paged_prefill(q, k_cache, v_cache, bt, cu, lens, scale, softcap, max_q_len=max_q_len, out=out,
                          window=window, k_type=k_type, v_type=v_type, sinks=sinks)
 

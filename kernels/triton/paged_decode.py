@@ -19,6 +19,7 @@ from .. import ref
 from .attend_tile import attend_tile_kv
 from .kv_quant import type_id
 from .merge_splits import merge_head
+from .qmatmul_q8 import quant_store_groups
 
 reference = ref.paged_attention
 
@@ -26,6 +27,7 @@ reference = ref.paged_attention
 @triton.jit
 def _paged_decode_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, lens_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr, sinks_ptr, sem_ptr,
+    xq_ptr, xd_ptr, xs_ptr,
     scale, softcap, window, G, D, BS,
     stride_qt, stride_qh, stride_qd,
     stride_cb, stride_ct, stride_ch, stride_cd,
@@ -33,6 +35,7 @@ def _paged_decode_kernel(
     stride_bts, stride_ot, stride_oh,
     NUM_SPLITS: tl.constexpr, SOFTCAP: tl.constexpr, WINDOW: tl.constexpr, K_TYPE: tl.constexpr, V_TYPE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SINKS: tl.constexpr = False,
+    QUANT: tl.constexpr = False,
 ):
     s = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -81,9 +84,15 @@ def _paged_decode_kernel(
                 alpha = tl.exp(m_i - m_new)
                 l_i = l_i * alpha + tl.exp(sk - m_new)
                 acc = acc * alpha[:, None]
-            o = acc / l_i[:, None]
+            o = (acc / l_i[:, None]).to(out_ptr.dtype.element_ty)
             optr = out_ptr + qrow * stride_ot + heads[:, None] * stride_oh + d[None, :]
-            tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=omask)
+            tl.store(optr, o, mask=omask)
+            if QUANT:  # the output row's q8_1 form (D == BLOCK_D): this group's heads, D / 32 groups each
+                ng = tl.num_programs(1) * G * (BLOCK_D // 32)
+                g0 = kvh * G * (BLOCK_D // 32)
+                quant_store_groups(tl.reshape(o.to(tl.float32), (BLOCK_G * BLOCK_D,)), xq_ptr + qrow * (ng * 8),
+                                   xd_ptr + qrow * ng, xs_ptr + qrow * (ng * 2), g0, g0 + G * (BLOCK_D // 32),
+                                   BLOCK_G * BLOCK_D // 32)
         else:
             # partials: po [S, H, NUM_SPLITS, D] float32, pm/pl [S, H, NUM_SPLITS]
             H = G * tl.num_programs(1)
@@ -96,10 +105,12 @@ def _paged_decode_kernel(
             tl.debug_barrier()
             sem = sem_ptr + s * tl.num_programs(1) + kvh
             if tl.atomic_add(sem, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
+                ng = H * (BLOCK_D // 32)
                 for gi in range(0, G):
                     h = kvh * G + gi
                     merge_head(po_ptr, pm_ptr, pl_ptr, (s * H + h) * NUM_SPLITS, out_ptr + qrow * stride_ot + h * stride_oh,
-                               sinks_ptr, h, D, NUM_SPLITS, BLOCK_D, SINKS)
+                               sinks_ptr, h, D, xq_ptr + qrow * (ng * 8), xd_ptr + qrow * ng, xs_ptr + qrow * (ng * 2),
+                               ng, NUM_SPLITS, BLOCK_D, SINKS, QUANT)
                 tl.atomic_xchg(sem, 0)  # zero again for the next launch
 
 
@@ -127,9 +138,10 @@ def split_counters(device: torch.device, n: int) -> torch.Tensor:
 
 def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap=0.0,
                  out=None, num_splits: int | None = None, window: int = 0, k_type=None, v_type=None,
-                 sinks=None):
+                 sinks=None, xq=None):
     """Decode attention for sequences with q_len == 1 (others are left untouched in `out`);
-    k_type / v_type: a quantized cache's GGML type (kernels/kv_quant_ref.py), None for a float one."""
+    k_type / v_type: a quantized cache's GGML type (kernels/kv_quant_ref.py), None for a float one;
+    `xq`: `qmatmul_q8.act_buffers` of out seen as [T, H * D] (D a power of two >= 32), written too."""
     k_type, v_type = type_id(k_type), type_id(v_type)
     T, H, D = q.shape
     NB, BS, KVH, _ = k_cache.shape
@@ -163,9 +175,11 @@ def paged_decode(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale
     bt = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
     _paged_decode_kernel[(S, KVH, num_splits)](
         q, k_cache, v_cache, bt, cu_seqlens_q, kv_lens, out, po, pm, pl, out if sinks is None else sinks, sem,
+        *(xq if xq is not None else (out, out, out)),
         float(scale), float(softcap), int(window), G, D, BS,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), bt.stride(0), out.stride(0), out.stride(1),
         NUM_SPLITS=num_splits, SOFTCAP=softcap > 0.0, WINDOW=window > 0, K_TYPE=k_type, V_TYPE=v_type,
-        BLOCK_G=BLOCK_G, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, SINKS=sinks is not None, num_warps=warps,
+        BLOCK_G=BLOCK_G, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, SINKS=sinks is not None, QUANT=xq is not None,
+        num_warps=warps,
     )
     return out

@@ -154,8 +154,12 @@ def attach(x: torch.Tensor, xq) -> torch.Tensor:
 
 
 def attached(x: torch.Tensor):
-    """x's q8_1 form from `attach`, or None (another tensor object, a view, a reshaped copy)."""
+    """x's q8_1 form from `attach` on x or on the tensor x views, when it names x's own data pointer,
+    shape and strides (the attention output [T, H * D], returned as [T, H, D], seen as [T, H * D]
+    again by o_proj), else None."""
     r = getattr(x, _ATTR, None)
+    if r is None and x._base is not None:
+        r = getattr(x._base, _ATTR, None)
     if r is None or r[1] != x.data_ptr() or r[2] != tuple(x.shape) or r[3] != x.stride():
         return None
     return r[0]
