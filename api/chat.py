@@ -231,7 +231,7 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     reasoning_prefix = ""  # the continued message's reasoning part, before the prefill (the parser reads both)
     if cont_mode is not None and cfg.jinja:
         tail, own = continuation_tail(tmpl.source, template_markers(tmpl), gen_prompt, prefill, cont_reasoning,
-                                      cont_mode)
+                                      cont_mode, prompt)
         if cont_mode is Continuation.REASONING:
             prefill = ""
         reasoning_prefix = own[:len(own) - len(prefill)]

@@ -128,7 +128,7 @@ def run_case(binary: str, model: str, flags: list[str], requests: list[tuple[str
             if path == "live":
                 answers.append({"path": path, "body": body, "live": run_live(url, body)})
                 continue
-            r = httpx.post(url + path, json=body, timeout=120)
+            r = httpx.get(url + path, timeout=120) if body is None else httpx.post(url + path, json=body, timeout=120)
             data = r.json()
             if path.endswith("/chat/completions") and r.status_code == 200:
                 data = {"message": data["choices"][0]["message"], "finish_reason": data["choices"][0]["finish_reason"]}

@@ -6,7 +6,8 @@ continued final assistant message (its reasoning in the template's markers, runt
 
 Starts the reference binary (tritium's built-in tiny model, as scripts/record_chat_kwargs.py does) with
 each template of TEMPLATES and keeps its `/apply-template` answer to each message list of MESSAGES, and
-its `/apply-template` and `/v1/chat/completions` answers (6 greedy tokens) to each of CONTINUE, in
+its `/apply-template` and `/v1/chat/completions` answers (6 greedy tokens) to each of CONTINUE (Gemma 4:
+the prompts only) and its chat_template_caps (`/props`), in
 tests/data/llama_server_chat_workarounds.json ("shared/..." paths: ../shared/templates).
 tests/test_chat_workarounds.py sends the same to tritium.
 """
@@ -23,7 +24,7 @@ OUT = ROOT / "tests" / "data" / "llama_server_chat_workarounds.json"
 TEMPLATES = ["tests/data/templates/nosystem-probe.jinja", "tests/data/templates/kwargs-probe.jinja",
              "tests/data/templates/openai-gpt-oss-120b.jinja", "shared/templates/Qwen-Qwen3-0.6B.jinja",
              "shared/templates/Qwen-QwQ-32B.jinja", "shared/templates/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
-             "shared/templates/Qwen-Qwen2.5-7B-Instruct.jinja"]
+             "shared/templates/Qwen-Qwen2.5-7B-Instruct.jinja", "tests/data/templates/google-gemma-4-31B-it.jinja"]
 SHARED = ROOT.parent / "shared"
 U = {"role": "user", "content": "U1"}
 MESSAGES = [
@@ -45,8 +46,9 @@ CONTINUE = [
 ]
 
 
-def requests() -> list[tuple[str, dict]]:
-    out = [("/apply-template", {"messages": m}) for m in MESSAGES]
+def requests() -> list[tuple[str, dict | None]]:
+    out: list[tuple[str, dict | None]] = [("/props", None)]  # its chat_template_caps
+    out += [("/apply-template", {"messages": m}) for m in MESSAGES]
     for c in CONTINUE:
         body = c if isinstance(c, dict) else {"messages": c}
         out.append(("/apply-template", body))
@@ -70,6 +72,10 @@ def main() -> int:
     cases = []
     for t in TEMPLATES:
         c = run_case(binary, model, ["--jinja", "--chat-template-file", str(template_path(t))], requests())
+        props = c["answers"][0]
+        props["json"] = {"chat_template_caps": props["json"]["chat_template_caps"]}
+        if "gemma-4" in t:  # no Gemma 4 reasoning/tool parser here yet: its prompts only
+            c["answers"] = [a for a in c["answers"] if not a["path"].endswith("/chat/completions")]
         c["flags"] = ["--jinja", "--chat-template-file", t]
         cases.append(c)
     OUT.write_text(json.dumps({"binary": "llama-server b1-0c1e570", "generator": "scripts/record_chat_workarounds.py",

@@ -8,6 +8,7 @@ second tool call supports parallel calls, and so on.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +118,22 @@ class _TList(list):
         return super().__getitem__(k)
 
 
+class _ArrayProbe(list):
+    """An empty content list that records being iterated or indexed (b1's array_access / selectattr)."""
+
+    def __init__(self, usage: _Usage, path: tuple):
+        super().__init__()
+        self._usage, self._path = usage, path
+
+    def __iter__(self):
+        self._usage.used.add(self._path + ("[]",))
+        return super().__iter__()
+
+    def __getitem__(self, k):
+        self._usage.used.add(self._path + ("[]",))
+        return super().__getitem__(k)
+
+
 def touch(x: Any) -> None:
     """Mark every path inside a probed (_TDict / _TList) value as read (`tojson` reads all of it)."""
     if isinstance(x, dict):
@@ -206,6 +223,19 @@ def detect_caps(template: jinja2.Template, env: jinja2.Environment, source: str)
         caps["supports_typed_content"] = True
     if not r.ok:
         caps["supports_string_content"] = False
+    # b1 (common/jinja/caps.cpp): a template that tests `content is string` is probed once more with
+    # an empty array as content; reading it as an array there (and rendering) means typed content too
+    if not caps["supports_typed_content"] and re.search(r"\bis\s+string\b", source):
+        usage = _Usage()
+        probe = _TList([{"role": "user", "content": "x"}], usage, ("messages",))
+        dict.__setitem__(probe[0], "content", _ArrayProbe(usage, ("messages", 0, "content")))
+        usage.used.clear()
+        try:
+            template.render(messages=probe, bos_token="", eos_token="", add_generation_prompt=True)
+            if ("messages", 0, "content", "[]") in usage.used:
+                caps["supports_typed_content"] = True
+        except Exception:  # noqa: BLE001 - a failed render: no typed content
+            pass
     # system role: is the system message's content read?
     r = try_render(template, [{"role": "system", "content": "System message"},
                               {"role": "user", "content": "User message"}], [])

@@ -12,8 +12,8 @@ b1 renders the other messages without the generation prompt and appends a contin
 analysis finds (chat-diff-analyzer.cpp: analyze_reasoning, and the template workarounds that set
 them); a template without them gets `gen + content`. The markers are found here the same way:
 render an assistant message with and without reasoning, and a generation prompt with thinking on
-and off, and read the markers around the difference. The tools-only scope probe and gemma4's and
-Qwen3-Coder's own continuations are not reproduced.
+and off, and read the markers around the difference. Gemma 4's own continuation (its thought channel)
+is reproduced for the prompt; the tools-only scope probe and Qwen3-Coder's own continuation are not.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ _MARKER = r"(?:<[^>]*>|\[[^\]]*\])"
 _SPACE = r"[ \t\n\v\f\r]*"
 _WRAPPED = re.compile(f"({_MARKER}{_SPACE}){re.escape(THINKING)}({_SPACE}{_MARKER}{_SPACE})")
 _DELIMITED = re.compile(f"{re.escape(THINKING)}{_SPACE}({_MARKER}{_SPACE})?")
+GEMMA4_DETECT = "'<|tool_call>call:'"  # b1's Gemma 4 template detection (chat.cpp)
 HARMONY_ANALYSIS = "<|start|>assistant<|channel|>analysis<|message|>"
 HARMONY_FINAL = "<|end|><|start|>assistant<|channel|>final<|message|>"
 
@@ -56,8 +57,15 @@ def resolve_mode(requested: str, msg: dict) -> Continuation:
 
 
 def continuation_tail(source: str, markers: ReasoningMarkers, gen_prompt: str, content: str, reasoning: str,
-                      mode: Continuation) -> tuple[str, str]:
-    """(what follows the rendered messages in the prompt, the part of it the output parser reads)."""
+                      mode: Continuation, rendered: str = "") -> tuple[str, str]:
+    """(what follows the rendered messages (`rendered`) in the prompt, the part of it the output
+    parser reads)."""
+    if GEMMA4_DETECT in source:  # common/parsers/gemma4.cpp
+        tail = ("<|turn>model\n" if rendered.endswith("<turn|>\n") else "") + "<|channel>thought\n" + reasoning
+        if mode is Continuation.CONTENT:
+            tail += "<channel|>" + content
+        # no Gemma 4 reasoning parser here yet: the parser reads the content only
+        return tail, content if mode is Continuation.CONTENT else ""
     if "<|channel|>" in source:  # gpt-oss
         tail = HARMONY_ANALYSIS + reasoning
         if mode is Continuation.CONTENT:

@@ -112,13 +112,26 @@ def _content_to_string(content: Any) -> str | None:
     return str(content)
 
 
-def normalize_messages(messages: list[dict], object_arguments: bool = True) -> list[dict]:
+def _typed_parts(content: Any) -> list[dict]:
+    """Content as b1's to_json_oaicompat writes typed content: text and media-marker parts."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [{"type": p["type"], "text": str(p.get("text", ""))} for p in content
+            if isinstance(p, dict) and p.get("type") in ("text", "media_marker")]
+
+
+def normalize_messages(messages: list[dict], object_arguments: bool = True, string_content: bool = True,
+                       typed_content: bool = False) -> list[dict]:
     """Copies of `messages` as the template sees them.
 
-    content: string parts joined with "\\n", null kept as None for assistant messages with tool
-    calls, "" otherwise. tool_calls[].function.arguments: a JSON string is parsed to an object when
-    `object_arguments` (templates that `| tojson` it need the object).
+    content (b1's messages_inp_normalizer from the template's caps): a template that reads only
+    strings gets the parts joined with "\\n"; one that reads only typed parts gets a string as one
+    text part; one that reads both gets the content as it came. Null is kept as None for assistant
+    messages with tool calls, "" otherwise. tool_calls[].function.arguments: a JSON string is parsed
+    to an object when `object_arguments` (templates that `| tojson` it need the object).
     """
+    only_typed = typed_content and not string_content
+    keep_parts = typed_content and string_content
     out = []
     for m in messages:
         if not isinstance(m, dict):
@@ -126,9 +139,15 @@ def normalize_messages(messages: list[dict], object_arguments: bool = True) -> l
         msg = dict(m)
         if "role" not in msg:
             raise ValueError("message is missing 'role'")
-        content = _content_to_string(msg.get("content"))
+        raw = msg.get("content")
+        if isinstance(raw, list) and keep_parts:
+            content = _typed_parts(raw)
+        elif only_typed and raw is not None:
+            content = _typed_parts(_content_to_string(raw))
+        else:
+            content = _content_to_string(raw)
         if content is None and not msg.get("tool_calls"):
-            content = ""
+            content = [] if only_typed else ""
         msg["content"] = content
         if msg.get("tool_calls"):
             calls = []
@@ -202,8 +221,10 @@ class ChatTemplate:
         extra.setdefault("date_string", datetime.now().strftime("%d %b %Y"))
         # b1-0c1e570 (common_chat_templates_apply_jinja): string arguments are parsed into objects
         # for templates whose caps say supports_object_arguments (workaround::func_args_not_string)
+        caps = self.caps
         msgs = normalize_messages(messages, object_arguments=self.requires_object_arguments
-                                  or self.caps["supports_object_arguments"])
+                                  or caps["supports_object_arguments"], string_content=caps["supports_string_content"],
+                                  typed_content=caps["supports_typed_content"])
         ctx: dict[str, Any] = {
             "messages": msgs,
             "add_generation_prompt": add_generation_prompt,
