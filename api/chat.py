@@ -280,7 +280,8 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
     return ChatPrep(out, prompt, chat_format, reasoning_format, prefill, think_prefix, tools, tool_choice,
                     # b1-0c1e570's default: whether the template can render several calls
                     f.boolean("parallel_tool_calls", caps.get("supports_parallel_tool_calls", False)),
-                    include_usage, ChatFormat.PEG_NATIVE if cfg.jinja else ChatFormat.CONTENT_ONLY, grammar_prefix,
+                    include_usage, (chat_format if chat_format == ChatFormat.GEMMA4 else ChatFormat.PEG_NATIVE)
+                    if cfg.jinja else ChatFormat.CONTENT_ONLY, grammar_prefix,
                     gen_prompt + reasoning_prefix + prefill, user_prefixes, files, content_only=content_only,
                     reasoning_prefix=reasoning_prefix, think_space=think_space)
 

@@ -6,8 +6,7 @@ continued final assistant message (its reasoning in the template's markers, runt
 
 Starts the reference binary (tritium's built-in tiny model, as scripts/record_chat_kwargs.py does) with
 each template of TEMPLATES and keeps its `/apply-template` answer to each message list of MESSAGES, and
-its `/apply-template` and `/v1/chat/completions` answers (6 greedy tokens) to each of CONTINUE (Gemma 4:
-the prompts only) and its chat_template_caps (`/props`), in
+its `/apply-template` and `/v1/chat/completions` answers (6 greedy tokens) to each of CONTINUE and its chat_template_caps (`/props`), in
 tests/data/llama_server_chat_workarounds.json ("shared/..." paths: ../shared/templates).
 tests/test_chat_workarounds.py sends the same to tritium.
 """
@@ -74,8 +73,7 @@ def main() -> int:
         c = run_case(binary, model, ["--jinja", "--chat-template-file", str(template_path(t))], requests())
         props = c["answers"][0]
         props["json"] = {"chat_template_caps": props["json"]["chat_template_caps"]}
-        if "gemma-4" in t:  # no Gemma 4 reasoning/tool parser here yet: its prompts only
-            c["answers"] = [a for a in c["answers"] if not a["path"].endswith("/chat/completions")]
+
         c["flags"] = ["--jinja", "--chat-template-file", t]
         cases.append(c)
     OUT.write_text(json.dumps({"binary": "llama-server b1-0c1e570", "generator": "scripts/record_chat_workarounds.py",

@@ -232,3 +232,20 @@ def test_json_scan_spans_and_cut_off_ends():
     for bad in ("{1: 2}", "[1 2]", "nope", '{"a" 1}'):
         with pytest.raises(Invalid):
             scan_value(bad + " ", 0)
+
+
+def test_gemma4_thought_channels():
+    """common/parsers/gemma4.cpp's grammar: thought channels are reasoning, a trailing empty one and a
+    lone <channel|> end the message; streamed deltas join to the final parse."""
+    text = "<|channel>thought\nplan it<channel|>The answer.<|channel>thought\n<channel|>"
+    m = parse_chat_output(text, format="peg-gemma4")
+    assert (m.content, m.reasoning_content) == ("The answer.", "plan it")
+    m = parse_chat_output("<|turn>model\nHi<channel|>junk", format="peg-gemma4")
+    assert (m.content, m.reasoning_content) == ("Hi", "")
+    m = parse_chat_output("<|channel><|channel>thought x<channel|>y", format="peg-gemma4")
+    assert (m.content, m.reasoning_content) == ("y", "x")
+    m = parse_chat_output(text, format="peg-gemma4", reasoning_format="none")
+    assert m.content == "<|channel>thought\nplan it<channel|>The answer.<|channel>thought\n<channel|>"
+    deltas, final = _stream(text, format="peg-gemma4")
+    assert not any("<" in d.get("content", "") + d.get("reasoning_content", "") for d in deltas)
+    assert _strip_ids(merge_deltas(deltas)) == _strip_ids(final)

@@ -13,7 +13,7 @@ analysis finds (chat-diff-analyzer.cpp: analyze_reasoning, and the template work
 them); a template without them gets `gen + content`. The markers are found here the same way:
 render an assistant message with and without reasoning, and a generation prompt with thinking on
 and off, and read the markers around the difference. Gemma 4's own continuation (its thought channel)
-is reproduced for the prompt; the tools-only scope probe and Qwen3-Coder's own continuation are not.
+is reproduced; the tools-only scope probe and Qwen3-Coder's own continuation are not.
 """
 from __future__ import annotations
 
@@ -61,11 +61,11 @@ def continuation_tail(source: str, markers: ReasoningMarkers, gen_prompt: str, c
     """(what follows the rendered messages (`rendered`) in the prompt, the part of it the output
     parser reads)."""
     if GEMMA4_DETECT in source:  # common/parsers/gemma4.cpp
-        tail = ("<|turn>model\n" if rendered.endswith("<turn|>\n") else "") + "<|channel>thought\n" + reasoning
+        head = "<|turn>model\n" if rendered.endswith("<turn|>\n") else ""
+        tail = head + "<|channel>thought\n" + reasoning
         if mode is Continuation.CONTENT:
             tail += "<channel|>" + content
-        # no Gemma 4 reasoning parser here yet: the parser reads the content only
-        return tail, content if mode is Continuation.CONTENT else ""
+        return tail, tail[len(head):]
     if "<|channel|>" in source:  # gpt-oss
         tail = HARMONY_ANALYSIS + reasoning
         if mode is Continuation.CONTENT:

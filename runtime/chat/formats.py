@@ -41,6 +41,7 @@ class ChatFormat(_Named):
     # gpt-oss's harmony channels (common/parsers/gpt-oss.cpp; b1 echoes it as peg-native, as every
     # Jinja route here): runtime/chat/harmony.py
     GPT_OSS = "GPT-OSS"
+    GEMMA4 = "peg-gemma4"
 
 
 class ReasoningFormat(_Named):
@@ -100,6 +101,8 @@ def detect_format(source: str, has_tools: bool = True, tool_choice: str = ToolCh
         return ChatFormat.GPT_OSS
     if jinja and has_json_schema and ">>>all" not in src and Marker.THINK_START not in src:
         return ChatFormat.PEG_NATIVE
+    if jinja and "'<|tool_call>call:'" in src and not has_tools:  # Gemma 4 (its tool calls: not yet)
+        return ChatFormat.GEMMA4
     if Marker.DS_CALLS_BEGIN in src and not has_json_schema:
         return ChatFormat.DEEPSEEK_R1
     if "<|END_THINKING|><|START_ACTION|>" in src:

@@ -27,6 +27,7 @@ from typing import Any
 
 from runtime.chat.calls import ParsedCall, to_openai_calls
 from runtime.chat.formats import REASONING_FORMATS, THINKING_FORMATS, ChatFormat, Marker, ReasoningFormat
+from runtime.chat.gemma4 import parse_gemma4
 from runtime.chat.harmony import parse_harmony
 from runtime.chat.json_scan import skip_ws
 from runtime.chat.parsers import parse_json_response, parse_tool_calls, split_at_marker
@@ -72,6 +73,9 @@ def parse_message(text: str, fmt: str, reasoning_format: str, thinking_forced_op
     Reasoning of whitespace only is dropped, as b1's PEG mapper drops it."""
     if reasoning_format not in REASONING_FORMATS:
         raise ValueError(f"unknown reasoning_format {reasoning_format!r}")
+    if fmt == ChatFormat.GEMMA4:  # thought channels -> reasoning
+        content, reasoning = parse_gemma4(text, reasoning_format != ReasoningFormat.NONE, partial)
+        return MessageParse(content, "" if not reasoning.strip(" \n\r\t") else reasoning, [])
     if fmt == ChatFormat.GPT_OSS:  # harmony channels: analysis -> reasoning, final -> content, calls
         h = parse_harmony(text, reasoning_format != ReasoningFormat.NONE, with_tool_calls, partial)
         return MessageParse(h.content, h.reasoning, h.calls)
