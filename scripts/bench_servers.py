@@ -24,7 +24,9 @@ a markdown table to stderr. `--tritium-base CMD` adds a second tritium (another 
 ratio line per level and a column in the table, for an A/B of a change. `--rounds N` then runs base and
 tritium N - 1 more times, alternating which goes first (ABBA: load that drifts hits both alike), and ends with
 one "tritium / base over rounds" line per level and metric: every round's ratio, the median and the spread,
-and the 1-minute load average at the start of each run.
+and the 1-minute load average at the start of each run. Each server's CPU time over the workload (`cpu_s`,
+user + system of its process from /proc) is printed too, with its tritium / base ratio over rounds: the same
+requests' CPU cost is the A/B measure to read on a machine other work shares.
 
     PYTHONPATH=$PWD python scripts/bench_servers.py --preset qwen05b --rounds 4 \
         --tritium-base "env PYTHONPATH=/tmp/ab-old $(which tritium-server)"
@@ -97,6 +99,17 @@ def peak_rss_mib(pid: int) -> float | None:
     return None
 
 
+def cpu_s(pid: int) -> float | None:
+    """CPU seconds the process has used (user + system, its threads and reaped children): the same
+    workload's CPU time is an A/B measure that other load on the machine disturbs far less than
+    wall-clock rates (it still pays for shared caches and memory bandwidth)."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in f[11:15]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def start(cmd: list[str], log_path: str) -> subprocess.Popen:
     log("$ " + " ".join(cmd))
     f = open(log_path, "w")
@@ -153,12 +166,15 @@ def run_server(name: str, cmd: list[str], url: str, opts: argparse.Namespace) ->
     p = start(cmd, f"/tmp/bench_servers-{name}.log")
     try:
         load_s = wait_health(url, p, opts.wait)
+        cpu0 = cpu_s(p.pid)
         lines = [] if opts.agreement_only else asyncio.run(bench.bench_server(url, opts, name))
+        cpu1 = cpu_s(p.pid)
         tokens = greedy(url) if opts.agreement or opts.agreement_only else None
         rss = peak_rss_mib(p.pid)
     finally:
         stop(p)
-    return {"lines": lines, "tokens": tokens, "peak_rss_mib": rss, "load_s": load_s}
+    work_cpu = round(cpu1 - cpu0, 2) if cpu0 is not None and cpu1 is not None else None
+    return {"lines": lines, "tokens": tokens, "peak_rss_mib": rss, "load_s": load_s, "cpu_s": work_cpu}
 
 
 AB_KEYS = ("decode_tokens_per_s_median", "gen_tokens_per_s", "ttft_ms_median")
@@ -177,10 +193,17 @@ def ab_rounds(res: dict, servers: dict, opts: argparse.Namespace, rounds: int) -
             load = os.getloadavg()[0]
             got[name] = {**run_server(name, cmd, url, opts), "load_avg_1m": load}
             print(json.dumps({"server": name, "round": i + 1, "load_avg_1m": round(load, 1),  # (lines: above)
-                              "peak_rss_mib": got[name]["peak_rss_mib"], "load_s": round(got[name]["load_s"], 2)}),
+                              "peak_rss_mib": got[name]["peak_rss_mib"], "load_s": round(got[name]["load_s"], 2),
+                              "cpu_s": got[name]["cpu_s"]}),
                   flush=True)
         runs.append((got["tritium"], got["base"]))
     opts.agreement = agreement
+    cpu = [round(t["cpu_s"] / b["cpu_s"], 3) for t, b in runs if t.get("cpu_s") and b.get("cpu_s")]
+    if cpu:
+        xs = sorted(cpu)
+        med = xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+        print(json.dumps({"ratio": "tritium / base over rounds", "metric": "cpu_s (whole workload)", "rounds": cpu,
+                          "median": round(med, 3), "min": xs[0], "max": xs[-1]}), flush=True)
     for li, line in enumerate(runs[0][0]["lines"]):
         for key in AB_KEYS:
             ratios = [round(t["lines"][li][key] / b["lines"][li][key], 3) for t, b in runs
@@ -251,7 +274,7 @@ def main() -> int:
         for line in res[name]["lines"]:
             print(json.dumps(line), flush=True)
         print(json.dumps({"server": name, "peak_rss_mib": res[name]["peak_rss_mib"],
-                          "load_s": round(res[name]["load_s"], 2)}), flush=True)
+                          "load_s": round(res[name]["load_s"], 2), "cpu_s": res[name]["cpu_s"]}), flush=True)
     for name in servers:
         saved = Path(f"/tmp/bench_servers-{args.preset}-{name}.json")
         if name not in res and args.reuse and saved.exists():
