@@ -55,9 +55,9 @@ NAMES = ("torch", "cpu", "triton")
 _MODULES = {"torch": "kernels.ref", "cpu": "kernels.cpu", "triton": "kernels.triton"}
 OPS = (
     "prepare_weight", "prepare_weights", "packs_quantized", "dequantize", "qmatmul", "embedding", "rms_norm",
-    "add_rms_norm", "rope", "silu_mul", "gelu_mul", "write_kv", "paged_attention", "topk", "prepare_topk_head",
-    "topk_logits", "moe_route", "prepare_experts", "moe_ffn", "fused_decoder", "layer_norm", "dense_attention",
-    "ssm_conv", "gated_delta_net", "gdn_gates", "sigmoid", "router_matmul",
+    "add_rms_norm", "rope", "silu_mul", "gelu_mul", "write_kv", "rope_write_kv", "paged_attention", "topk",
+    "prepare_topk_head", "topk_logits", "moe_route", "prepare_experts", "moe_ffn", "fused_decoder", "layer_norm",
+    "dense_attention", "ssm_conv", "gated_delta_net", "gdn_gates", "sigmoid", "router_matmul",
 )
 __all__ = ["Backend", "DecoderLayer", "DecoderShape", "Experts", "QWeight", "NAMES", "Numerics", "OPS", "PackMatrix",
            "prepack_quantized", "decode_image", "kv_quantized", "kv_row_bytes", "dequantize_kv", "kv_rotation_sizes", "hadamard", *OPS]
@@ -194,6 +194,14 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping, k_type=None, v_type=None) -> 
     (negative slots skipped); k_type / v_type: a quantized cache's GGML type (uint8 [NB, BS, KVH,
     row_bytes], kernels/kv_quant_ref.py), None for a float cache."""
     return _on(k_cache.device).write_kv(k, v, k_cache, v_cache, slot_mapping, k_type, v_type)
+
+
+def rope_write_kv(q, k, v, positions, inv_freq, neox: bool, theta_scale: float, mscale: float, k_cache, v_cache,
+                  slot_mapping, k_type=None, v_type=None):
+    """`rope` of q [T, H, D] and k [T, KVH, D], then `write_kv` of the rotated k and v; returns
+    the rotated q (Triton: one launch for all three, kernels/triton/rope_write_kv.py)."""
+    return _on(k_cache.device).rope_write_kv(q, k, v, positions, inv_freq, neox, theta_scale, mscale, k_cache,
+                                             v_cache, slot_mapping, k_type, v_type)
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,

@@ -239,6 +239,16 @@ def write_kv(
     v_cache.view(NB * BS, KVH, D).index_copy_(0, slots, v.to(v_cache.dtype))
 
 
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                  inv_freq: torch.Tensor, neox: bool, theta_scale: float, mscale: float, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, slot_mapping: torch.Tensor, k_type=None, v_type=None) -> torch.Tensor:
+    """`rope` of q [T, H, D] and k [T, KVH, D], the rotated k and v written by `write_kv`; returns
+    the rotated q (one launch on CUDA: kernels/triton/rope_write_kv.py)."""
+    extra = () if mscale == 1.0 else (mscale,)  # (YaRN's magnitude factor: `rope`'s last argument)
+    write_kv(rope(k, positions, inv_freq, neox, theta_scale, *extra), v, k_cache, v_cache, slot_mapping, k_type, v_type)
+    return rope(q, positions, inv_freq, neox, theta_scale, *extra)
+
+
 def _gather_kv(cache: torch.Tensor, blocks: torch.Tensor, L: int) -> torch.Tensor:
     """[L, KVH, D] float32 keys (or values) of one sequence."""
     NB, BS, KVH, D = cache.shape

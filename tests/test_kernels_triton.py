@@ -167,6 +167,38 @@ def test_write_kv(cache_dtype):
     assert written.sum().item() == 4
 
 
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("D,R", [(16, 8), (24, 4)])  # full, partial rotary with odd head dim
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float16)])
+def test_rope_write_kv(neox, D, R, dtype, cache_dtype):
+    """RoPE of q and k fused with the KV write: q and the cache rows are the bits of `rope` then
+    `write_kv` (the two kernels it replaces), and the float64 rotation within rounding."""
+    T, H, KVH, NB, BS = 5, 20, 3, 6, 4  # 20 q heads: two head blocks
+    qkv = torch.randn(T, (H + 2 * KVH) * D).to(dtype)  # q, k, v: strided slices of one projection
+    q, k, v = (t.reshape(T, -1, D) for t in qkv.split([H * D, KVH * D, KVH * D], dim=1))
+    pos = torch.randint(0, 4000, (T,))
+    inv_freq = 1.0 / (10000 ** (torch.arange(R, dtype=torch.float32) * 2 / D))
+    slots = torch.tensor([23, 0, -1, 9, 14])
+    kc = dev(torch.full((NB, BS, KVH, D), float("nan"), dtype=cache_dtype))
+    vc = kc.clone()
+    kc2, vc2 = kc.clone(), vc.clone()
+    got = OPS.rope_write_kv(dev(q), dev(k), dev(v), dev(pos), dev(inv_freq), neox, 0.0, 1.0, kc, vc, dev(slots))
+    want_q = OPS.rope(dev(q), dev(pos), dev(inv_freq), neox)
+    OPS.write_kv(OPS.rope(dev(k), dev(pos), dev(inv_freq), neox), dev(v), kc2, vc2, dev(slots))
+    assert got.shape == (T, H, D) and got.dtype == dtype and torch.equal(got.cpu(), want_q.cpu())
+    assert torch.equal(kc.cpu().nan_to_num(7.0), kc2.cpu().nan_to_num(7.0))
+    assert torch.equal(vc.cpu().nan_to_num(7.0), vc2.cpu().nan_to_num(7.0))
+    tol = 2e-5 if dtype == torch.float32 and DEV == "cpu" else (1e-4 if dtype == torch.float32 else 2e-2)
+    assert rel_err(got, rope_oracle(q, pos, inv_freq, neox)) < tol
+    kr = rope_oracle(k, pos, inv_freq, neox)
+    kc = kc.cpu()
+    for i, sl in enumerate(slots.tolist()):
+        if sl >= 0:
+            assert rel_err(kc[sl // BS, sl % BS], kr[i]) < tol
+            assert torch.equal(vc.cpu()[sl // BS, sl % BS], v[i].to(cache_dtype))
+    assert (~torch.isnan(kc.reshape(NB * BS, -1)).all(-1)).sum().item() == 4  # the slot -1 row is skipped
+
+
 @pytest.mark.parametrize("M", [1, 5, 8, 9])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_norm_and_silu_write_the_q8_form(M, dtype):

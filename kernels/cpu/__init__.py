@@ -34,7 +34,8 @@ NUMERICS_OPS = ("prepare_weight", "prepare_weights", "prepare_experts", "paged_a
 _OPS = {
     **dict.fromkeys(("dense_attention", "layer_norm"), "..ref"),
     **dict.fromkeys(("ssm_conv", "gated_delta_net", "gdn_gates", "sigmoid"), ".linear_attn"),
-    **dict.fromkeys(("add_rms_norm", "gelu_mul", "rms_norm", "rope", "silu_mul", "write_kv"), ".pointwise"),
+    **dict.fromkeys(("add_rms_norm", "gelu_mul", "rms_norm", "rope", "rope_write_kv", "silu_mul", "write_kv"),
+                    ".pointwise"),
     "paged_attention": ".attention",
     "router_matmul": ".mxfp4",
     "fused_decoder": ".decoder",

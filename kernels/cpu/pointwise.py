@@ -122,3 +122,12 @@ def gelu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def gelu_table() -> torch.Tensor:
     """ggml's GELU table as the C kernels read it (float32 [65536], contiguous, on the CPU)."""
     return ref._gelu_f16_table("cpu")
+
+
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                  inv_freq: torch.Tensor, neox: bool, theta_scale: float, mscale: float, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, slot_mapping: torch.Tensor, k_type=None, v_type=None) -> torch.Tensor:
+    """`kernels.ref.rope_write_kv` through this module's `rope` and `write_kv` (C calls)."""
+    extra = () if mscale == 1.0 else (mscale,)  # (YaRN's magnitude factor: `rope`'s last argument)
+    write_kv(rope(k, positions, inv_freq, neox, theta_scale, *extra), v, k_cache, v_cache, slot_mapping, k_type, v_type)
+    return rope(q, positions, inv_freq, neox, theta_scale, *extra)

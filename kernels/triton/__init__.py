@@ -17,6 +17,7 @@ autotune configs beside it:
 | `paged_prefill.py` | `_paged_prefill_kernel`: `paged_attention` for prefill / mixed batches |
 | `norm.py` | `_rms_norm_kernel`: `rms_norm`, `add_rms_norm` (decode rows: + their q8_1 form) |
 | `rope.py` | `_rope_kernel` |
+| `rope_write_kv.py` | `_rope_write_kv_kernel`: `rope_write_kv` (q and k rotated, k and v written to the cache: one launch) |
 | `silu_mul.py` | `_silu_mul_kernel` (decode rows: + their q8_1 form) |
 | `write_kv.py` | `_write_kv_kernel` |
 | `moe_gemm.py` | `_moe_gemm_kernel`: `moe_ffn` (tokens grouped by expert, dequantizing grouped GEMM, SwiGLU fused) |
@@ -51,6 +52,7 @@ from .qmatmul_gemv import GEMV_MAX_M, qmatmul_gemv
 from .qmatmul_q8 import Q8_MAX_M, act_buffers, attach, attached, fuses_quant, qmatmul_q8, quantize_act
 from .qmatmul_tiled import qmatmul_packed_tiled, qmatmul_tiled
 from .rope import rope  # noqa: F401
+from .rope_write_kv import rope_write_kv  # noqa: F401
 from .silu_mul import silu_mul  # noqa: F401
 from .write_kv import write_kv  # noqa: F401
 

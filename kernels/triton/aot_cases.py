@@ -229,8 +229,8 @@ def attention_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
 def small_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
     """RMSNorm (with and without residual, rows of n_embd and of head_dim for q/k norms; 7 rows:
     with the q8_1 epilogue), RoPE (both modes, full and partial rotary), SiLU-mul (3 rows: with the
-    q8_1 epilogue) and the KV write, per activation dtype."""
-    from . import add_rms_norm, rms_norm, rope, silu_mul, write_kv
+    q8_1 epilogue), the KV write and RoPE fused with it, per activation dtype."""
+    from . import add_rms_norm, rms_norm, rope, rope_write_kv, silu_mul, write_kv
 
     quick = sc.quick
     for s in sc.models(SHAPES[:1]):
@@ -258,6 +258,10 @@ def small_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
                 slots = torch.zeros(3, dtype=torch.int64)
                 yield f"write_kv {s.name} {act} {cache}", (
                     lambda k=k, kc=kc, slots=slots: write_kv(k, k, kc, kc.clone(), slots))
+                for neox in (s.neox,) if quick else (False, True):  # RoPE of q and k fused with the KV write
+                    yield f"rope_write_kv {s.name} neox={neox} {act} {cache}", (
+                        lambda q=q, k=k, kc=kc, slots=slots, pos=pos, R=s.D // 2, neox=neox: rope_write_kv(
+                            q, k, k, pos, torch.empty(R), neox, 0.0, 1.0, kc, kc.clone(), slots))
             for t in (IQ4_NL,) if quick else KV_TYPES:  # quantized KV writes (-ctk / -ctv)
                 k = torch.empty(3, s.KVH, s.D, dtype=act)
                 kq = torch.empty(4, 16, s.KVH, kv_quant_ref.row_bytes(t, s.D), dtype=torch.uint8)

@@ -488,21 +488,30 @@ class Model:
         if L.q_norm is not None:
             q = ops.rms_norm(q.reshape(T * H, D), L.q_norm, self.eps).view(T, H, D)
             k = ops.rms_norm(k.reshape(T * KVH, D), L.k_norm, self.eps).view(T, KVH, D)
-        if pos4 is not None:
-            q = mrope(ops, q, pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs)
-            k = mrope(ops, k, pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs)
-        else:
-            q = ops.rope(q, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
-            k = ops.rope(k, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
-        if getattr(self.cfg, "attn_temp_scale", 0.0):  # mistral3: Llama 4's temperature tuning of q by position
-            q = q * mistral3.temperature(pos_t, self.cfg.attn_temp_scale, self.cfg.attn_temp_floor).to(q.dtype)[:, None, None]
         own = swa_tables is not None and kv.is_swa[li]
         kt, vt = kv.kv_types  # quantized caches (-ctk / -ctv): their ggml types, else None
-        if kv.rot_k:  # llama.cpp's Hadamard rotation of a quantized K (q alike, below)
-            k = kernels.hadamard(k, kv.rot_k)
-        if kv.rot_v:  # ... of a quantized V (the output rotated back, below)
-            v = kernels.hadamard(v, kv.rot_v)
-        ops.write_kv(k, v, kv.k[li], kv.v[li], swa_slot_t if own else slot_t, kt, vt)
+        slots = swa_slot_t if own else slot_t
+        if pos4 is None and not kv.rot_k and not kv.rot_v:  # RoPE of q and k and the KV write: one op
+            q = ops.rope_write_kv(q, k, v, pos_t, L.inv_freq, self.neox, L.rope_theta_scale, 1.0, kv.k[li], kv.v[li],
+                                  slots, kt, vt)
+        else:
+            if pos4 is not None:
+                q = mrope(ops, q, pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs)
+                k = mrope(ops, k, pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs)
+            elif L.q_norm is None and not self.spec.q_gate:  # q and k side by side in qkv: one rope call
+                qk = ops.rope(qkv[:, :(H + KVH) * D].reshape(T, H + KVH, D), pos_t, L.inv_freq, self.neox,
+                              L.rope_theta_scale)
+                q, k = qk[:, :H], qk[:, H:]
+            else:
+                q = ops.rope(q, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
+                k = ops.rope(k, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
+            if kv.rot_k:  # llama.cpp's Hadamard rotation of a quantized K (q alike, below)
+                k = kernels.hadamard(k, kv.rot_k)
+            if kv.rot_v:  # ... of a quantized V (the output rotated back, below)
+                v = kernels.hadamard(v, kv.rot_v)
+            ops.write_kv(k, v, kv.k[li], kv.v[li], slots, kt, vt)
+        if getattr(self.cfg, "attn_temp_scale", 0.0):  # mistral3: Llama 4's temperature tuning of q (after the K write)
+            q = q * mistral3.temperature(pos_t, self.cfg.attn_temp_scale, self.cfg.attn_temp_floor).to(q.dtype)[:, None, None]
         if self.spec.prescale_q:  # llama.cpp's gemma graphs: ggml_scale(q), then attention at scale 1
             q = q * self.scale
         if kv.rot_k:
