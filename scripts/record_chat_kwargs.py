@@ -142,25 +142,34 @@ def run_case(binary: str, model: str, flags: list[str], requests: list[tuple[str
         log.unlink()
 
 
-def main() -> int:
-    args = sys.argv[1:]
+def binary_and_model(argv: list[str]) -> tuple[str, str]:
+    """`[/path/to/llama-server] [--model M.gguf]`: the reference binary and the model (default: the
+    built-in tiny model of tritium, generated deterministically)."""
+    args = list(argv)
     model = str(Path(os.environ.get("TRITIUM_CACHE", Path.home() / ".cache" / "tritium"))
                 / "tritium-builtin-tiny-v1-f32.gguf")
     if "--model" in args:
         i = args.index("--model")
         model = args[i + 1]
         del args[i:i + 2]
-    binary = args[0] if args else os.environ.get("LLAMA_SERVER", "/work/lsb/llama-server")
+    return (args[0] if args else os.environ.get("LLAMA_SERVER", "/work/lsb/llama-server")), model
+
+
+def write_cases(out: Path, generator: str, cases: list[dict]) -> None:
+    out.write_text(json.dumps({"binary": "llama-server b1-0c1e570", "generator": generator,
+                               "model": "tritium's built-in tiny model (tritium-builtin-tiny-v1-f32.gguf)",
+                               "cases": cases}, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"{len(cases)} cases -> {out}")
+
+
+def main() -> int:
+    binary, model = binary_and_model(sys.argv[1:])
     cases = [run_case(binary, model, flags, reqs) for flags, reqs in CASES]
     rel = [[a.replace(str(ROOT) + "/", "") for a in c["flags"]] for c in cases]
     for c, flags in zip(cases, rel):
         c["flags"] = flags
-    OUT.write_text(json.dumps({"binary": "llama-server b1-0c1e570", "generator": "scripts/record_chat_kwargs.py",
-                               "model": "tritium's built-in tiny model (tritium-builtin-tiny-v1-f32.gguf)",
-                               "cases": cases}, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(f"{len(cases)} cases -> {OUT}")
+    write_cases(OUT, "scripts/record_chat_kwargs.py", cases)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,12 +12,10 @@ tests/test_chat_workarounds.py sends the same to tritium.
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 
-from record_chat_kwargs import ROOT, run_case
+from record_chat_kwargs import ROOT, binary_and_model, run_case, write_cases
 
 OUT = ROOT / "tests" / "data" / "llama_server_chat_workarounds.json"
 TEMPLATES = ["tests/data/templates/nosystem-probe.jinja", "tests/data/templates/kwargs-probe.jinja",
@@ -60,28 +58,16 @@ def template_path(name: str) -> Path:
 
 
 def main() -> int:
-    args = sys.argv[1:]
-    model = str(Path(os.environ.get("TRITIUM_CACHE", Path.home() / ".cache" / "tritium"))
-                / "tritium-builtin-tiny-v1-f32.gguf")
-    if "--model" in args:
-        i = args.index("--model")
-        model = args[i + 1]
-        del args[i:i + 2]
-    binary = args[0] if args else os.environ.get("LLAMA_SERVER", "/work/lsb/llama-server")
+    binary, model = binary_and_model(sys.argv[1:])
     cases = []
     for t in TEMPLATES:
         c = run_case(binary, model, ["--jinja", "--chat-template-file", str(template_path(t))], requests())
         props = c["answers"][0]
         props["json"] = {"chat_template_caps": props["json"]["chat_template_caps"]}
-
         c["flags"] = ["--jinja", "--chat-template-file", t]
         cases.append(c)
-    OUT.write_text(json.dumps({"binary": "llama-server b1-0c1e570", "generator": "scripts/record_chat_workarounds.py",
-                               "model": "tritium's built-in tiny model (tritium-builtin-tiny-v1-f32.gguf)",
-                               "cases": cases}, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(f"{len(cases)} cases -> {OUT}")
+    write_cases(OUT, "scripts/record_chat_workarounds.py", cases)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
