@@ -228,7 +228,8 @@ def spec_config(args: argparse.Namespace):
                       ngram("map-k4v"), NgramModParams(args.spec_ngram_mod_n_match, args.spec_ngram_mod_n_max,
                                                        args.spec_ngram_mod_n_min),
                       draft_model=args.spec_draft_model or None, draft_p_min=args.spec_draft_p_min,
-                      draft_cache_type_k=args.spec_draft_type_k, draft_cache_type_v=args.spec_draft_type_v)
+                      draft_cache_type_k=args.spec_draft_type_k, draft_cache_type_v=args.spec_draft_type_v,
+                      lookup_cache_static=args.lookup_cache_static, lookup_cache_dynamic=args.lookup_cache_dynamic)
 
 
 def _speculative_warning(args: argparse.Namespace, log: Logger) -> None:

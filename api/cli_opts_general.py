@@ -30,6 +30,7 @@ DEFAULTS = dict(
     adaptive_target=_D.adaptive_target, adaptive_decay=_D.adaptive_decay, dynatemp_range=_D.dynatemp_range,
     dynatemp_exp=_D.dynatemp_exponent, mirostat=_D.mirostat, mirostat_lr=_D.mirostat_eta,
     mirostat_ent=_D.mirostat_tau, logit_bias=[], grammar_source=None, min_keep=_D.min_keep,
+    lookup_cache_static="", lookup_cache_dynamic="",
 )
 
 # ---- helpers of the handlers below -----------------------------------------------------------
@@ -262,10 +263,10 @@ OPTIONS = [
     opt(("--cpu-strict-batch",), "<0|1>", nothing, kind=Kind.INT, effect=N, note="thread placement: speed only"),
     opt(("--prio-batch",), "N", checked(_prio(0)), kind=Kind.INT, effect=N, note="--prio sets the whole process"),
     opt(("--poll-batch",), "<0|1>", nothing, kind=Kind.INT, effect=N, note="busy-waiting: speed only"),
-    opt(("-lcs", "--lookup-cache-static"), "FNAME", nothing, effect=N,
-        note="lookup decoding is speculative: same output without it"),
-    opt(("-lcd", "--lookup-cache-dynamic"), "FNAME", nothing, effect=N,
-        note="lookup decoding is speculative: same output without it"),
+    opt(("-lcs", "--lookup-cache-static"), "FNAME", store("lookup_cache_static"),
+        note="--spec-type ngram-cache's static cache (llama.cpp's file format)"),
+    opt(("-lcd", "--lookup-cache-dynamic"), "FNAME", store("lookup_cache_dynamic"),
+        note="--spec-type ngram-cache's dynamic cache (read, not written, as b1-0c1e570)"),
     opt(("-c", "--ctx-size"), "N", store("ctx_size"), kind=Kind.INT, env="LLAMA_ARG_CTX_SIZE",
         note="default here: 4096 (0 = the model's training context)"),
     opt(("--kv-unified-per-slot",), "N", store("kv_unified_per_slot"), kind=Kind.INT,

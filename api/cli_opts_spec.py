@@ -27,7 +27,7 @@ SPEC_NOTE = "same tokens without it (not supported by tritium: ignored, a warnin
 PLACE_NOTE = "the draft model runs on the target model's device and threads (checked as llama-server checks it)"
 DRAFT_NOTE = ("draft-model speculative decoding (-md FILE with --spec-type draft-simple): greedy tokens the same as "
               "without it, sampled ones from the same distributions")
-DRAFT_FREE_NOTE = ("speculative decoding (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, draft-simple with -md; the "
+DRAFT_FREE_NOTE = ("speculative decoding (ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache, draft-simple with -md; the "
                    "other types are ignored with a warning): greedy tokens the same as without it")
 
 # the draft-free types' settings (runtime/spec_config.py, built by api.cli.spec_config)

@@ -37,6 +37,8 @@ GAUGES = [
     ("kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage"),
 ]
 
+PER_POS = "spec_decode_num_accepted_tokens_per_pos_total"
+
 
 def format_value(x: float) -> str:
     """A double as `std::ostream << x` prints it (precision 6, %g style)."""
@@ -58,4 +60,8 @@ def render(values: Mapping[str, Any]) -> str:
             out.append(f"# HELP {PREFIX}{name} {help_text}\n")
             out.append(f"# TYPE {PREFIX}{name} {kind}\n")
             out.append(f"{PREFIX}{name} {format_value(vals.get(name, 0) or 0)}\n")
+    per_pos = vals.get(PER_POS) or []
+    if per_pos:  # a labeled counter, one series per draft position, once a draft was verified
+        out.append(f"# HELP {PREFIX}{PER_POS} Accepted tokens per draft position\n# TYPE {PREFIX}{PER_POS} counter\n")
+        out.extend(f'{PREFIX}{PER_POS}{{position="{i}"}} {n}\n' for i, n in enumerate(per_pos))
     return "".join(out)

@@ -21,9 +21,10 @@ class SpecType(enum.Enum):
     NGRAM_CACHE = "ngram-cache"
 
 
-# the draft-free types tritium drafts with (draft-simple: runtime/serving/spec_draft.py; the others are
-# ignored with a warning)
-DRAFT_FREE = (SpecType.NGRAM_SIMPLE, SpecType.NGRAM_MAP_K, SpecType.NGRAM_MAP_K4V, SpecType.NGRAM_MOD)
+# the draft-free types, in llama.cpp's order of preference (draft-simple: runtime/serving/spec_draft.py;
+# the others are ignored with a warning)
+DRAFT_FREE = (SpecType.NGRAM_SIMPLE, SpecType.NGRAM_MAP_K, SpecType.NGRAM_MAP_K4V, SpecType.NGRAM_MOD,
+              SpecType.NGRAM_CACHE)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class SpecConfig:
     draft_p_min: float = 0.0
     draft_cache_type_k: str = "f16"
     draft_cache_type_v: str = "f16"
+    lookup_cache_static: str = ""  # -lcs / -lcd: ngram-cache's files (common_params_speculative_ngram_cache)
+    lookup_cache_dynamic: str = ""
 
     @property
     def enabled(self) -> bool:

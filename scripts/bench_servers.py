@@ -10,8 +10,9 @@ RSS, load time, and greedy agreement.
         --tritium-base "env PYTHONPATH=/tmp/ab-old $(which tritium-server)"   # A/B of two trees
     python scripts/bench_servers.py --preset code-edit --spec-type ngram-simple   # speculative decoding
 
-`--preset code-edit` is scripts/bench_spec.py's workload (the real Qwen2.5-Coder-0.5B Q4_K_M, one
-stream, both servers with and without --spec-type); the rest of this text is about the others.
+`--preset code-edit` is scripts/bench_spec.py's workload (the real Qwen2.5-Coder-0.5B Q4_K_M, code
+edits and prose, one stream and four, both servers with and without --spec-type); the rest of this
+text is about the others.
 
 Each server is started alone (`-np 4 -c 8192`, the preset's model, ports --port and --port + 1),
 waited for (/health 200: the load time), measured with `scripts/bench.py`'s workload of the
@@ -224,6 +225,7 @@ def main() -> int:
     ap.add_argument("--spec-type", default="ngram-simple", help="code-edit: the speculative type of both servers")
     ap.add_argument("--reps", type=int, default=2, help="code-edit: runs of its prompts per server")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false", help="code-edit: no unmeasured first run")
+    ap.add_argument("--n-predict", type=int, default=128, help="code-edit: tokens per request")
     ap.add_argument("--llama", default=LLAMA, help="llama-server binary")
     ap.add_argument("--tritium", default=str(Path(sys.executable).parent / "tritium-server"))
     ap.add_argument("--port", type=int, default=8100,

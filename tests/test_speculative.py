@@ -16,6 +16,7 @@ from runtime.serving import Engine, EngineConfig
 from runtime.serving.spec import NgramMod, Speculator, ngram_simple_draft
 from runtime.spec_config import NgramMapParams, NgramModParams, SpecConfig, SpecType
 from runtime.tasks import CompletionResult, CompletionTask, SamplingParams
+from scripts import bench_spec
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 QWEN2 = SHARED / "vocab" / "ggml-vocab-qwen2.gguf"
@@ -164,22 +165,8 @@ def test_draft_bounded_by_n_predict_and_context(tiny_path, baseline):
 
 # ---- the real model: a code-editing prompt ----------------------------------------------------
 
-CODE = '''def merge_intervals(intervals):
-    if not intervals:
-        return []
-    intervals.sort(key=lambda x: x[0])
-    merged = [intervals[0]]
-    for start, end in intervals[1:]:
-        last_start, last_end = merged[-1]
-        if start <= last_end:
-            merged[-1] = (last_start, max(last_end, end))
-        else:
-            merged.append((start, end))
-    return merged
-'''
-EDIT_PROMPT = ("<|im_start|>system\nYou are a helpful coding assistant.<|im_end|>\n<|im_start|>user\n"
-               "Rewrite this function with the parameter renamed from `intervals` to `spans`. Output only the code."
-               "\n\n```python\n" + CODE + "```<|im_end|>\n<|im_start|>assistant\n")
+# the benchmark's code-editing request (scripts/bench_spec.py: the same prompt builder)
+EDIT_PROMPT = bench_spec.code_prompt(*bench_spec.FUNCS[0])
 
 
 def test_real_qwen_code_edit_greedy_identical():

@@ -182,7 +182,8 @@ class Engine:
 
     def slots_info(self) -> list[dict]:
         """/slots (see slots.slot_view)."""
-        return [slot_view(s, self.spec is not None or self.drafter is not None) for s in self.slots]
+        return [slot_view(s, self.spec is not None or self.drafter is not None,
+                          self.spec.lengths[s.id].cap() if self.spec is not None else None) for s in self.slots]
 
     def metrics(self) -> dict[str, float]:
         """Counters (cumulative) and gauges (averaged over the window since the last call)."""

@@ -25,6 +25,7 @@ class Metrics:
     n_draft_tokens_total: int = 0  # speculative decoding: tokens drafted, accepted, verify steps
     n_draft_accepted_total: int = 0
     n_draft_verify_total: int = 0
+    n_accepted_per_pos: list[int] = field(default_factory=list)  # accepted draft tokens at each draft position
     # window since the last scrape
     n_prompt_tokens_processed: int = 0
     t_prompt_processing: float = 0.0
@@ -40,11 +41,16 @@ class Metrics:
         self.n_busy_slots_total += n_rows
         self.n_busy_slots += n_rows
 
-    def on_verify(self, n_draft: int, n_accepted: int) -> None:
-        """One speculative verify step of a slot: `n_draft` tokens proposed, `n_accepted` kept."""
+    def on_spec_done(self, n_draft: int, n_accepted: int, n_verify: int, per_pos: list[int]) -> None:
+        """A finished task's speculation (llama-server adds a slot's stats when its prediction
+        ends, metrics_on_prediction): drafted, accepted, verify steps, accepted per position."""
         self.n_draft_tokens_total += n_draft
         self.n_draft_accepted_total += n_accepted
-        self.n_draft_verify_total += 1
+        self.n_draft_verify_total += n_verify
+        if len(self.n_accepted_per_pos) < len(per_pos):
+            self.n_accepted_per_pos.extend([0] * (len(per_pos) - len(self.n_accepted_per_pos)))
+        for i, n in enumerate(per_pos):
+            self.n_accepted_per_pos[i] += n
 
     def on_prompt_done(self, n_processed: int, n_cached: int, seconds: float) -> None:
         self.n_prompt_tokens_processed_total += n_processed
@@ -76,6 +82,7 @@ class Metrics:
             "spec_decode_num_draft_tokens_total": self.n_draft_tokens_total,
             "spec_decode_num_accepted_tokens_total": self.n_draft_accepted_total,
             "spec_decode_num_drafts_total": self.n_draft_verify_total,
+            "spec_decode_num_accepted_tokens_per_pos_total": list(self.n_accepted_per_pos),
             "prompt_tokens_seconds": (self.n_prompt_tokens_processed / self.t_prompt_processing
                                       if self.t_prompt_processing else 0.0),
             "predicted_tokens_seconds": (self.n_tokens_predicted / self.t_tokens_generation

@@ -177,6 +177,8 @@ class NgramMap:
 class NgramMapDrafter:
     """common_speculative_impl_ngram_map_k (key_only: ngram-map-k; else ngram-map-k4v), a map per slot."""
 
+    own_length = True  # drafts no longer than the key's last accepted run (spec_adapt.py leaves it be)
+
     def __init__(self, p: NgramMapParams, key_only: bool, n_seq: int):
         self.maps = [NgramMap(p, key_only) for _ in range(n_seq)]
 

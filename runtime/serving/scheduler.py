@@ -382,7 +382,7 @@ class Scheduler:
             rows = logits[first[id(s)]:first[id(s)] + len(draft) + 1]
             del s.tokens[len(s.tokens) - len(draft):]  # the cache as one token at a time would hold it
             n_acc = 0
-            r.spec.n_verify_steps += 1
+            r.spec.on_verify(self.cfg.spec.n_max())  # before a token's stop rules can end the task
             try:
                 for i in range(len(draft) + 1):
                     if q is not None and i < len(draft):  # a sampled draft: the rejection rule (spec_draft.py)
@@ -393,6 +393,7 @@ class Scheduler:
                         raise sampled
                     matched = i < len(draft) and sampled.token == draft[i]
                     if matched:  # counted before the token's stop rules, which may end the task
+                        r.spec.on_accepted(n_acc)
                         n_acc += 1
                         r.spec.n_draft_accepted += 1
                     self._on_token(s, sampled)
@@ -402,7 +403,6 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 - this sequence alone fails
                 self.fail_unexpected(s, e, "sampling")
             self.blocks.truncate(s.seq, len(s.tokens))
-            self.metrics.on_verify(len(draft), n_acc)
             if self.spec is not None:
                 self.spec.accept(s.id, n_acc)
 
@@ -477,6 +477,9 @@ class Scheduler:
         # n_tokens_max: the most tokens a slot's cache held (b1 reads it after each decode: the
         # last sampled token is never decoded)
         self.metrics.on_finish(r.n_decoded, tim.predicted_ms / 1e3, len(r.prompt) + max(r.n_decoded - 1, 0))
+        if r.spec.n_verify_steps:
+            self.metrics.on_spec_done(r.spec.n_draft_total, r.spec.n_draft_accepted, r.spec.n_verify_steps,
+                                      r.spec.accepted_per_pos)
         text = r.text.final() if r.text is not None else ""
         res = CompletionResult(
             content=text, tokens=list(r.generated), id_slot=s.id, stop_type=r.stop_type.value,

@@ -96,6 +96,7 @@ class Slot:
     # llama-server's context checkpoints of the cached sequence (sliding-window models): the prompt
     # positions where a batch started (`plan.checkpoint_resume`)
     checkpoints: list[int] = field(default_factory=list)
+    last_spec: SlotSpec | None = None  # the speculation numbers of its last task (/slots)
 
     @property
     def busy(self) -> bool:
@@ -153,15 +154,20 @@ def reserve(blocks: BlockManager, slots: list[Slot], s: Slot, n_total: int, log:
 
 def release(s: Slot) -> None:
     """The task is over (finished, failed or cancelled): the slot keeps its cache and goes idle."""
+    if s.req is not None:
+        s.last_spec = s.req.spec
     s.req = None
     s.state = SlotState.IDLE
     s.t_last_used = time.perf_counter()
 
 
-def slot_view(s: Slot, speculative: bool = False) -> dict:
+def slot_view(s: Slot, speculative: bool = False, draft_cap: int | None = None) -> dict:
     """One entry of /slots as llama-server b1-0c1e570 prints it: a slot that never ran a task shows
     id, n_ctx, speculative and is_processing only; the others add their last task's id and counts,
-    `task` (that task: the API prints its params) and next_token (reset while idle)."""
+    `task` (that task: the API prints its params) and next_token (reset while idle). A speculating
+    server adds tritium's `speculative_stats` (b1 has none there): the running or last task's
+    draft_n / draft_n_accepted (timings' names), its verify steps, accepted tokens per draft
+    position, and `draft_n_max`, the longest draft the slot's acceptance allows now (spec_adapt.py)."""
     r = s.req
     d: dict[str, Any] = {"id": s.id, "n_ctx": s.n_ctx, "speculative": speculative, "is_processing": r is not None}
     if s.last_task is not None:
@@ -181,4 +187,10 @@ def slot_view(s: Slot, speculative: bool = False) -> dict:
                 "n_decoded": r.n_decoded if r is not None else 0,
             }],
         })
+        st = r.spec if r is not None else s.last_spec
+        if speculative and st is not None:
+            d["speculative_stats"] = {"draft_n": st.n_draft_total, "draft_n_accepted": st.n_draft_accepted,
+                                      "n_verify_steps": st.n_verify_steps,
+                                      "n_accepted_per_pos": list(st.accepted_per_pos),
+                                      "draft_n_max": draft_cap}
     return d

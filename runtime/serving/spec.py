@@ -9,16 +9,17 @@ the block manager. Greedy outputs are the tokens the slot would have produced on
 
 `Speculator` is the engine's (one per engine, like llama-server's `common_speculative` over its
 n_parallel sequences): its drafters in llama.cpp's order of preference (ngram-simple, ngram-map-k,
-ngram-map-k4v, ngram-mod, ngram-cache: the first that drafts for a sequence wins), per-slot state
+ngram-map-k4v, ngram-mod, ngram-cache (in ngram_cache.py): the first that drafts for a sequence wins), per-slot state
 indexed by slot id. Everything here is plain token-list work on the engine thread; nothing
 touches the model or the cache.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from runtime.serving.spec_adapt import DraftLength
 from runtime.spec_config import DRAFT_FREE, NgramMapParams, NgramModParams, SpecConfig, SpecType
 
 
@@ -177,6 +178,19 @@ class SlotSpec:
     n_draft_accepted: int = 0  # of which accepted (timings.draft_n_accepted)
     n_verify_steps: int = 0
     drafter: int = -1  # index of the drafter that made the last draft (-1: none)
+    accepted_per_pos: list[int] = field(default_factory=list)  # verify steps that accepted position i
+
+    def on_verify(self, n_pos: int) -> None:
+        """A verify step begins; accepted positions are counted up to n_pos (llama-server's
+        n_accepted_per_pos, sized by common_speculative_n_max)."""
+        self.n_verify_steps += 1
+        if not self.accepted_per_pos:
+            self.accepted_per_pos = [0] * n_pos
+
+    def on_accepted(self, pos: int) -> None:
+        """The draft token at `pos` was accepted."""
+        if pos < len(self.accepted_per_pos):
+            self.accepted_per_pos[pos] += 1
 
 
 class Speculator:
@@ -186,8 +200,8 @@ class Speculator:
         self.cfg = cfg
         self.impls: list = []
         wanted = set(cfg.types)
-        for t in (SpecType.NGRAM_SIMPLE, SpecType.NGRAM_MAP_K, SpecType.NGRAM_MAP_K4V, SpecType.NGRAM_MOD):
-            if t not in wanted or t not in DRAFT_FREE:
+        for t in DRAFT_FREE:
+            if t not in wanted:
                 continue
             if t is SpecType.NGRAM_SIMPLE:
                 self.impls.append(NgramSimpleDrafter(cfg.ngram_simple))
@@ -197,34 +211,46 @@ class Speculator:
             elif t is SpecType.NGRAM_MAP_K4V:
                 from runtime.serving.ngram_map import NgramMapDrafter
                 self.impls.append(NgramMapDrafter(cfg.ngram_map_k4v, False, n_seq))
-            else:
+            elif t is SpecType.NGRAM_MOD:
                 self.impls.append(NgramModDrafter(cfg.ngram_mod, n_seq, log))
+            else:
+                from runtime.serving.ngram_cache import NgramCacheDrafter  # (-lcs / -lcd files read here)
+                self.impls.append(NgramCacheDrafter(n_seq, cfg.lookup_cache_static, cfg.lookup_cache_dynamic))
         self.last = [-1] * n_seq  # which impl drafted last, per slot
+        self.n_last = [0] * n_seq  # and how many tokens went to the verify step
+        self.lengths = [DraftLength(self.n_max) for _ in range(n_seq)]  # per slot: spec_adapt.py
 
     @property
     def n_max(self) -> int:
         return self.cfg.n_max()
 
     def begin(self, sid: int, prompt: list[int]) -> None:
+        self.lengths[sid] = DraftLength(self.n_max)
         arr = text_tokens(prompt)
         for impl in self.impls:
             impl.begin(sid, arr)
 
     def draft(self, sid: int, tokens: list[int], id_last: int, n_max: int) -> list[int]:
-        """The first drafter's non-empty draft (at most n_max tokens); [] when none drafts."""
-        self.last[sid] = -1
+        """The first drafter's non-empty draft (at most n_max tokens, and what the slot's acceptance
+        allows: spec_adapt.py); [] when none drafts (or the draft is not worth verifying)."""
+        self.last[sid], self.n_last[sid] = -1, 0
         arr = text_tokens(tokens)
         for i, impl in enumerate(self.impls):
             d = impl.draft(sid, arr, id_last)
             if d:
-                self.last[sid] = i
-                return d[:n_max] if n_max > 0 else d
+                d = d[:n_max] if n_max > 0 else d
+                if not getattr(impl, "own_length", False):
+                    d = d[:self.lengths[sid].allow(len(d))]
+                if d:
+                    self.last[sid], self.n_last[sid] = i, len(d)
+                return d
         return []
 
     def accept(self, sid: int, n_accepted: int) -> None:
         last = self.last[sid]
         if last < 0:
             return
+        self.lengths[sid].update(self.n_last[sid], n_accepted)
         for i, impl in enumerate(self.impls):
             impl.accept(sid, n_accepted, i != last)
 
@@ -243,7 +269,7 @@ def make_speculator(cfg: SpecConfig, n_seq: int, log=None, recurrent: bool = Fal
     other = [t.value for t in cfg.types if t not in (SpecType.NONE, SpecType.DRAFT_SIMPLE) and t not in DRAFT_FREE]
     if other and log is not None:
         log("W", f"srv    load_model: speculative type(s) {','.join(other)} not implemented in tritium "
-                 "(draft models, ngram-cache): ignored (same output, decoded without them)")
+                 "(draft models): ignored (same output, decoded without them)")
     if not any(t in DRAFT_FREE for t in cfg.types):
         return None
     if log is not None:
