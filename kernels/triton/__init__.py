@@ -118,6 +118,8 @@ def qmatmul(x: torch.Tensor, w: QWeight) -> torch.Tensor:
         x = x.contiguous()
     if xq is None and M <= Q8_MAX_M:
         xq = quantize_act(x)
+    if xq is not None and w.parts is not None and len(w.parts) == 2:  # q/k and v of another type: one launch
+        return qmatmul_q8(x, w.parts[0], y, xq, w.parts[1])
     r0 = 0
     for p in w.parts or [w]:
         out = y[:, r0:r0 + p.rows]

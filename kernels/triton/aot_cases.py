@@ -115,7 +115,7 @@ def qmatmul_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
     """Every GGUF type x activation dtype x decode row count (GEMV BLOCK_M 1..16) and a prefill
     batch (tiled kernel), over each model's (N, K) pairs whose K the type's block divides; both
     for the weights as loaded (repacked where the type has a repack) and in GGUF blocks."""
-    from . import qmatmul
+    from . import prepare_weights, qmatmul
 
     quick = sc.quick
     for s in sc.models():
@@ -139,6 +139,13 @@ def qmatmul_cases(sc: Scope) -> Iterator[tuple[str, Case]]:
                         if wp.layout == "gpu" and (not quick or M != 16):
                             yield f"qmatmul {s.name} {qn} {N}x{K} M={M} {str(act)[6:]} repacked", (
                                 lambda x=x, w=wp: qmatmul(x, w))
+        # q/k of Q4_K and v of Q6_K (Q4_K_M's use_more_bits layers): the two-part GEMV, one launch
+        g = prepare_weights([empty_qweight("Q4_K", s.H * s.D, s.C), empty_qweight("Q4_K", s.KVH * s.D, s.C),
+                             empty_qweight("Q6_K", s.KVH * s.D, s.C)])[0]
+        for act in sc.act_dtypes():
+            for M in (1, 8):
+                x = torch.empty(M, s.C, dtype=act)
+                yield f"qmatmul {s.name} Q4_K+Q6_K qkv M={M} {str(act)[6:]} repacked", (lambda x=x, g=g: qmatmul(x, g))
 
 
 def dequant_cases(sc: Scope) -> Iterator[tuple[str, Case]]:

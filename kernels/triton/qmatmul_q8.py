@@ -38,9 +38,11 @@ def fit_groups(g: int, n_groups: int) -> int:
 
 
 def _prune(configs, meta):
-    """The [BLOCK_M, BLOCK_N, G, 4] int32 products within 32 values per thread."""
+    """The [BLOCK_M, BLOCK_N, G, 4] int32 products within 32 values per thread (16 for the two-part
+    launch, whose second type's code is compiled in too: 8 B of spills at 32 under triton 3.6)."""
     bm = meta["BLOCK_M"]
-    keep = [c for c in configs if bm * c.kwargs["BLOCK_N"] * 4 * c.kwargs["G"] <= 32 * 32 * c.num_warps]
+    per = 16 if meta.get("PARTS", 1) > 1 else 32
+    keep = [c for c in configs if bm * c.kwargs["BLOCK_N"] * 4 * c.kwargs["G"] <= per * 32 * c.num_warps]
     return keep or configs[-1:]
 
 
@@ -178,9 +180,34 @@ def quantize_act(x: torch.Tensor):
 @triton.jit
 def _qmm_q8_gemv_kernel(
     xq_ptr, xd_ptr, xs_ptr, pk_lo, pk_hi, pk_d, pk_sc, pk_mn, y_ptr, M, N, K, stride_ym,
+    qb_lo, qb_hi, qb_d, qb_sc, qb_mn, NB,
+    QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, ASM: tl.constexpr,
+    QTYPE_B: tl.constexpr = 0,
+):
+    """Rows 0..N-1 of the weight (pk_*, type QTYPE) into y[:, :N]; with QTYPE_B, a second weight of
+    that type (qb_*, NB rows, read from the same activations) into y[:, N:N + NB] by the programs
+    after the first weight's: q/k and a v of another type in one launch."""
+    pid = tl.program_id(0)
+    if QTYPE_B == 0:
+        _gemv_rows(xq_ptr, xd_ptr, xs_ptr, pk_lo, pk_hi, pk_d, pk_sc, pk_mn, y_ptr, pid, M, N, K, stride_ym,
+                   QTYPE, BLOCK_M, BLOCK_N, G, ASM)
+    else:
+        na = tl.cdiv(N, BLOCK_N)
+        if pid < na:
+            _gemv_rows(xq_ptr, xd_ptr, xs_ptr, pk_lo, pk_hi, pk_d, pk_sc, pk_mn, y_ptr, pid, M, N, K, stride_ym,
+                       QTYPE, BLOCK_M, BLOCK_N, G, ASM)
+        else:
+            _gemv_rows(xq_ptr, xd_ptr, xs_ptr, qb_lo, qb_hi, qb_d, qb_sc, qb_mn, y_ptr + N, pid - na, M, NB, K,
+                       stride_ym, QTYPE_B, BLOCK_M, BLOCK_N, G, ASM)
+
+
+@triton.jit
+def _gemv_rows(
+    xq_ptr, xd_ptr, xs_ptr, pk_lo, pk_hi, pk_d, pk_sc, pk_mn, y_ptr, pid, M, N, K, stride_ym,
     QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, ASM: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """BLOCK_N rows of one weight from program `pid`: the GEMV's body."""
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rows < N
     m = tl.arange(0, BLOCK_M)
     mmask = m < M
@@ -242,22 +269,29 @@ def _qmm_fma_gemv_kernel(
     tl.store(yp, acc.to(y_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
 
-def qmatmul_q8(x: torch.Tensor, w: QWeight, y: torch.Tensor, xq=None) -> torch.Tensor:
+def qmatmul_q8(x: torch.Tensor, w: QWeight, y: torch.Tensor, xq=None, w2: QWeight | None = None) -> torch.Tensor:
     """y[M, N] (given, M <= Q8_MAX_M, rows contiguous) = x[M, K] @ W^T, W in the "gpu" layout;
-    `xq`: x already quantized (`quantize_act`), shared by weights that read the same input."""
+    `xq`: x already quantized (`quantize_act`), shared by weights that read the same input; `w2`:
+    a second weight (another type) whose rows follow W's in y, in the same launch."""
     M, K = x.shape
     N = w.rows
+    NB = w2.rows if w2 is not None else 0
     xq, xd, xs = xq if xq is not None else quantize_act(x)
     BM = triton.next_power_of_2(M)
     asm = not interpreting()
+    second = pack_args(w2) if w2 is not None else pack_args(w)
+    qb = int(w2.qtype) if w2 is not None else 0
 
     def run(c):
         kw = dict(c.all_kwargs(), G=fit_groups(c.kwargs["G"], K // 32))
-        _qmm_q8_gemv_kernel[(triton.cdiv(N, c.kwargs["BLOCK_N"]),)](
-            xq, xd, xs, *pack_args(w), y, M, N, K, y.stride(0), QTYPE=int(w.qtype), BLOCK_M=BM, ASM=asm, **kw)
+        bn = c.kwargs["BLOCK_N"]
+        _qmm_q8_gemv_kernel[(triton.cdiv(N, bn) + triton.cdiv(NB, bn),)](
+            xq, xd, xs, *pack_args(w), y, M, N, K, y.stride(0), *second, NB, QTYPE=int(w.qtype), BLOCK_M=BM, ASM=asm,
+            QTYPE_B=qb, **kw)
         return y
 
-    Q8GEMV.launch((BM, N, K, int(w.qtype)), {"BLOCK_M": BM}, x.device, run)
+    key = (BM, N, K, int(w.qtype)) if w2 is None else (BM, N, K, int(w.qtype), NB, qb)
+    Q8GEMV.launch(key, {"BLOCK_M": BM, "PARTS": 1 if w2 is None else 2}, x.device, run)
     return y
 
 
