@@ -164,10 +164,11 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping, k_type=None, v_type=None) -> 
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,
-                    max_q_len: int | None = None, window: int = 0, k_type=None, v_type=None) -> torch.Tensor:
-    """ref.paged_attention over the dequantized caches (float32; the query as given)."""
+                    max_q_len: int | None = None, window: int = 0, k_type=None, v_type=None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """ref.paged_attention over the dequantized caches (float32; the query as given; `sinks`: gpt-oss's)."""
     return ref.paged_attention(q.float(), cache_floats(k_cache, k_type), cache_floats(v_cache, v_type), block_tables,
-                               cu_seqlens_q, kv_lens, scale, softcap, max_q_len, window).to(q.dtype)
+                               cu_seqlens_q, kv_lens, scale, softcap, max_q_len, window, sinks=sinks).to(q.dtype)
 
 
 def rotation_sizes(type_k, type_v, head_dim: int) -> tuple[int, int]:

@@ -333,11 +333,9 @@ def paged_attention(
     more logit in every softmax whose value is zero, i.e. out = softmax-weighted V x S / (S + exp(sink - M)).
     """
     if k_type is not None or v_type is not None:
-        if sinks is not None:
-            raise NotImplementedError("attention sinks (gpt-oss) with a quantized KV cache")
         from . import kv_quant_ref
         return kv_quant_ref.paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap,
-                                            max_q_len, window, k_type, v_type)
+                                            max_q_len, window, k_type, v_type, sinks)
     T, H, D = q.shape
     NB, BS, KVH, _ = k_cache.shape
     cu = cu_seqlens_q.tolist()

@@ -11,6 +11,9 @@ template re-renders the whole conversation every turn). Prints a Markdown table 
     python scripts/prompt_reuse.py --model tiny-qwen35-f32.gguf --model tiny-gemma3.gguf
     (with no --model: the tiny qwen35 of scripts/record_qwen35_reference.py and the tiny Gemma 3 of
     tests/test_gemma3_tiny.py, written to a temporary directory)
+
+    python scripts/prompt_reuse.py --record tests/data/gemma3_prompt_reuse.json
+    (llama-server alone on the tiny Gemma 3, its turns written for tests/test_prompt_reuse.py)
 """
 from __future__ import annotations
 
@@ -83,6 +86,33 @@ def default_models(d: Path) -> list[Path]:
     return [q35.write_variant("f32", d), g3]
 
 
+def server_args(model: Path, ctx: int) -> list[str]:
+    return ["-m", str(model), "-c", str(ctx), "-np", "1"]
+
+
+def record(a, work: Path) -> int:
+    import hashlib
+    import json
+
+    from runtime.model.tiny_model import GEMMA3_SPEC, write_tiny_model
+
+    g3 = work / "tiny-random-gemma3.gguf"
+    write_tiny_model(g3, GEMMA3_SPEC, vocab="builtin")
+    p, url = _start([a.server] + server_args(g3, a.ctx), work / "llama-server.log", dict(os.environ))
+    try:
+        turns = conversation(url, a.turns, a.max_tokens)
+    finally:
+        p.terminate()
+        p.wait()
+    out = {"reference": "llama-server b1-0c1e570", "command": " ".join(["python", *sys.argv]),
+           "sha256": hashlib.sha256(g3.read_bytes()).hexdigest(), "server_args": server_args(Path("MODEL"), a.ctx),
+           "questions": QUESTIONS[:a.turns], "max_tokens": a.max_tokens,
+           "turns": [{"prompt_tokens": t[0], "prompt_n": t[1], "answer": t[2]} for t in turns]}
+    Path(a.record).write_text(json.dumps(out, indent=1) + "\n")
+    print("wrote", a.record)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", action="append", default=[])
@@ -91,8 +121,11 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--record", help="write llama-server's turns on the tiny Gemma 3 to this JSON file and stop")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp())
+    if a.record:
+        return record(a, work)
     models = [Path(m) for m in a.model] or default_models(work)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     print("| model | turn | prompt tokens | llama-server evaluated | tritium evaluated | same answer |")
@@ -100,7 +133,7 @@ def main() -> int:
     for m in models:
         runs = {}
         for name, cmd in (("llama-server", [a.server]), ("tritium", a.tritium.split())):
-            p, url = _start(cmd + ["-m", str(m), "-c", str(a.ctx), "-np", "1"], work / f"{name}.log", env)
+            p, url = _start(cmd + server_args(m, a.ctx), work / f"{name}.log", env)
             try:
                 runs[name] = conversation(url, a.turns, a.max_tokens)
             finally:

@@ -75,12 +75,13 @@ def recorded_tokens(data_name: str) -> dict:
     return json.loads(reference_file(data_name).read_text())
 
 
-def greedy(m: Model, prompt: list[int], n: int, banned: list[int], cache: torch.dtype) -> list[int]:
+def greedy(m: Model, prompt: list[int], n: int, banned: list[int], cache: torch.dtype, store=None) -> list[int]:
     """n greedy tokens, end-of-generation tokens `banned` (llama-server's ignore_eos); the prompt in
-    llama-server's batches (on a sliding-window model, ending where it saves context checkpoints)."""
+    llama-server's batches (on a sliding-window model, ending where it saves context checkpoints).
+    `store`: the KV store to use (an empty KVStore with room for them; default: one of `cache`'s type)."""
     from runtime.serving.plan import prompt_breaks
 
-    kv = BlockManager(m.new_kv_store(len(prompt) + n + 16, dtype=cache))
+    kv = BlockManager(store if store is not None else m.new_kv_store(len(prompt) + n + 16, dtype=cache))
     rs = m.new_state(1)  # hybrid models' recurrent state (None for the others)
     cell = 0 if rs is not None else -1
     seq = SeqKV()

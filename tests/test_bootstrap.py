@@ -54,6 +54,31 @@ def test_slot_layout():
     assert slot_layout(EngineConfig(n_ctx=4096, n_parallel=2), 32768) == (4096, 2, False, 2048)
     assert slot_layout(EngineConfig(n_ctx=4096, n_parallel=2, kv_unified=True), 32768) == (4096, 2, True, 4096)
     assert slot_layout(EngineConfig(n_ctx=0, n_parallel=0), 2048) == (2048, 1, False, 2048)
+    # llama_context's padding (GGML_PAD 256) of n_ctx and of each sequence's share, then n_ctx = np x that
+    # (llama-server b1-0c1e570 -c 1000 -np 3: n_ctx 1536, n_ctx_slot 512)
+    assert slot_layout(EngineConfig(n_ctx=1000, n_parallel=3), 32768) == (1536, 3, False, 512)
+    assert slot_layout(EngineConfig(n_ctx=1000, n_parallel=-1), 32768) == (1024, 4, True, 1024)
+    assert slot_layout(EngineConfig(n_ctx=100, n_parallel=1), 32768) == (256, 1, False, 256)
+    assert slot_layout(EngineConfig(n_ctx=0, n_parallel=2), 1000) == (1024, 2, False, 512)
+    # a slot's context: capped by --kv-unified-per-slot and by the training context (n_ctx_slot())
+    assert slot_layout(EngineConfig(n_ctx=2000, n_parallel=2, kv_unified=True, kv_unified_per_slot=700), 32768) \
+        == (2048, 2, True, 700)
+    assert slot_layout(EngineConfig(n_ctx=4096, n_parallel=1), 512) == (4096, 1, False, 512)
+
+
+def test_context_log_lines_are_llama_servers():
+    from runtime.serving.bootstrap import log_context
+
+    lines: list[tuple[str, str]] = []
+    log_context(EngineConfig(n_ctx=1000, n_parallel=3), 32768, lambda lv, m: lines.append((lv, m)))
+    assert ("W", "llama_context: n_ctx is not divisible by n_seq_max - rounding down to 1536") in lines
+    assert ("D", "llama_context: n_ctx_seq             = 512") in lines
+    lines.clear()
+    log_context(EngineConfig(n_ctx=4096, n_parallel=1), 512, lambda lv, m: lines.append((lv, m)))
+    assert ("W", "llama_context: n_ctx_seq (4096) > n_ctx_train (512) -- possible training context overflow") in lines
+    assert ("W", "srv    load_model: the slot context (4096) exceeds the training context of the model (512) - "
+                 "capping") in lines
+    assert not any("rounding down" in m for _, m in lines)
 
 
 def test_cpu_micro_batches_are_capped_by_the_model_size_whatever_ub_says():

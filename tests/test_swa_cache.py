@@ -2,7 +2,7 @@
 its blocks handed out by runtime/serving/blocks.py; `--swa-full` keeps every position): the block bookkeeping on a small cache, then gemma3
 (the real Gemma 3 270M with its window shrunk to a few blocks, as tests/test_gemma_arch.py does)
 through the model and the engine: the same logits and greedy tokens with and without the SWA pool,
-bounded SWA memory after a long generation, prefix reuse only while the window is held, slot
+bounded SWA memory (what llama.cpp's SWA cache holds), prefix reuse only while the window is held, slot
 files. The model tests skip (naming scripts/fetch_models.py) without the model."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from runtime.model.kv_store import NULL_BLOCK, KVStore, SeqKV
-from runtime.serving.blocks import BlockManager, KVUsage, swa_blocks_for
+from runtime.serving.blocks import BlockManager, KVUsage, swa_blocks_for, swa_cells, swa_pool_blocks
 
 BS = 4
 
@@ -97,6 +97,63 @@ def test_shared_prefix_copies_a_shared_swa_block_before_writing():
 def test_pool_size_bound():
     # 4 slots of gemma-3-270m's window 512 with -ub 512: 4 * 34 + 32 blocks of 16 (llama.cpp: 2560 cells)
     assert swa_blocks_for(512, 4, 512, 16) == 168
+    # llama.cpp's SWA cache cells, GGML_PAD(min(n_ctx_seq, n_swa * (n_seq if unified else 1) + n_ubatch),
+    # 256) per stream, and the pool holding at least those (one partial block per sequence more)
+    assert swa_cells(512, 1, 512, 4096, False) == 1024 and swa_cells(512, 4, 512, 8192, True) == 2560
+    assert swa_cells(8, 2, 512, 2048, False) == 2 * 768 and swa_cells(512, 2, 512, 512, False) == 2 * 512
+    assert swa_pool_blocks(512, 4, 512, 8192, True, 16) == 168  # (the windows' bound is larger)
+    assert swa_pool_blocks(8, 1, 512, 2048, False, 16) == 768 // 16 + 1
+
+
+def _retaining(keep_blocks: int) -> BlockManager:
+    # window 6 (layers 0 and 2), micro-batches of up to 4 rows, two sequences: `keep_blocks` beyond what
+    # their windows and a micro-batch need
+    n_swa = swa_blocks_for(6, 2, 4, BS) + keep_blocks
+    return BlockManager(KVStore(3, 1, 8, 64, BS, torch.float32, "cpu", [6, 0, 6], n_swa), swa_keep=keep_blocks * BS)
+
+
+def test_blocks_below_the_window_are_kept_until_the_pool_needs_them():
+    """As llama.cpp's SWA cache, which overwrites masked cells only when it needs them: positions
+    below the window stay (the prefix stays resumable, window_ok) until the pool is full; then the
+    sequence keeping the most of them gives its oldest back; what the windows need is never taken."""
+    kv = _retaining(3)
+    pool = kv.swa_pool.num_blocks - 1
+    assert pool == 2 * 4 + 1 + 3
+    a, b = SeqKV(), SeqKV()
+    for p in range(40):
+        _write(kv, a, p, 1)
+    assert kv.swa_blocks_in_use() == 10 and a.swa_start == 0 and kv.window_ok(a, 3)  # all of it
+    for p in range(40, 60):
+        _write(kv, a, p, 1)
+    # the pool is full: a's oldest blocks went, one per new block
+    assert kv.swa_blocks_in_use() == pool and a.swa_blocks[:3] == [NULL_BLOCK] * 3 and a.swa_start == 12
+    assert kv.window_ok(a, 17) and not kv.window_ok(a, 16)
+    for p in range(0, 24, 4):  # b arrives: a, keeping the most, gives its oldest blocks back
+        _write(kv, b, p, 4)
+    held_a = sum(x != NULL_BLOCK for x in a.swa_blocks)
+    held_b = sum(x != NULL_BLOCK for x in b.swa_blocks)
+    assert (held_a, held_b) == (6, 6) and b.swa_start == 0 and kv.window_ok(b, 1)
+    assert a.swa_start == 36 and kv.window_ok(a, 59)  # (a's window is whole)
+    kv.truncate(a, 56)  # a truncation keeps what was held below it
+    assert kv.window_ok(a, 56) and a.swa_lo == (56 - 6 + 1) // BS
+    kv.clear(a)
+    kv.clear(b)
+    assert kv.swa_blocks_in_use() == 0
+
+
+def test_an_import_restores_what_the_pool_may_keep():
+    kv = _retaining(3)
+    a = SeqKV()
+    written = [_write(kv, a, p, 1) for p in range(60)]
+    state = kv.export(a)
+    assert state.swa_start == a.swa_start == 12
+    kv.clear(a)
+    b = SeqKV()
+    kv.import_(b, state)
+    # its window (6) and the pool's 3 spare blocks' positions (12) before it: from 60 - 18 = 42 on
+    assert b.swa_start == 42 and kv.window_ok(b, 60) and kv.window_ok(b, 47) and not kv.window_ok(b, 46)
+    ks, _ = kv.store.gather(b, 42, 60)
+    assert all(torch.equal(ks[0][p - 42], written[p][0][0][0]) for p in range(42, 60))
 
 
 # ---- gemma3 --------------------------------------------------------------------------------------
@@ -146,9 +203,10 @@ def _engine(path, **kw):
     from runtime.serving import Engine, EngineConfig
 
     # ctx_checkpoints 0: the prompt batches of both caches are the same (llama-server's checkpoint
-    # breaks are off with --swa-full), so their tokens must be
+    # breaks are off with --swa-full), so their tokens must be; no RAM prompt cache: what is reused
+    # is what the slot holds
     e = Engine(EngineConfig(model_path=path, verbosity=0, n_ctx=1024, n_parallel=1, n_batch=32, n_ubatch=32,
-                            config_overrides={"sliding_window": WINDOW}, ctx_checkpoints=0, **kw))
+                            config_overrides={"sliding_window": WINDOW}, ctx_checkpoints=0, cache_ram_mib=0, **kw))
     e.load()
     e.start()
     return e
@@ -183,9 +241,11 @@ def test_engine_memory_bounded_and_tokens_unchanged(engines):
     a, b = _run(swa, ids), _run(full, ids)
     assert a.tokens == b.tokens and len(a.tokens) == 120
     n_cached = len(ids) + 119
-    # the slot keeps every position for the global layers, its window for the local ones
+    # the slot keeps every position for the global layers; for the local ones what llama.cpp's SWA
+    # cache holds (256 cells here: all of them) in a pool of that size
     assert swa.blocks.pool.num_blocks - swa.blocks.pool.n_free == (n_cached + 15) // 16
-    assert swa.blocks.swa_blocks_in_use() <= (WINDOW + 15) // 16 + 1 < (n_cached + 15) // 16
+    assert swa.blocks.swa_pool.num_blocks - 1 == 256 // 16 + 1
+    assert swa.blocks.swa_blocks_in_use() == (n_cached + 15) // 16
 
 
 def test_prefix_reuse_only_while_the_window_is_held(engines):
@@ -204,14 +264,22 @@ def test_prefix_reuse_only_while_the_window_is_held(engines):
     # computed afresh: the same with both caches
     fresh = _run(swa, cont, n=40, cache_prompt=False)
     assert fresh.tokens == _run(full, cont, n=40, cache_prompt=False).tokens
-    # a prompt sharing only a prefix that ends before the window: the local layers dropped it, so
-    # it is computed again (the full cache reuses it), giving the tokens of a fresh run
+    # a prompt sharing only a prefix that ends before the window, within what llama.cpp's SWA cache
+    # would still hold (256 cells): the local layers kept it too, reused as with the full cache
     _run(swa, cont, n=40)
     _run(full, cont, n=40)
     early = cont[:len(ids) + 10] + tk.encode(" Carthage", add_special=False, parse_special=False)
-    r_swa, r_full = _run(swa, early, n=40), _run(full, early, n=40)
+    r_swa, r_full = _run(swa, early, n=20), _run(full, early, n=20)
+    assert r_swa.timings.cache_n == r_full.timings.cache_n == len(ids) + 10 and r_swa.tokens == r_full.tokens
+    # past those cells (a long prompt): the local layers dropped the prefix, so it is computed again
+    # (the full cache reuses it), giving the tokens of a fresh run
+    long = cont[:len(ids) + 10] + tk.encode((" " + PROMPT) * 16, add_special=False, parse_special=False)
+    assert len(long) > 256 + 2 * 16
+    _run(swa, long, n=2)
+    _run(full, long, n=2)
+    r_swa, r_full = _run(swa, early, n=20), _run(full, early, n=20)
     assert r_swa.timings.cache_n == 0 and r_full.timings.cache_n == len(ids) + 10
-    assert r_swa.tokens == _run(swa, early, n=40, cache_prompt=False).tokens
+    assert r_swa.tokens == _run(swa, early, n=20, cache_prompt=False).tokens
 
 
 def test_slot_file_save_restore_continues_the_same(engines):
@@ -236,7 +304,7 @@ def test_decode_graph_buffers_carry_the_swa_tables(engines, gemma_path):
         assert e.runner.graphs is not None and e.runner.graphs.swa and e.blocks.window == WINDOW
         ids = e.tokenizer.encode(PROMPT, add_special=True, parse_special=True)
         assert _run(e, ids, n=60).tokens == _run(engines["full"], ids, n=60, cache_prompt=False).tokens
-        assert e.blocks.swa_blocks_in_use() <= (WINDOW + 15) // 16 + 1
+        assert 0 < e.blocks.swa_blocks_in_use() <= e.blocks.swa_pool.num_blocks - 1
     finally:
         e.stop()
 

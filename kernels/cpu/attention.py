@@ -168,16 +168,14 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, sc
                     sinks: torch.Tensor | None = None, numerics: Numerics = Numerics.GGML) -> torch.Tensor:
     """The contract of `kernels.ref.paged_attention`; the lengths are read on the host; `numerics`:
     the backend's (kernels.Backend binds it). A quantized cache (k_type / v_type): kv_quant.py
-    (llama.cpp's order in either numerics: its only CPU path for such caches; no sinks there). With
+    (llama.cpp's order in either numerics: its only CPU path for such caches, sinks too). With
     `sinks` (gpt-oss): batches under 64 query rows through fattn.c (llama.cpp's row-by-row flash
     attention with its sinks, bit for bit), larger ones through the reference (float32; llama.cpp's
     tiled order with sinks is not reproduced)."""
     if k_type is not None or v_type is not None:
-        if sinks is not None:
-            raise NotImplementedError("attention sinks (gpt-oss) with a quantized KV cache")
         from .kv_quant import paged_attention as attend_quant
         return attend_quant(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap, max_q_len,
-                            window, k_type, v_type)
+                            window, k_type, v_type, sinks)
     cu = cu_seqlens_q.tolist()
     lens = kv_lens.tolist()
     S = len(lens)

@@ -21,7 +21,9 @@
      s *= scale [soft-cap];
      a quantized V: dequantize_row_* (ggml-base, no FMA) into float32, acc = fma(v, vs, acc)
      (ggml_vec_mad_f32) in a float32 accumulator; an f16 V: the float16 accumulator of fattn.c;
-     S = fma(S, ms, vs); out = acc * (1 / S). */
+     S = fma(S, ms, vs); [sinks (gpt-oss), per head sk, after the last key as ggml applies them on its
+     one chunk: acc converted to float32, if sk > M: acc *= expf(M - sk), else vs = expf(sk - M);
+     S = fma(S, ms, vs)]; out = acc * (1 / S). */
 #pragma GCC optimize("fp-contract=off")
 #include <stdint.h>
 #include <stdlib.h>
@@ -351,6 +353,7 @@ static float vec_dot_q(const uint8_t *x, const uint8_t *y, int D, int type) {
 struct fq_args {
     const float *q; const uint8_t *kc, *vc; const int *bt, *lens; float *out;
     int maxb, H, KVH, D, BS, bs_shift, kt, vt; size_t krow, vrow; float scale, softcap; int window;
+    const float *sinks;  /* [H] or NULL: gpt-oss's attention sinks */
 };
 
 static inline int is_quant(int t) { return t != T_F32 && t != T_F16; }
@@ -396,8 +399,20 @@ static void fq_item(void *args, int item) {
         }
         S = __builtin_fmaf(S, ms, vs);
     }
+    for (int i = 0; i < D; ++i) out[i] = v16 ? (float)((_Float16 *)acc)[i] : acc[i];  /* VKQ32 */
+    if (A->sinks) {  /* ggml's sinks after the last key: VKQ32 *= ms (float32), S = S ms + vs */
+        const float sk = A->sinks[h];
+        float ms = 1.0f, vs = 1.0f;
+        if (sk > M) {
+            ms = expf(M - sk);
+            for (int i = 0; i < D; ++i) out[i] *= ms;
+        } else {
+            vs = expf(sk - M);
+        }
+        S = __builtin_fmaf(S, ms, vs);
+    }
     const float inv = S == 0.0f ? 0.0f : 1.0f / S;
-    for (int i = 0; i < D; ++i) out[i] = (v16 ? (float)((_Float16 *)acc)[i] : acc[i]) * inv;
+    for (int i = 0; i < D; ++i) out[i] *= inv;
 }
 
 /* q: [S, H, D] f32; k/v cache: [NB, BS, KVH, row] of their types (rows of D / 32 blocks, or D
@@ -405,14 +420,14 @@ static void fq_item(void *args, int item) {
    Returns 0, or -1 for shapes or types it does not take (D % 32, H % KVH, BS). */
 int kvq_attention_rows(const float *q, const void *kc, const void *vc, const int *bt, int maxb, const int *lens,
                        float *out, int S, int H, int KVH, int D, int BS, float scale, float softcap, int ktype,
-                       int vtype, int nthreads, int window, int omp) {
+                       int vtype, int nthreads, int window, int omp, const float *sinks) {
     const int bs_shift = pool_block_shift(BS);
     if (bs_shift < 0 || H % KVH || D % 32 || D > 1024) return -1;
     const size_t krow = ktype == T_F32 ? 4u * D : ktype == T_F16 ? 2u * D : (size_t)kvq_block_bytes(ktype) * (D / 32);
     const size_t vrow = vtype == T_F32 ? 4u * D : vtype == T_F16 ? 2u * D : (size_t)kvq_block_bytes(vtype) * (D / 32);
     if (krow == 0 || vrow == 0 || ktype == T_Q8_1 || vtype == T_Q8_1) return -1;
     struct fq_args a = {q, kc, vc, bt, lens, out, maxb, H, KVH, D, BS, bs_shift, ktype, vtype, krow, vrow,
-                        scale, softcap, window};
+                        scale, softcap, window, sinks};
     pool_run_on(fq_item, &a, S * H, nthreads, omp);
     return 0;
 }

@@ -4,7 +4,7 @@
 reads the caches in place as llama.cpp's row-by-row flash attention does once either is quantized
 (ggml_compute_forward_flash_attn_ext_f16_one_chunk for every batch size: the query converted to K's
 vec_dot_type, K . Q by the type's vec_dot in its AVX2 order, V dequantized into a float32
-accumulator, or fattn.c's float16 one for an f16 V). A prompt row is the decode of its position
+accumulator, or fattn.c's float16 one for an f16 V; gpt-oss's sinks after the last key). A prompt row is the decode of its position
 (attention.paged_rows' convention), so a token's attention is the same bits in one batch, in chunks
 or after a cached prefix. Without the compiled kernels (or for shapes they do not take), the
 reference (dequantized caches, float32 attention).
@@ -88,8 +88,10 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping, k_type=None, v_type=None) -> 
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale: float, softcap: float = 0.0,
-                    max_q_len: int | None = None, window: int = 0, k_type=None, v_type=None) -> torch.Tensor:
-    """The contract of `kv_quant_ref.paged_attention`, in llama.cpp's float order (module docstring)."""
+                    max_q_len: int | None = None, window: int = 0, k_type=None, v_type=None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The contract of `kv_quant_ref.paged_attention`, in llama.cpp's float order (module docstring);
+    `sinks` [H]: gpt-oss's attention sinks, applied after the last key as ggml's one chunk does."""
     lib = native.lib()
     kt, vt = _type_id(k_cache, k_type), _type_id(v_cache, v_type)
     T, H, D = q.shape
@@ -99,8 +101,9 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, sc
             or not (k_cache.is_contiguous() and v_cache.is_contiguous())
             or any(not 0 <= cu[s + 1] - cu[s] <= lens[s] for s in range(S))):
         return kv_quant_ref.paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale, softcap,
-                                            max_q_len, window, k_type, v_type)
+                                            max_q_len, window, k_type, v_type, sinks)
     NB, BS, KVH = k_cache.shape[:3]
+    sk = sinks.to(torch.float32).contiguous() if sinks is not None else None
     q_lens = torch.tensor([cu[s + 1] - cu[s] for s in range(S)], dtype=torch.int64)
     seq = torch.repeat_interleave(torch.arange(S), q_lens)  # [n] the sequence of each row
     j = torch.arange(len(seq)) - (torch.tensor(cu[:S], dtype=torch.int64) - cu[0])[seq]
@@ -116,7 +119,8 @@ def paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, sc
         o = out[r0:r1]
         if lib.kvq_attention_rows(qf[r0:r1].data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tab.data_ptr(),
                                   tab.shape[1], rl.data_ptr(), o.data_ptr(), r1 - r0, H, KVH, D, BS, float(scale),
-                                  float(softcap), kt, vt, torch.get_num_threads(), int(window), int(n != S)):
+                                  float(softcap), kt, vt, torch.get_num_threads(), int(window), int(n != S),
+                                  sk.data_ptr() if sk is not None else None):
             return kv_quant_ref.paged_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, kv_lens, scale,
-                                                softcap, max_q_len, window, k_type, v_type)
+                                                softcap, max_q_len, window, k_type, v_type, sinks)
     return out.to(q.dtype)

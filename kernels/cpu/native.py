@@ -175,7 +175,7 @@ KERNELS = Library("cpu_kernels", ("gemv.c", "qgemv.c", "attention.c", "fattn.c",
     "swiglu_oai_f32": ([_p, _p, _p, _l, _f, _f], None),
     "softmax_small_f32": ([_p, _i, _i], None),
     # kv_quant.c (kernels/cpu/kv_quant.py)
-    "kvq_attention_rows": ([_p, _p, _p, _p, _i, _p, _p, _i, _i, _i, _i, _i, _f, _f, _i, _i, _i, _i, _i], _i),
+    "kvq_attention_rows": ([_p, _p, _p, _p, _i, _p, _p, _i, _i, _i, _i, _i, _f, _f, _i, _i, _i, _i, _i, _p], _i),
     "kvq_quantize": ([_p, _p, _l, _i, _i], _i),
     "kvq_dequantize": ([_p, _p, _l, _i, _i], _i),
     "kvq_vec_dot": ([_p, _p, _p, _l, _i, _i], _i),

@@ -56,6 +56,9 @@ class SeqKV:
     n_tokens: int = 0
     swa_blocks: list[int] = field(default_factory=list)
     swa_start: int = 0
+    # sliding-window layers: table entries below this one are no query's any more (the block manager may
+    # release them when its pool needs room: llama.cpp's SWA cache keeps such cells until then)
+    swa_lo: int = 0
     rs: int = -1  # hybrid models: this sequence's cell of the recurrent state (-1: none yet)
     # hybrid models: n -> (conv [Lr, K - 1, C], ssm [Lr, H, S, S]) host copies of the state after n tokens
     rs_ckpt: dict = field(default_factory=dict)
@@ -117,11 +120,15 @@ class KVStore:
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, num_blocks: int,
                  block_size: int = 16, dtype: torch.dtype = torch.float16, device: str | torch.device = "cpu",
                  windows: list[int] | None = None, num_swa_blocks: int = 0, rope: KeyRotation | None = None,
-                 type_k: GGMLQuantizationType | None = None, type_v: GGMLQuantizationType | None = None):
+                 type_k: GGMLQuantizationType | None = None, type_v: GGMLQuantizationType | None = None,
+                 attn_rot: bool = True, head_dims: list[int] | None = None):
         """`windows`: sliding window per layer (0: global); with `num_swa_blocks` > 0 the layers
         with a window live in the SWA pool of that many blocks (plus the null block). `rope`: what
         `move` re-rotates keys with. `type_k` / `type_v`: the K / V cache's ggml type (-ctk / -ctv;
-        default: that of `dtype`); a quantized one is held as GGML blocks (uint8)."""
+        default: that of `dtype`); a quantized one is held as GGML blocks (uint8). `attn_rot`: False
+        turns llama.cpp's Hadamard rotation of quantized caches off (LLAMA_ATTN_ROT_DISABLE).
+        `head_dims`: each layer's own head size where they differ (gemma4: its rows are zero-padded
+        to `head_dim`; each layer is rotated by the size of its own llama.cpp cache)."""
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.block_size, self.num_blocks, self.dtype = block_size, num_blocks, dtype
         self.device = torch.device(device)
@@ -145,7 +152,13 @@ class KVStore:
                     for sw in self.is_swa]
         self.k, self.v = tensors(self.type_k), tensors(self.type_v)
         # llama.cpp's Hadamard rotation of quantized caches (K with the query, V with the output): sizes, 0 none
-        self.rot_k, self.rot_v = kernels.kv_rotation_sizes(self.type_k, self.type_v, head_dim)
+        # per layer, as llama_kv_cache decides it for the cache holding the layer (gemma4: one for the
+        # sliding layers, one for the others, each of one head size; both test layer 0's head size)
+        dims = list(head_dims) if head_dims else [head_dim] * n_layers
+        rots = [kernels.kv_rotation_sizes(self.type_k, self.type_v, d) if attn_rot and dims[0] % 64 == 0 else (0, 0)
+                for d in dims]
+        self.rot_k_layers, self.rot_v_layers = [r[0] for r in rots], [r[1] for r in rots]
+        self.rot_k, self.rot_v = rots[0]  # (the same in every layer unless head_dims differ)
         self.rs = None  # hybrid models: the recurrent state's cells (`BlockManager.attach_recurrent`)
         self.recurrent_layers: list[bool] = []  # (their K/V tensors are never written)
         self.cell_ext = False  # M-RoPE models: slot files write llama.cpp's cell ext (x, y, token) per cell
@@ -260,16 +273,17 @@ class KVStore:
         kt = self.kv_types[0]
         if kt is not None:  # a quantized K: to float32, rotated, quantized again (llama.cpp's cast / rope / cpy)
             ks = [kernels.dequantize_kv(k, kt) for k in ks]
-        if self.rot_k:  # the Hadamard rotation undone before RoPE, applied again after (build_rope_shift)
-            ks = [kernels.hadamard(k, self.rot_k) for k in ks]
+        rk = self.rot_k_layers
+        if any(rk):  # the Hadamard rotation undone before RoPE, applied again after (build_rope_shift)
+            ks = [kernels.hadamard(k, rk[l]) if rk[l] else k for l, k in enumerate(ks)]
         rot = self.rope
         ops = rot.ops if rot.ops is not None else kernels.Backend.for_device(self.device)
         delta = torch.full((n,), dst - src, dtype=torch.int64, device=self.device)
         ks = [ops.rope(k.float(), delta, f.to(self.device), rot.neox,
                        rot.theta_scales[l] if l < len(rot.theta_scales) else 0.0)
               for l, (k, f) in enumerate(zip(ks, rot.inv_freqs))]
-        if self.rot_k:
-            ks = [kernels.hadamard(k, self.rot_k) for k in ks]
+        if any(rk):
+            ks = [kernels.hadamard(k, rk[l]) if rk[l] else k for l, k in enumerate(ks)]
         self.scatter(seq, dst, ks, vs)
 
     def read_window(self, seq: SeqKV, first: int, n: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

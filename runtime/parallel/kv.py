@@ -13,9 +13,11 @@ from runtime.parallel.shard import TPShard
 
 class TPKVStore(KVStore):
     def __init__(self, shard: TPShard, n_layers: int, head_dim: int, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device, rope: KeyRotation | None = None):
+                 dtype: torch.dtype, device, rope: KeyRotation | None = None, **types):
+        """`types`: the store's type_k, type_v and attn_rot (-ctk / -ctv: each rank's heads quantized
+        as a whole-head store's rows are, so assembled reads are those of one rank)."""
         k0, k1 = shard.heads.kv
-        super().__init__(n_layers, k1 - k0, head_dim, num_blocks, block_size, dtype, device, rope=rope)
+        super().__init__(n_layers, k1 - k0, head_dim, num_blocks, block_size, dtype, device, rope=rope, **types)
         self.shard = shard
         self.n_kv_heads = shard.heads.n_head_kv  # what exports, slot files and sizes see: all heads
 

@@ -27,10 +27,13 @@ Sliding-window layers (the store's SWA pool; not with --swa-full): a sequence ha
 table `SeqKV.swa_blocks`, indexed like `blocks` (entry j holds positions j*BS .. j*BS + BS - 1),
 whose entries for blocks that fell entirely out of the window are `NULL_BLOCK`.
 `advance_window(seq, n_past, n_end)`, called before every forward (micro-batch) that writes
-positions n_past .. n_end - 1, frees the blocks below the first query's window (p < n_past - W + 1,
-whole blocks only) and allocates those the micro-batch writes; so a sequence holds at most
-ceil((W - 1 + rows) / BS) + 1 SWA blocks and the pool is sized for every slot's window plus one
-micro-batch (`swa_blocks_for`). `SeqKV.swa_start`: positions below it have no SWA K/V any more; a
+positions n_past .. n_end - 1, allocates those the micro-batch writes and marks the blocks below the
+first query's window (p < n_past - W + 1, whole blocks only: `SeqKV.swa_lo`); with `swa_keep` 0 it
+frees them at once (a sequence then holds at most ceil((W - 1 + rows) / BS) + 1 SWA blocks and a pool
+of every slot's window plus one micro-batch, `swa_blocks_for`, never runs out); the server keeps
+them, as llama.cpp's SWA cache keeps its masked cells, until the pool needs room (`_make_room`: the
+sequence keeping the most of them gives its oldest back first; its pool is at least llama.cpp's cells,
+`swa_pool_blocks`). `SeqKV.swa_start`: positions below it have no SWA K/V any more; a
 cached prefix can only be resumed at n_past when `window_ok(seq, n_past)` (the next token's window
 is still there: llama-server's pos_min check), or when a context checkpoint holds it (`checkpoint`:
 `SeqKV.swa_ckpt[c]`, the window's rows before the batch at c, written back by `truncate(seq, c - 1)`).
@@ -47,6 +50,7 @@ n; exports (RAM prompt cache, slot files) carry the state and the checkpoints.
 """
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -98,6 +102,20 @@ def swa_blocks_for(window: int, n_seqs: int, n_ubatch: int, block_size: int) -> 
     return n_seqs * per_seq + (n_ubatch + block_size - 1) // block_size
 
 
+def swa_cells(window: int, n_seqs: int, n_ubatch: int, n_ctx_seq: int, unified: bool) -> int:
+    """The cells of llama.cpp b1's SWA cache, all streams: GGML_PAD(min(n_ctx_seq, n_swa * (n_seq if
+    unified else 1) + n_ubatch), 256) per stream (llama_kv_cache_iswa), one stream or one per sequence."""
+    cells = min(n_ctx_seq, window * (n_seqs if unified else 1) + n_ubatch)
+    return (cells + 255) // 256 * 256 * (1 if unified else n_seqs)
+
+
+def swa_pool_blocks(window: int, n_seqs: int, n_ubatch: int, n_ctx_seq: int, unified: bool, block_size: int) -> int:
+    """The SWA pool of a server: at least llama.cpp's cells (`swa_cells`) in blocks, one partial block
+    per sequence more, and never less than `swa_blocks_for` (what the windows and a micro-batch need)."""
+    cells = swa_cells(window, n_seqs, n_ubatch, n_ctx_seq, unified)
+    return max(swa_blocks_for(window, n_seqs, n_ubatch, block_size), (cells + block_size - 1) // block_size + n_seqs)
+
+
 @dataclass(frozen=True)
 class KVUsage:
     """Blocks of the main pool and of the SWA pool (0 without one), in all and free."""
@@ -113,8 +131,16 @@ class KVUsage:
 
 
 class BlockManager:
-    def __init__(self, store: KVStore):
+    def __init__(self, store: KVStore, swa_keep: int = 0):
+        """`swa_keep` > 0: sliding-window layers keep the blocks below their window until the SWA pool
+        needs them (llama.cpp's SWA cache; the pool is `swa_pool_blocks`), and an import restores up to
+        that many positions below the window (the pool's blocks beyond `swa_blocks_for`, in positions);
+        0: they release them at once."""
         self.store = store
+        self.swa_keep = swa_keep
+        self.swa_retain = swa_keep > 0
+        # sequences holding SWA blocks (the ones `_make_room` may take blocks below the window from)
+        self._swa_holders: weakref.WeakValueDictionary[int, SeqKV] = weakref.WeakValueDictionary()
         self.block_size = store.block_size
         self.window = store.window  # 0: no SWA pool
         self.pool = BlockPool(store.num_blocks)
@@ -199,6 +225,7 @@ class BlockManager:
                     self.swa_pool.release(b)
             del seq.swa_blocks[keep:]
             seq.swa_start = min(seq.swa_start, n) if seq.swa_blocks else 0
+            seq.swa_lo = min(seq.swa_lo, max(0, n - self.window + 1) // self.block_size)
             seq.swa_ckpt = {c: st for c, st in seq.swa_ckpt.items() if 1 < c and c - 1 <= n}
             ck = seq.swa_ckpt.get(n + 1)
             if n > 0 and ck is not None and seq.swa_start > max(0, n - self.window + 1):
@@ -211,6 +238,8 @@ class BlockManager:
         lo = max(first, max(0, n - self.window + 1) // BS * BS)
         need = self.blocks_needed(n)
         table.extend([NULL_BLOCK] * (need - len(table)))
+        if self.swa_retain:
+            self._make_room(sum(1 for j in range(lo // BS, need) if table[j] == NULL_BLOCK or pool.refs[table[j]] > 1))
         for j in range(lo // BS, need):
             if table[j] != NULL_BLOCK and pool.refs[table[j]] > 1:
                 table[j] = self._copy_block(table[j], swa=True)
@@ -233,26 +262,33 @@ class BlockManager:
         for b in swa:
             if b != NULL_BLOCK:
                 self.swa_pool.incref(b)
-        return SeqKV(list(blocks), n, list(swa), min(src.swa_start, n) if swa else 0)
+        out = SeqKV(list(blocks), n, list(swa), min(src.swa_start, n) if swa else 0,
+                    min(src.swa_lo, max(0, n - self.window + 1) // self.block_size) if swa else 0)
+        if swa:
+            self._swa_holders[id(out)] = out
+        return out
 
     # ---- sliding-window layers -------------------------------------------------------------
     def advance_window(self, seq: SeqKV, n_past: int, n_end: int) -> None:
-        """Before a forward writing positions [n_past, n_end): free the SWA blocks that no query
-        of it can see (all positions < n_past - W + 1), allocate the ones it writes (copying a
+        """Before a forward writing positions [n_past, n_end): mark the SWA blocks that no query
+        of it can see (all positions < n_past - W + 1: `SeqKV.swa_lo`) and free them (`swa_keep` 0),
+        or leave them until the pool needs room (`_make_room`); allocate the ones it writes (copying a
         shared one first). No-op without an SWA pool. Raises OutOfBlocks (not with the pool sized
         by `swa_blocks_for`)."""
         if not self.window:
             return
         BS, table, pool = self.block_size, seq.swa_blocks, self.swa_pool
         lo = max(0, n_past - self.window + 1) // BS
-        for j in range(min(lo, len(table))):
-            if table[j] != NULL_BLOCK:
-                pool.release(table[j])
-                table[j] = NULL_BLOCK
-        seq.swa_start = max(seq.swa_start, lo * BS)
         need = self.blocks_needed(n_end)
         table.extend([NULL_BLOCK] * (need - len(table)))
         w = n_past // BS  # the block the first new row goes to may be shared
+        seq.swa_lo = max(seq.swa_lo, lo)
+        if not self.swa_retain:
+            self._drop_below(seq, lo)
+        else:  # kept until the pool needs them (llama.cpp's SWA cache overwrites masked cells only then)
+            n_new = sum(1 for j in range(w, need) if table[j] == NULL_BLOCK)
+            self._make_room(n_new + (w < need and table[w] != NULL_BLOCK and pool.refs[table[w]] > 1))
+        self._swa_holders[id(seq)] = seq
         if w < need and table[w] != NULL_BLOCK and pool.refs[table[w]] > 1:
             table[w] = self._copy_block(table[w], swa=True)
         for j in range(w, need):  # (entries in [lo, w) are held unless resumed past the window)
@@ -260,6 +296,39 @@ class BlockManager:
                 table[j] = pool.alloc()
         if seq.swa_start > n_past:  # rewritten from n_past on (after a truncation into dropped blocks)
             seq.swa_start = n_past
+
+    def _drop_below(self, seq: SeqKV, j_end: int) -> int:
+        """Release `seq`'s SWA blocks of table entries < j_end (oldest first); the count released."""
+        n = 0
+        for j in range(min(j_end, len(seq.swa_blocks))):
+            if seq.swa_blocks[j] != NULL_BLOCK:
+                self.swa_pool.release(seq.swa_blocks[j])
+                seq.swa_blocks[j] = NULL_BLOCK
+                n += 1
+        seq.swa_start = max(seq.swa_start, j_end * self.block_size)
+        return n
+
+    def _make_room(self, n: int) -> None:
+        """At least n free SWA blocks: blocks below a sequence's window released, oldest first, from
+        the sequence that keeps the most of them first (under pressure every sequence keeps a like
+        share of the pool). Those are never short of what the windows and a micro-batch need
+        (the pool is at least `swa_blocks_for`)."""
+        pool = self.swa_pool
+        if pool.n_free >= n:
+            return
+        kept = {}
+        for key, s in list(self._swa_holders.items()):
+            c = sum(1 for b in s.swa_blocks[:s.swa_lo] if b != NULL_BLOCK)
+            if c:
+                kept[key] = c
+        while pool.n_free < n and kept:
+            key = max(kept, key=kept.get)
+            s = self._swa_holders[key]
+            j = next(j for j in range(s.swa_lo) if s.swa_blocks[j] != NULL_BLOCK)
+            self._drop_below(s, j + 1)
+            kept[key] -= 1
+            if not kept[key]:
+                del kept[key]
 
     def window_ok(self, seq: SeqKV, n_past: int) -> bool:
         """Whether a token at position n_past (after truncating to n_past) finds its whole window:
@@ -284,8 +353,8 @@ class BlockManager:
                 seq.rs_ckpt[n] = self.store.rs.export(seq.rs)
             seq.rs_ckpt = {c: st for c, st in seq.rs_ckpt.items() if c in keep}
         if self.window and n > 1:
-            if n in keep:
-                first = min(seq.swa_start, n)
+            if n in keep:  # (the rows `truncate(seq, n - 1)` writes back: from the window's first block)
+                first = min(max(seq.swa_start, max(0, n - self.window) // self.block_size * self.block_size), n)
                 seq.swa_ckpt[n] = (first, *self.store.read_window(seq, first, n))
             seq.swa_ckpt = {c: st for c, st in seq.swa_ckpt.items() if c in keep}
 
@@ -344,13 +413,16 @@ class BlockManager:
         n = state.n_tokens
         self.reserve(seq, n)
         if self.window:
-            # a state without swa_start (a slot file) vouches for the next token's window only
+            # a state without swa_start (a slot file) vouches for the next token's window only; of a
+            # state's rows, its window and up to `swa_keep` positions before it
             held = state.swa_start if state.swa_start is not None else n - self.window + 1
-            first = max(held, n - self.window, 0)
+            span = self.window + self.swa_keep
+            first = max(held, n - span, 0)
             seq.swa_blocks = [NULL_BLOCK] * (first // self.block_size)
             seq.swa_start = first
             self.advance_window(seq, first, n)  # allocates the blocks of [first, n)
             seq.swa_start = first
+            seq.swa_lo = max(0, n - self.window + 1) // self.block_size
         self.store.write(seq, state)
         seq.n_tokens = n
         if self.store.rs is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from concurrent.futures import Future
 import time
 from dataclasses import dataclass
@@ -20,8 +21,10 @@ import kernels
 from runtime.model.cuda_graphs import DecodeGraphs
 from runtime.model.kv_store import KVStore, SeqKV
 from runtime.model.decoder import Model, SeqBatch
-from runtime.serving.blocks import BlockManager, swa_blocks_for
+from runtime.serving.blocks import BlockManager
 from runtime.serving.config import EngineConfig
+from runtime.serving.sizing import (layer_head_dims, log_context, log_kv_size, n_blocks_for, slot_layout,  # noqa: F401
+                                    swa_layout)
 from runtime.serving.plan import StepPlan
 from runtime.serving.prompt_cache import PromptCache
 from runtime.serving.runner import ModelRunner
@@ -68,10 +71,18 @@ def model_pooling(metadata: Any, arch: str) -> str:
     return POOLING_TYPES.get(int(v), "none") if isinstance(v, (int, float)) else "none"
 
 
+def c_atoi(text: str | None) -> int:
+    """C's atoi, as llama.cpp reads its integer environment variables: leading blanks, an optional
+    sign, the digits that follow (0 without any; None, an unset variable: 0)."""
+    m = re.match(r"[ \t\n\v\f\r]*([+-]?\d+)", text or "")
+    return int(m.group(1)) if m else 0
+
+
 def resolve_config(cfg: EngineConfig) -> None:
     """Settle what the config leaves to the machine or the environment: the device for "auto",
-    the CUDA graph mode from TRITIUM_CUDA_GRAPHS and the numerics from TRITIUM_FAST_NUMERICS when
-    the config does not set them (the one read of each)."""
+    the CUDA graph mode from TRITIUM_CUDA_GRAPHS, the numerics from TRITIUM_FAST_NUMERICS and the
+    quantized caches' rotation from LLAMA_ATTN_ROT_DISABLE when the config does not set them (the
+    one read of each)."""
     if cfg.device == "auto":
         cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
     if cfg.cuda_graphs is None:
@@ -81,20 +92,8 @@ def resolve_config(cfg: EngineConfig) -> None:
     if cfg.numerics is None:
         cfg.numerics = kernels.Numerics.OWN if os.environ.get("TRITIUM_FAST_NUMERICS") else kernels.Numerics.GGML
     cfg.numerics = kernels.Numerics(cfg.numerics)
-
-
-def slot_layout(cfg: EngineConfig, n_ctx_train: int) -> tuple[int, int, bool, int]:
-    """(n_ctx, n_slots, kv_unified, n_ctx_slot): -np auto is 4 slots sharing one unified cache of
-    n_ctx tokens; otherwise each of the -np slots gets n_ctx / np unless -kvu."""
-    n_ctx = cfg.n_ctx if cfg.n_ctx > 0 else n_ctx_train
-    if cfg.n_parallel is None or cfg.n_parallel < 0:
-        n_slots, unified = 4, True
-    else:
-        n_slots, unified = max(1, cfg.n_parallel), bool(cfg.kv_unified)
-    n_ctx_slot = n_ctx if unified else n_ctx // n_slots
-    if cfg.kv_unified_per_slot > 0:  # --kv-unified-per-slot N: no slot's context goes beyond N tokens
-        n_ctx_slot = min(n_ctx_slot, cfg.kv_unified_per_slot)
-    return n_ctx, n_slots, unified, n_ctx_slot
+    if cfg.attn_rot_disable is None:  # llama_kv_cache: atoi(getenv("LLAMA_ATTN_ROT_DISABLE"))
+        cfg.attn_rot_disable = c_atoi(os.environ.get("LLAMA_ATTN_ROT_DISABLE")) != 0
 
 
 def _load_adapters(cfg: EngineConfig, lm, model: Model, log: Log) -> None:
@@ -158,11 +157,6 @@ def _load_model(cfg: EngineConfig, log: Log, on_read: Callable[[Any], None] | No
     return full, model
 
 
-def _n_blocks(cfg: EngineConfig, n_ctx_train: int) -> int:
-    n_ctx, n_slots, _, _ = slot_layout(cfg, n_ctx_train)
-    return (n_ctx + cfg.block_size - 1) // cfg.block_size + n_slots
-
-
 _FLOAT_KV = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -176,26 +170,15 @@ def kv_types(cfg: EngineConfig) -> tuple[GGMLQuantizationType, GGMLQuantizationT
     return GGMLQuantizationType[cfg.kv_dtype.upper()], GGMLQuantizationType[(cfg.kv_type_v or cfg.kv_dtype).upper()]
 
 
-def log_kv_size(store: KVStore, n_ctx: int, n_slots: int, unified: bool, log: Log) -> None:
-    """llama_kv_cache's size line, as llama-server prints it at -lv 4: the cache's bytes at n_ctx cells,
-    K and V apart, each in its type; its cells per stream (one stream per slot, or one with --kv-unified)
-    and seqs / streams. (tritium's pool is sized in blocks for the same cells plus one per slot.)"""
-    layers = store.n_layers - sum(store.recurrent_layers) if store.recurrent_layers else store.n_layers
-    k = layers * n_ctx * store.row_bytes(store.type_k) / 2**20
-    v = layers * n_ctx * store.row_bytes(store.type_v) / 2**20
-    streams = 1 if unified else max(1, n_slots)
-    log("D", f"llama_kv_cache: size = {k + v:7.2f} MiB ({n_ctx // streams:6d} cells, {layers:3d} layers, "
-             f"{n_slots:2d}/{streams} seqs), K ({store.type_k.name.lower()}): {k:7.2f} MiB, "
-             f"V ({store.type_v.name.lower()}): {v:7.2f} MiB")
-
-
 def serve_worker(cfg: EngineConfig, log: Log) -> None:
     """A tensor-parallel rank other than 0: load its shard and obey rank 0 until it stops."""
     from runtime.parallel.worker import serve
 
     lm, model = _load_model(cfg, log)
-    store = KVStore(len(model.layers), model.n_head_kv, model.head_dim, _n_blocks(cfg, lm.config.n_ctx_train),
-                    cfg.block_size, _kv_dtype(cfg), model.device)
+    type_k, type_v = kv_types(cfg)
+    store = KVStore(len(model.layers), model.n_head_kv, model.head_dim, n_blocks_for(cfg, lm.config.n_ctx_train),
+                    cfg.block_size, _kv_dtype(cfg), model.device, type_k=type_k, type_v=type_v,
+                    attn_rot=not cfg.attn_rot_disable)
     log("I", f"srv    load_model: KV cache of rank {model.tp.group.rank}: {model.n_head_kv} of "
              f"{model.tp.heads.n_head_kv} KV heads, {store.nbytes / 2**20:.1f} MiB")
     try:
@@ -237,30 +220,35 @@ def load(cfg: EngineConfig, log: Log) -> Loaded:
         log("W", f"load: {w}")
 
     c = lm.config
+    log_context(cfg, c.n_ctx_train, log)
     n_ctx, n_slots, unified, n_ctx_slot = slot_layout(cfg, c.n_ctx_train)
-    n_blocks = _n_blocks(cfg, c.n_ctx_train)
+    n_blocks = n_blocks_for(cfg, c.n_ctx_train)
+    if cfg.attn_rot_disable:  # llama_kv_cache's warning, once per cache it builds (iSWA models: two)
+        for _ in range(2 if any(L.window for L in model.layers) else 1):
+            log("W", "llama_kv_cache: attention rotation force disabled (LLAMA_ATTN_ROT_DISABLE)")
+    type_k, type_v = kv_types(cfg)
+    if kernels.kv_quantized(type_v) and cfg.flash_attn == "off":  # llama_init_from_model's refusal
+        raise ValueError("llama_init_from_model: quantized V cache requires flash_attn to be enabled")
     if model.tp is None:
-        windows, n_swa = _swa_pool(cfg, model, n_slots, n_blocks, log)
-        type_k, type_v = kv_types(cfg)
-        if kernels.kv_quantized(type_v) and cfg.flash_attn == "off":  # llama_init_from_model's refusal
-            raise ValueError("llama_init_from_model: quantized V cache requires flash_attn to be enabled")
-        if any(kernels.kv_quantized(t) for t in (type_k, type_v)):
-            if lm.config.arch == "gemma4" or any(L.sinks is not None for L in model.layers):
-                raise ValueError(f"quantized KV cache types (-ctk / -ctv) are not supported yet for the "
-                                 f"{lm.config.arch} architecture (attention sinks or gemma4's per-layer head sizes)")
+        windows, n_swa, swa_keep = swa_layout(cfg, model, c.n_ctx_train, n_blocks, log)
+        if any(kernels.kv_quantized(t) for t in (type_k, type_v)) and lm.config.arch == "gemma4":
+            raise ValueError(f"quantized KV cache types (-ctk / -ctv) are not supported yet for the "
+                             f"{lm.config.arch} architecture (gemma4's per-layer head sizes)")
         store = KVStore(len(model.layers), model.n_head_kv, model.head_dim, n_blocks, cfg.block_size, _kv_dtype(cfg),
-                        model.device, windows, n_swa, rope=model.key_rotation(), type_k=type_k, type_v=type_v)
+                        model.device, windows, n_swa, rope=model.key_rotation(), type_k=type_k, type_v=type_v,
+                        attn_rot=not cfg.attn_rot_disable, head_dims=layer_head_dims(model))
         log_kv_size(store, n_ctx, n_slots, unified, log)
         log("I", f"srv    load_model: KV cache {store.nbytes / 2**20:.2f} MiB ({n_blocks} blocks of {cfg.block_size}"
                  + (f"; sliding-window layers: {n_swa} blocks" if store.window else "") + ")")
         store.cell_ext = model.rope_pairs is not None  # M-RoPE: slot files carry llama.cpp's cell ext
     else:
         from runtime.parallel.kv import TPKVStore
-        if any(kernels.kv_quantized(t) for t in kv_types(cfg)):
-            raise ValueError("quantized KV cache types (-ctk / -ctv) are not supported with tensor parallelism (-tp)")
         store = TPKVStore(model.tp, len(model.layers), model.head_dim, n_blocks, cfg.block_size, _kv_dtype(cfg),
-                          model.device, rope=model.key_rotation())
-    blocks = BlockManager(store)
+                          model.device, rope=model.key_rotation(), type_k=type_k, type_v=type_v,
+                          attn_rot=not cfg.attn_rot_disable)
+        log_kv_size(store, n_ctx, n_slots, unified, log)
+        swa_keep = 0
+    blocks = BlockManager(store, swa_keep)
     if model.tp is None:
         rs = model.new_state(n_slots + 1)  # hybrid models: a recurrent state cell per slot, one for the warm-up
         if rs is not None:
@@ -354,21 +342,6 @@ def trim_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
-
-
-def _swa_pool(cfg: EngineConfig, model: Model, n_slots: int, n_blocks: int, log: Log) -> tuple[list[int] | None, int]:
-    """(windows per layer, SWA pool blocks) for a model with sliding-window layers: they keep only
-    their window plus a micro-batch (runtime/serving/blocks.py) unless --swa-full or when that would not
-    be smaller than the full cache (llama.cpp: min(n_ctx, n_swa * n_seq + n_ubatch) cells)."""
-    windows = [L.window for L in model.layers]
-    if not any(windows):
-        if cfg.swa_full:
-            log("W", "srv    load_model: swa_full is not supported by this model, it will be disabled")
-        return None, 0
-    if cfg.swa_full:
-        return None, 0
-    n_swa = swa_blocks_for(max(windows), n_slots, min(cfg.n_batch, cfg.n_ubatch), cfg.block_size)
-    return (windows, n_swa) if n_swa < n_blocks else (None, 0)
 
 
 def tune_kernels(model: Model, n_batch: int, n_slots: int, log: Log) -> None:

@@ -2,7 +2,8 @@
 
 Environment variables that change how the engine runs are read into it once, by
 `bootstrap.resolve_config` (`cuda_graphs` from `TRITIUM_CUDA_GRAPHS`, `numerics` from
-`TRITIUM_FAST_NUMERICS`), never deep in the load or in a kernel.
+`TRITIUM_FAST_NUMERICS`, `attn_rot_disable` from llama.cpp's `LLAMA_ATTN_ROT_DISABLE`), never deep in
+the load or in a kernel.
 """
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ class EngineConfig:
     block_size: int = 16
     kv_dtype: str = "f16"  # the K cache's type (-ctk: f32 f16 bf16 q8_0 q4_0 q4_1 iq4_nl q5_0 q5_1)
     kv_type_v: str = ""  # the V cache's (-ctv); "": kv_dtype's
+    # llama.cpp b1's Hadamard rotation of quantized K/V caches turned off (LLAMA_ATTN_ROT_DISABLE, as
+    # llama_kv_cache reads it: atoi != 0); None = the environment's, read by bootstrap.resolve_config
+    attn_rot_disable: bool | None = None
     defaults: SamplingParams = field(default_factory=SamplingParams)
     chat_template: str | None = None
     chat_template_file: str | None = None
