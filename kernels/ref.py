@@ -226,8 +226,6 @@ def write_kv(
     cache's GGML type (kernels/kv_quant_ref.py; None: a float cache).
     """
     if k_type is not None or v_type is not None:
-        if sinks is not None:
-            raise NotImplementedError("attention sinks (gpt-oss) with a quantized KV cache")
         from . import kv_quant_ref
         return kv_quant_ref.write_kv(k, v, k_cache, v_cache, slot_mapping, k_type, v_type)
     NB, BS, KVH, D = k_cache.shape

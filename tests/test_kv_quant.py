@@ -12,6 +12,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from kernels import kv_quant_ref as R
+from kernels import ref as torch_ref
 from kernels.cpu import kv_quant as C
 from kernels.cpu import native
 from tests.kv_quant_cases import CASES, F16, F32, inputs
@@ -144,12 +145,13 @@ def test_write_kv_skips_negative_slots_and_matches_the_reference():
     k, v = torch.randn(5, 2, 64, generator=g), torch.randn(5, 2, 64, generator=g)
     slots = torch.tensor([3, -1, 17, 0, 30])
     caches = []
-    for impl in (C, R):
+    for impl in (C, R, torch_ref):  # torch_ref: the reference backend's write_kv routes to kv_quant_ref
         kc = torch.zeros(4, 8, 2, R.row_bytes(Q.Q4_1, 64), dtype=torch.uint8)
         vc = torch.zeros(4, 8, 2, 64, dtype=torch.float16)
         impl.write_kv(k, v, kc, vc, slots, k_type=Q.Q4_1, v_type=None)
         caches.append((kc, vc))
-    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    for other in caches[1:]:
+        assert torch.equal(caches[0][0], other[0]) and torch.equal(caches[0][1], other[1])
     assert int((caches[0][0].view(32, -1).abs().sum(-1) != 0).sum()) == 4  # 4 cells written, slot -1 skipped
     with pytest.raises(IndexError):
         C.write_kv(k, v, caches[0][0], caches[0][1], torch.tensor([0, 1, 2, 3, 32]), k_type=Q.Q4_1)
