@@ -18,7 +18,8 @@ from kernels.qweight import QWeight
 from runtime.model.kv_store import SeqKV
 from runtime.serving.blocks import BlockManager
 from runtime.model.loader import load_model
-from runtime.model.decoder import Model, SeqBatch, rope_inv_freq
+from runtime.model.decoder import Model, SeqBatch
+from runtime.model.rope import rope_inv_freq
 from runtime.model.tiny_model import spec_with, write_tiny_model
 
 

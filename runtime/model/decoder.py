@@ -9,13 +9,13 @@ matmul runs once over all T rows (weights read once per step), and attention goe
 GeGLU, post-norms, soft-caps, sliding windows, per-layer RoPE bases) is plain data from
 `runtime.model.arch.spec_for(cfg)`; a mixture-of-experts FFN (qwen3moe) is `runtime.model.arch.qwen3moe.MoeFFN`
 (gpt-oss: `runtime.model.arch.gptoss.GptOssMoE`); a layer's attention sinks and output bias are read
-when the file has them (gpt-oss).
+when the file has them (gpt-oss). What an architecture computes differently goes through its module in
+runtime/model/arch/ (gemma4's attention block and layer fields, mistral3's q temperature, smollm3's
+NoPE layers). The step's host inputs are built in `runtime.model.step`; RoPE frequencies (YaRN
+included) come from `runtime.model.rope`.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import math
 import os
 from dataclasses import dataclass
@@ -25,54 +25,18 @@ import torch
 
 import kernels
 from kernels.qweight import QWeight
-from runtime.model.arch import spec_for
+from runtime.model.arch import moe_class, spec_for
 from runtime.model.arch.qwen3moe import MoeFFN
-from runtime.model.arch.gptoss import ARCHS as GPTOSS_ARCHS, GptOssMoE
-from runtime.model.arch import gemma4, mistral3
+from runtime.model.arch.gptoss import GptOssMoE
+from runtime.model.arch import gemma4, mistral3, smollm3
 from runtime.model.arch.qwen35 import LinearAttention, SharedExpertMoE, recurrent_shape
 from runtime.model.recurrent import RecurrentStore
 from runtime.model.arch.qwenvl import mrope, pair_sections
 from runtime.model import media as mm
-from runtime.model.kv_store import KeyRotation, KVStore, SeqKV
+from runtime.model.kv_store import KeyRotation, KVStore
 from runtime.model.lora import RowLora
-
-
-@dataclass
-class SeqBatch:
-    """The new tokens of one sequence in a forward batch."""
-    seq: SeqKV
-    tokens: list[int]
-    n_past: int  # tokens already in the cache; the first new token sits at this position
-    logits: bool = True  # compute logits of the last new token
-    n_logits: int = 1  # with logits: of the last n_logits new tokens (a speculative verify row: all of them)
-    hidden: bool = False  # return the final normed hidden states of all new tokens (embeddings)
-    # > 0: only the `topk` largest logits must be exact (the sampler keeps no more than those);
-    # the others may come back as -inf. `banned` tokens are excluded from that top-k.
-    topk: int = 0
-    banned: tuple[int, ...] = ()
-    lora: tuple[float, ...] = ()  # this sequence's scale per loaded LoRA adapter (runtime/model/lora.py)
-    pos: list[int] | None = None  # each new token's rope position (None: its KV index, n_past + j)
-    embd: tuple = ()  # `runtime.model.media.EmbdSpan`s: rows taking media embeddings (their tokens < 0)
-    rs: int = -1  # hybrid models: the sequence's cell in the RecurrentStore (its state after n_past tokens)
-
-
-@dataclass
-class StepTensors:
-    """A forward's inputs on the host: ids / pos / slots [T], tables [S, max_blocks] int32, cu
-    [S + 1] int32, kv_lens [S] int32; `rows`: token rows whose logits are wanted."""
-    ids: torch.Tensor
-    pos: torch.Tensor
-    slots: torch.Tensor
-    tables: torch.Tensor
-    cu: torch.Tensor
-    kv_lens: torch.Tensor
-    max_q_len: int
-    rows: list[int]
-    need_hidden: bool
-    swa_slots: torch.Tensor | None = None  # [T]: the sliding-window layers' slots in the SWA pool
-    swa_tables: torch.Tensor | None = None  # [S, max_blocks] int32: their block tables (kv_store.py)
-    media: mm.StepMedia | None = None  # rows taking media embeddings (runtime/model/media.py)
-    rs_cells: torch.Tensor | None = None  # [S] int64: each sequence's RecurrentStore cell (hybrid models)
+from runtime.model.rope import rope_attn_scale, rope_inv_freq, rope_theta_scale  # noqa: F401 (re-exported)
+from runtime.model.step import SeqBatch, StepTensors, build_step, recurrent_cells  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -110,100 +74,6 @@ def _matmul_rows(ops: kernels.Backend, x: torch.Tensor, ws: list[QWeight]) -> to
     if len(ws) == 1:
         return ops.qmatmul(x, ws[0])
     return torch.cat([ops.qmatmul(x, w) for w in ws], dim=1)
-
-
-def _block_tables(tables: list[list[int]], min_width: int = 0) -> torch.Tensor:
-    """Per-sequence block tables as one int32 [S, max(len, min_width)] tensor, zero-padded."""
-    out = torch.zeros((len(tables), max(min_width, max(map(len, tables)))), dtype=torch.int32)
-    for i, t in enumerate(tables):
-        out[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-    return out
-
-
-def rope_inv_freq(cfg) -> torch.Tensor:
-    """inv_freq [D/2] float32 including linear scaling, llama3 frequency factors and YaRN.
-
-    YaRN (as ggml's rope): each dimension mixes the interpolated angle (freq_scale * theta) and the
-    extrapolated one (theta) with a ramp between the correction dimensions; the angle stays linear
-    in the position, so the mix folds into an effective inverse frequency. Its magnitude factor is
-    `rope_attn_scale` (applied to the attention scores)."""
-    d = getattr(cfg, "n_rot", 0) or cfg.head_dim  # rotated dims (partial rope: the first n_rot of each head)
-    base = float(getattr(cfg, "rope_freq_base", 10000.0) or 10000.0)
-    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    scale_type = getattr(cfg, "rope_scaling_type", None) or "none"
-    factor = float(getattr(cfg, "rope_scaling_factor", 0.0) or 0.0)
-    if scale_type == "linear" and factor > 0:
-        inv = inv / factor
-    elif scale_type == "yarn" and factor > 0:
-        freq_scale = 1.0 / factor
-        ext = _yarn_ext_factor(cfg)
-        if ext != 0.0:
-            low, high = _yarn_corr_dims(cfg, d, base)
-            i0 = torch.arange(0, d, 2, dtype=torch.float64)
-            y = (i0 / 2 - low) / max(0.001, high - low)
-            mix = (1 - y.clamp(0.0, 1.0)) * ext
-        else:
-            mix = torch.zeros(d // 2, dtype=torch.float64)
-        inv = inv * (freq_scale * (1 - mix) + mix)
-    freq_factors = getattr(cfg, "rope_freq_factors", None)
-    if freq_factors is not None:
-        inv = inv / freq_factors.to(torch.float64)
-    return inv.to(torch.float32)
-
-
-def rope_theta_scale(cfg, base: float | None = None) -> float:
-    """ggml's theta_scale, powf(base, -2 / n_dims) in float32 as its CPU rope computes it, when the
-    layer's angles are ggml's plain chain (no YaRN mix, no frequency factors); else 0.0 (the angles
-    then come from inv_freq)."""
-    scale_type = getattr(cfg, "rope_scaling_type", None) or "none"
-    factor = float(getattr(cfg, "rope_scaling_factor", 0.0) or 0.0)
-    if getattr(cfg, "rope_freq_factors", None) is not None or (scale_type == "yarn" and factor > 0):
-        return 0.0
-    if scale_type not in ("none", "linear"):
-        return 0.0
-    base = float(base if base is not None else (getattr(cfg, "rope_freq_base", 10000.0) or 10000.0))
-    n_dims = getattr(cfg, "n_rot", 0) or cfg.head_dim
-    return float(_libm().powf(ctypes.c_float(base), ctypes.c_float(_f32_div(-2.0, float(n_dims)))))
-
-
-def _f32_div(a: float, b: float) -> float:
-    """a / b rounded to float32 as C's float division (-2.0f / n_dims)."""
-    return float(torch.tensor(a, dtype=torch.float32) / torch.tensor(b, dtype=torch.float32))
-
-
-@functools.cache
-def _libm():
-    lib = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-    lib.powf.restype, lib.powf.argtypes = ctypes.c_float, [ctypes.c_float, ctypes.c_float]
-    return lib
-
-
-def _yarn_ext_factor(cfg) -> float:
-    ext = float(getattr(cfg, "yarn_ext_factor", -1.0))
-    return 1.0 if ext < 0 else ext  # llama.cpp: -1 means 1.0 for YaRN
-
-
-def _yarn_corr_dims(cfg, n_dims: int, base: float) -> tuple[float, float]:
-    n_ctx_orig = int(getattr(cfg, "rope_scaling_orig_ctx", 0) or getattr(cfg, "n_ctx_train", 0) or 4096)
-
-    def corr_dim(n_rot: float) -> float:
-        return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
-
-    start = math.floor(corr_dim(float(getattr(cfg, "yarn_beta_fast", 32.0))))
-    end = math.ceil(corr_dim(float(getattr(cfg, "yarn_beta_slow", 1.0))))
-    return max(0.0, start), min(n_dims - 1.0, end)
-
-
-def rope_attn_scale(cfg) -> float:
-    """Factor on the attention scores from YaRN's magnitude scaling (1.0 otherwise): ggml scales
-    cos and sin by mscale, i.e. both q and k, so the scores by mscale^2."""
-    if (getattr(cfg, "rope_scaling_type", None) or "none") != "yarn":
-        return 1.0
-    factor = float(getattr(cfg, "rope_scaling_factor", 0.0) or 0.0)
-    mscale = float(getattr(cfg, "yarn_attn_factor", 1.0) or 1.0)
-    if factor > 0 and _yarn_ext_factor(cfg) != 0.0:
-        mscale *= 1.0 + 0.1 * math.log(factor)
-    return mscale * mscale
 
 
 def _physical_memory() -> int:
@@ -285,34 +155,27 @@ class Model:
             bias = [t(p + f"attn_{n}.bias") for n in "qkv"]
             bqkv = torch.cat(bias).to(self.act_dtype) if all(b is not None for b in bias) else None
             if spec.moe:
-                moe_cls = GptOssMoE if cfg.arch in GPTOSS_ARCHS else SharedExpertMoE if cfg.n_ff_shexp else MoeFFN
                 ffn = dict(w_gate_up=[], w_down=None,
-                           moe=moe_cls.load(ops, w, p, cfg, dev, unpack, self.packed_quantized))
+                           moe=moe_class(cfg).load(ops, w, p, cfg, dev, unpack, self.packed_quantized))
             else:
                 ffn = dict(w_gate_up=fused([p + "ffn_gate.weight", p + "ffn_up.weight"]), w_down=q(p + "ffn_down.weight"))
-            if spec.v_norm:  # gemma4: q only on KV-shared layers, per-layer head sizes
-                mixer = gemma4.attention_weights(fused, q, w, p, cfg, i)
+            fields = dict(attn_norm=t(p + "attn_norm.weight"), bqkv=bqkv, q_norm=t(p + "attn_q_norm.weight"),
+                          k_norm=t(p + "attn_k_norm.weight"), ffn_norm=t(p + "ffn_norm.weight"), **ffn,
+                          post_attn_norm=t(p + "post_attention_norm.weight"), post_ffn_norm=t(p + "post_ffw_norm.weight"),
+                          window=spec.window(i), inv_freq=self._layer_inv_freq(cfg, i),
+                          sinks=t(p + "attn_sinks.weight"), bo=t(p + "attn_output.bias"),
+                          rope_theta_scale=rope_theta_scale(cfg, spec.rope_bases[i] if spec.rope_bases and spec.window(i) else None))
+            if spec.v_norm:  # gemma4: q only on KV-shared layers, per-layer head sizes, RoPE, inputs
+                fields.update(gemma4.layer_fields(cfg, w, p, i, dev, fused, q, prep, t))
             elif recurrent[i]:  # gated linear attention: no q/k/v, no KV
-                mixer = dict(wqkv=[], wo=None, linear=LinearAttention.load(ops, w, p, cfg, n_rec, dev, unpack,
-                                                                           self.packed_quantized))
+                fields.update(wqkv=[], wo=None, linear=LinearAttention.load(ops, w, p, cfg, n_rec, dev, unpack,
+                                                                            self.packed_quantized))
                 n_rec += 1
             else:
-                mixer = dict(wqkv=fused([p + f"attn_{n}.weight" for n in "qkv"]), wo=q(p + "attn_output.weight"))
-            self.layers.append(Layer(
-                attn_norm=t(p + "attn_norm.weight"), **mixer,
-                bqkv=bqkv, q_norm=t(p + "attn_q_norm.weight"), k_norm=t(p + "attn_k_norm.weight"),
-                ffn_norm=t(p + "ffn_norm.weight"), **ffn,
-                post_attn_norm=t(p + "post_attention_norm.weight"), post_ffn_norm=t(p + "post_ffw_norm.weight"),
-                window=spec.window(i), inv_freq=self._layer_inv_freq(cfg, i),
-                sinks=t(p + "attn_sinks.weight"), bo=t(p + "attn_output.bias"),
-                rope_theta_scale=rope_theta_scale(cfg, spec.rope_bases[i] if spec.rope_bases and spec.window(i) else None)))
-            if spec.v_norm:
-                L = self.layers[-1]
-                L.inv_freq, L.rope_theta_scale = gemma4.layer_rope(cfg, i, dev)
-                L.ple, L.out_scale = gemma4.layer_input(w, p, prep, t), gemma4.out_scale(w, p)
-            if spec.nope and spec.nope[i]:  # smollm3's NoPE layers: rotation by angle 0 (an exact identity)
-                self.layers[-1].inv_freq = torch.zeros_like(self.inv_freq)
-                self.layers[-1].rope_theta_scale = 0.0
+                fields.update(wqkv=fused([p + f"attn_{n}.weight" for n in "qkv"]), wo=q(p + "attn_output.weight"))
+            if spec.nope and spec.nope[i]:  # smollm3's NoPE layers
+                fields.update(smollm3.nope_fields(self.inv_freq))
+            self.layers.append(Layer(**fields))
         self.rope_inv_freqs = [L.inv_freq for L in self.layers]  # per layer, for re-rotating cached keys
         self.n_head, self.n_head_kv, self.head_dim = cfg.n_head, cfg.n_head_kv, cfg.head_dim
         self.ple = None  # gemma4's per-layer token embeddings
@@ -328,6 +191,7 @@ class Model:
         self.n_vocab = self.output.rows if tp is None else tp.n_vocab
         self.n_embd = cfg.n_embd
         self.n_deepstack = getattr(cfg, "n_deepstack", 0)
+        self.attn_temp = bool(getattr(cfg, "attn_temp_scale", 0.0))  # mistral3's temperature tuning of q
         secs = getattr(cfg, "rope_sections", None)  # M-RoPE (runtime/model/arch/qwenvl.py)
         self.rope_pairs = None if secs is None else pair_sections(secs, self.inv_freq.shape[0], cfg.rope_imrope)
         # pairs turned by the 4th position, which is 0 for text tokens too (llama.cpp): M-RoPE on every row
@@ -341,7 +205,7 @@ class Model:
         s = self.spec
         if (self.device.type != "cpu" or self.tp is not None or s.moe or self.act_dtype != torch.float32 or self.rope_e
                 or s.q_gate or s.v_norm or self.recurrent is not None or 2 * self.inv_freq.shape[0] != self.head_dim
-                or getattr(self.cfg, "attn_temp_scale", 0.0)):
+                or self.attn_temp):
             return None
         if any(len(L.wqkv) != 1 or len(L.w_gate_up) != 1 for L in self.layers):
             return None
@@ -470,8 +334,8 @@ class Model:
         qkv = _matmul_rows(ops, x, L.wqkv)  # [T, (H + 2 KVH) D]
         p = f"blk.{li}."
         if self.spec.v_norm:  # gemma4: its own attention block
-            return self._attention_gemma4(li, L, qkv, kv, pos_t, slot_t, tables, cu, kv_lens_t, max_q_len,
-                                          swa_slot_t, swa_tables)
+            return gemma4.attention(self, li, L, qkv, kv, pos_t, slot_t, tables, cu, kv_lens_t, max_q_len,
+                                    swa_slot_t, swa_tables)
         if lora is not None:
             lora.add(qkv, x, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
                      [QD, KVH * D, KVH * D])
@@ -510,8 +374,8 @@ class Model:
             if kv.rot_v:  # ... of a quantized V (the output rotated back, below)
                 v = kernels.hadamard(v, kv.rot_v)
             ops.write_kv(k, v, kv.k[li], kv.v[li], slots, kt, vt)
-        if getattr(self.cfg, "attn_temp_scale", 0.0):  # mistral3: Llama 4's temperature tuning of q (after the K write)
-            q = q * mistral3.temperature(pos_t, self.cfg.attn_temp_scale, self.cfg.attn_temp_floor).to(q.dtype)[:, None, None]
+        if self.attn_temp:  # mistral3: Llama 4's temperature tuning of q (after the K write)
+            q = mistral3.temper(q, pos_t, self.cfg)
         if self.spec.prescale_q:  # llama.cpp's gemma graphs: ggml_scale(q), then attention at scale 1
             q = q * self.scale
         if kv.rot_k:
@@ -535,36 +399,6 @@ class Model:
         if L.bo is not None:
             h = h + L.bo.to(h.dtype)  # (no -tp with experts: the bias is added once)
         return h
-
-    def _attention_gemma4(self, li: int, L: Layer, qkv: torch.Tensor, kv: KVStore, pos_t, slot_t, tables, cu,
-                          kv_lens_t, max_q_len, swa_slot_t, swa_tables) -> torch.Tensor:
-        """gemma4's attention block (runtime/model/arch/gemma4.py) from the projections qkv [T, H D (+ 2 KVH D)]:
-        q/k norms, v's weightless norm, the layer's RoPE, K/V written unless the layer reads another
-        layer's, heads zero-padded to the store's size, scale 1. No LoRA."""
-        T = qkv.shape[0]
-        H, KVH, D, DS = self.n_head, self.n_head_kv, L.head_dim or self.head_dim, self.head_dim
-        ops = self.ops
-        src = L.kv_src if L.kv_src >= 0 else li
-        q = qkv[:, :H * D].reshape(T, H, D)
-        q = ops.rms_norm(q.reshape(T * H, D).contiguous(), L.q_norm, self.eps).view(T, H, D)
-        q = ops.rope(q, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
-        own = swa_tables is not None and kv.is_swa[src]
-        if src == li:
-            k = qkv[:, H * D:(H + KVH) * D]
-            v = k if L.v_from_k else qkv[:, (H + KVH) * D:(H + 2 * KVH) * D]
-            k = ops.rms_norm(k.reshape(T * KVH, D).contiguous(), L.k_norm, self.eps).view(T, KVH, D)
-            v = ops.rms_norm(v.reshape(T * KVH, D).contiguous(), self._ones(D, v), self.eps).view(T, KVH, D)
-            k = ops.rope(k, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
-            ops.write_kv(gemma4.pad_heads(k, DS), gemma4.pad_heads(v, DS), kv.k[li], kv.v[li],
-                         swa_slot_t if own else slot_t)
-        attn = ops.paged_attention(gemma4.pad_heads(q, DS).contiguous(), kv.k[src], kv.v[src],
-                                   swa_tables if own else tables, cu, kv_lens_t, 1.0, 0.0,
-                                   max_q_len=max_q_len, window=L.window)
-        attn = attn[:, :, :D].reshape(T, H * D)
-        return ops.qmatmul(attn.contiguous(), L.wo)
-
-    def _ones(self, D: int, like: torch.Tensor) -> torch.Tensor:
-        return torch.ones(D, dtype=torch.float32, device=like.device)
 
     def decode_logits(self, kv: KVStore, ids_t: torch.Tensor, pos_t: torch.Tensor, slot_t: torch.Tensor,
                       tables: torch.Tensor, cu: torch.Tensor, kv_lens_t: torch.Tensor,
@@ -616,38 +450,10 @@ class Model:
         the store's, `kv.rs`) holds each sequence's state in its cell `SeqBatch.rs` (default: `seq.rs`;
         the state after its first n_past tokens; a sequence starting at 0 starts from zeros), left
         there after the step."""
-        ids, pos, slots, q_lens, kv_lens = [], [], [], [], []
-        for b in batch:
-            n = len(b.tokens)
-            ids.extend(b.tokens)
-            pos.append(torch.arange(b.n_past, b.n_past + n, dtype=torch.int64) if b.pos is None
-                       else torch.tensor(b.pos, dtype=torch.int64))
-            slots.append(kv.slot_mapping(b.seq, b.n_past, b.n_past + n))
-            q_lens.append(n)
-            kv_lens.append(b.n_past + n)
-        tables = _block_tables([b.seq.blocks for b in batch])
-        swa_slots = swa_tables = None
-        if kv.window:  # sliding-window layers in their own pool (runtime/model/kv_store.py)
-            swa_slots = torch.cat([kv.swa_slot_mapping(b.seq, b.n_past, b.n_past + len(b.tokens)) for b in batch])
-            swa_tables = _block_tables([b.seq.swa_blocks for b in batch], tables.shape[1])
-        cu = torch.zeros(len(batch) + 1, dtype=torch.int32)
-        cu[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int32), 0)
-        ends = cu[1:].tolist()
-        pos_t = torch.cat(pos)
-        step = StepTensors(torch.tensor(ids, dtype=torch.int64).clamp_(min=0), pos_t, torch.cat(slots), tables, cu,
-                           torch.tensor(kv_lens, dtype=torch.int32), max(q_lens),
-                           rows=[r for b, e in zip(batch, ends) if b.logits for r in range(e - b.n_logits, e)],
-                           need_hidden=any(b.hidden for b in batch), swa_slots=swa_slots, swa_tables=swa_tables,
-                           media=mm.step_media(batch, pos_t, self.rope_pairs is not None))
+        step = build_step(kv, batch, self.rope_pairs is not None)
         if self.recurrent is not None:
             rs = rs if rs is not None else getattr(kv, "rs", None)  # the store's (KVStore.rs)
-            cells = [b.rs if b.rs >= 0 else b.seq.rs for b in batch]
-            if rs is None or any(c < 0 or c >= rs.n_cells for c in cells):
-                raise ValueError(f"{self.cfg.arch}: every sequence needs a recurrent state cell")
-            for b, c in zip(batch, cells):
-                if b.n_past == 0:
-                    rs.clear(c)
-            step.rs_cells = torch.tensor(cells, dtype=torch.int64)
+            step.rs_cells = recurrent_cells(batch, rs, self.cfg.arch)
         if self.tp is not None:
             self.tp.group.send(("forward", step))  # the other ranks run the same step on their shards
         wants = [b for b in batch if b.logits]
@@ -656,10 +462,11 @@ class Model:
             topk = ([b.topk for b in wants for _ in range(b.n_logits)], [b.banned for b in wants for _ in range(b.n_logits)])
         lora = None  # LoRA rows (runtime/model/lora.py); not with -tp (bootstrap refuses the pair)
         if self.adapters:
-            lora = RowLora.build(self.adapters, [b.lora for b in batch], q_lens, self.device)
+            lora = RowLora.build(self.adapters, [b.lora for b in batch], [len(b.tokens) for b in batch], self.device)
         logits, hn = self.run_step(kv, step, topk, lora, rs)
         hidden: list[torch.Tensor | None] = []
-        for b, s, e in zip(batch, cu[:-1].tolist(), ends):
+        cu = step.cu.tolist()
+        for b, s, e in zip(batch, cu[:-1], cu[1:]):
             hidden.append(hn[s:e].float() if b.hidden else None)
         return logits, hidden
 

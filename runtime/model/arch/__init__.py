@@ -82,6 +82,13 @@ def split_weights(cfg, weights: dict[str, Any]) -> None:
         gptoss.split_weights(cfg, weights)
 
 
+def moe_class(cfg):
+    """The class of a mixture-of-experts model's FFN layers (`load(ops, w, prefix, cfg, device, unpack, pack)`)."""
+    if cfg.arch in gptoss.ARCHS:
+        return gptoss.GptOssMoE
+    return qwen35.SharedExpertMoE if cfg.n_ff_shexp else qwen3moe.MoeFFN
+
+
 def spec_for(cfg) -> ArchSpec:
     if cfg.arch in gemma.ARCHS:
         return ArchSpec(**gemma.spec_fields(cfg))
@@ -98,4 +105,4 @@ def spec_for(cfg) -> ArchSpec:
     return ArchSpec()
 
 
-__all__ = ["ArchSpec", "ROPE_NEOX", "configure", "spec_for", "split_weights"]
+__all__ = ["ArchSpec", "ROPE_NEOX", "configure", "moe_class", "spec_for", "split_weights"]

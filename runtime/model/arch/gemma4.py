@@ -43,6 +43,7 @@ import torch
 
 import kernels
 from kernels.qweight import QWeight
+from runtime.model.rope import rope_inv_freq, rope_theta_scale
 
 ARCHS = ("gemma4",)
 
@@ -110,8 +111,6 @@ def layer_rope(cfg, il: int, device) -> tuple[torch.Tensor, float]:
     """(inv_freq [n_rot_l / 2] float32, ggml theta_scale or 0) of layer il: sliding layers the plain
     chain of their base over n_rot_swa dims; full layers the file's base over n_rot dims divided by
     `rope_freqs` (then no chain: angles from inv_freq)."""
-    from runtime.model.decoder import rope_inv_freq, rope_theta_scale
-
     if cfg.swa_layers[il]:
         local = SimpleNamespace(head_dim=cfg.head_dim_swa, n_rot=cfg.n_rot_swa, rope_freq_base=cfg.rope_freq_base_swa)
         return rope_inv_freq(local).to(device), rope_theta_scale(local)
@@ -140,6 +139,44 @@ def attention_weights(fused, q, w: dict, p: str, cfg, il: int) -> dict[str, Any]
             names.append(p + "attn_v.weight")
     D = cfg.head_dim_swa if cfg.swa_layers[il] else cfg.head_dim
     return dict(wqkv=fused(names), wo=q(p + "attn_output.weight"), kv_src=src, head_dim=D, v_from_k=v_from_k)
+
+
+def layer_fields(cfg, w: dict, p: str, il: int, device, fused, q, prep, t) -> dict[str, Any]:
+    """Layer il's fields of the decoder's `Layer` that are gemma4's own: its attention matrices and
+    head size, KV source, RoPE, per-layer input and output scale."""
+    out = attention_weights(fused, q, w, p, cfg, il)
+    out["inv_freq"], out["rope_theta_scale"] = layer_rope(cfg, il, device)
+    out["ple"], out["out_scale"] = layer_input(w, p, prep, t), out_scale(w, p)
+    return out
+
+
+def attention(m, li: int, L, qkv: torch.Tensor, kv, pos_t, slot_t, tables, cu, kv_lens_t, max_q_len,
+              swa_slot_t, swa_tables) -> torch.Tensor:
+    """Layer li's attention block of the decoder `m` (`runtime.model.decoder.Model`) from the
+    projections qkv [T, H D (+ 2 KVH D)] -> [T, C]: q/k norms, v's weightless norm, the layer's RoPE,
+    K/V written unless the layer reads another layer's, heads zero-padded to the store's size,
+    scale 1. No LoRA."""
+    T = qkv.shape[0]
+    H, KVH, D, DS = m.n_head, m.n_head_kv, L.head_dim or m.head_dim, m.head_dim
+    ops = m.ops
+    src = L.kv_src if L.kv_src >= 0 else li
+    q = qkv[:, :H * D].reshape(T, H, D)
+    q = ops.rms_norm(q.reshape(T * H, D).contiguous(), L.q_norm, m.eps).view(T, H, D)
+    q = ops.rope(q, pos_t, L.inv_freq, m.neox, L.rope_theta_scale)
+    own = swa_tables is not None and kv.is_swa[src]
+    if src == li:
+        k = qkv[:, H * D:(H + KVH) * D]
+        v = k if L.v_from_k else qkv[:, (H + KVH) * D:(H + 2 * KVH) * D]
+        k = ops.rms_norm(k.reshape(T * KVH, D).contiguous(), L.k_norm, m.eps).view(T, KVH, D)
+        ones = torch.ones(D, dtype=torch.float32, device=v.device)
+        v = ops.rms_norm(v.reshape(T * KVH, D).contiguous(), ones, m.eps).view(T, KVH, D)
+        k = ops.rope(k, pos_t, L.inv_freq, m.neox, L.rope_theta_scale)
+        ops.write_kv(pad_heads(k, DS), pad_heads(v, DS), kv.k[li], kv.v[li], swa_slot_t if own else slot_t)
+    attn = ops.paged_attention(pad_heads(q, DS).contiguous(), kv.k[src], kv.v[src],
+                               swa_tables if own else tables, cu, kv_lens_t, 1.0, 0.0,
+                               max_q_len=max_q_len, window=L.window)
+    attn = attn[:, :, :D].reshape(T, H * D)
+    return ops.qmatmul(attn.contiguous(), L.wo)
 
 
 @dataclass

@@ -40,3 +40,8 @@ def temperature(pos: torch.Tensor, scale: float, floor: int) -> torch.Tensor:
     """[T] float32 factors on q for positions pos [T] (llama.cpp's inp_attn_scale)."""
     p = pos.to(torch.float32).double()
     return (torch.log(torch.floor(p / floor) + 1.0) * scale + 1.0).float()
+
+
+def temper(q: torch.Tensor, pos: torch.Tensor, cfg) -> torch.Tensor:
+    """q [T, H, D] (after RoPE) times its position's temperature factor."""
+    return q * temperature(pos, cfg.attn_temp_scale, cfg.attn_temp_floor).to(q.dtype)[:, None, None]

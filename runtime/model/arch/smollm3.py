@@ -10,9 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 ARCHS = ("smollm3",)
 NO_ROPE_LAYER_STEP = 4  # llama.cpp: hparams.n_no_rope_layer_step, fixed for smollm3
 
 
 def spec_fields(cfg) -> dict[str, Any]:
     return dict(nope=[(il + 1) % NO_ROPE_LAYER_STEP == 0 for il in range(cfg.n_layer)])
+
+
+def nope_fields(inv_freq: torch.Tensor) -> dict[str, Any]:
+    """A NoPE layer's RoPE for the decoder's `Layer`: rotation by angle 0 (an exact identity)."""
+    return dict(inv_freq=torch.zeros_like(inv_freq), rope_theta_scale=0.0)
