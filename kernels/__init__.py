@@ -173,10 +173,11 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, neox: bool,
-         theta_scale: float = 0.0) -> torch.Tensor:
+         theta_scale: float = 0.0, mscale: float = 1.0) -> torch.Tensor:
     """x[T, NH, D] rotated by positions[T] * inv_freq[R] (GGML "norm" or "neox" pairs); with
-    theta_scale > 0 the angles as ggml chains them (`ref.rope`)."""
-    return _on(x.device).rope(x, positions, inv_freq, neox, theta_scale)
+    theta_scale > 0 the angles as ggml chains them (`ref.rope`); cos and sin times `mscale` (ggml's
+    YaRN magnitude factor, float32), as ggml_rope_ext rotates."""
+    return _on(x.device).rope(x, positions, inv_freq, neox, theta_scale, mscale)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ class DecoderLayer:
     post_ffn_norm: torch.Tensor | None = None  # [C] (of the FFN's output)
     window: int = 0  # sliding window of the layer's attention (0: global)
     rope_theta_scale: float = 0.0  # ggml's RoPE angle chain (kernels.ref.rope_angles), 0: from inv_freq
+    rope_mscale: float = 1.0  # cos and sin times it (`kernels.rope`'s mscale: YaRN's magnitude)
 
 
 @dataclass(frozen=True)

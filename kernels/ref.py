@@ -147,8 +147,9 @@ def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor, theta_scale: fl
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, neox: bool,
-         theta_scale: float = 0.0) -> torch.Tensor:
-    """Rotate x[T, NH, D] by the angles of `rope_angles` (R <= D/2; dims past 2R pass through).
+         theta_scale: float = 0.0, mscale: float = 1.0) -> torch.Tensor:
+    """Rotate x[T, NH, D] by the angles of `rope_angles` (R <= D/2; dims past 2R pass through), cos and
+    sin multiplied by `mscale` in float32 first (ggml's rope_yarn: YaRN's magnitude factor, 1 otherwise).
 
     neox=False: pairs (x[2i], x[2i+1]) (GGML "norm" mode, llama).
     neox=True:  pairs (x[i], x[i + R]) (GGML "neox" mode, qwen2/qwen3).
@@ -158,6 +159,9 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, neox:
     ang = rope_angles(positions, inv_freq, theta_scale)  # [T, R]
     cos = torch.cos(ang)[:, None, :]  # [T, 1, R]
     sin = torch.sin(ang)[:, None, :]
+    if mscale != 1.0:
+        m = torch.tensor(mscale, dtype=torch.float32, device=cos.device)
+        cos, sin = cos * m, sin * m
     xf = x.float()
     out = xf.clone()
     x0, x1 = (xf[..., :R], xf[..., R:2 * R]) if neox else (xf[..., 0:2 * R:2], xf[..., 1:2 * R:2])

@@ -7,6 +7,7 @@ tokens equal to llama-server b1-0c1e570's (tests/data/mistral3_greedy.json, reco
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -19,6 +20,7 @@ import torch
 
 from runtime.model.arch.mistral3 import temperature
 from runtime.model.loader import load_model
+from runtime.model.rope import rope_mscale
 from tests.llama_tokens import compare, recorded_tokens, variant_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +56,8 @@ def test_config(model_files):
     c = load_model(model_files["yarn-f32"], progress=lambda m: None).config
     assert (c.arch, c.attn_temp_scale, c.attn_temp_floor, c.rope_scaling_type) == ("mistral3", 0.5, 8, "yarn")
     # log multiplier 1: the magnitude scale is get_mscale(4, 1) / get_mscale(4, 1) = 1, not 1 + 0.1 ln 4
-    assert abs(c.yarn_attn_factor * (1 + 0.1 * math.log(4.0)) - 1.0) < 1e-12
+    assert c.yarn_log_mul == 1.0 and abs(rope_mscale(c) - 1.0) < 1e-6
+    assert abs(rope_mscale(dataclasses.replace(c, yarn_log_mul=0.0)) - (1 + 0.1 * math.log(4.0))) < 1e-6
 
 
 def test_server_serves_mistral3(start_server, model_files, recorded):

@@ -9,10 +9,12 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 
 import kernels
+from kernels.cpu.native import lib as native_lib
 from kernels.dequant_ref import dequantize
 from kernels.qweight import QWeight
 from runtime.model.kv_store import SeqKV
@@ -332,8 +334,56 @@ def test_yarn_matches_ggml_rope_formula():
         ramp = 1 - min(1.0, max(0.0, y))
         theta = fs * theta_extrap * (1 - ramp) + theta_extrap * ramp
         assert abs(pos * float(inv[i0 // 2]) - theta) <= 1e-6 * max(1.0, abs(theta))
-    from runtime.model.decoder import rope_attn_scale
-    assert abs(rope_attn_scale(cfg) - (1 + 0.1 * math.log(4.0)) ** 2) < 1e-12
+    # YaRN's magnitude factor goes into the rope (cos and sin), as ggml_rope_ext applies it: llama_context's
+    # attn_factor get_mscale(4, 1) / (1 + 0.1 ln 4) times ggml's 1 + 0.1 ln 4, in float32
+    from runtime.model.rope import rope_mscale
+    assert abs(rope_mscale(cfg) - (1 + 0.1 * math.log(4.0))) < 1e-6
+    assert rope_mscale(cfg) == float(np.float32(rope_mscale(cfg)))
+    assert rope_mscale(cfg, 1.0) != rope_mscale(cfg) and abs(rope_mscale(cfg, 1.0) - 1.0) < 1e-6  # gemma's local layers
+    cfg.rope_attn_factor = 0.5
+    assert abs(rope_mscale(cfg) - 0.5 * (1 + 0.1 * math.log(4.0))) < 1e-6
+    cfg.rope_scaling_type = "none"  # no YaRN: the file's attn_factor alone
+    assert rope_mscale(cfg) == 0.5
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu", "triton"])
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_mscale_scales_cos_and_sin(backend, neox):
+    """kernels.rope(..., mscale=m) rotates by cos * m and sin * m as ggml's rope_yarn (the factor on the
+    rotated pairs only); the CPU kernel bit for bit: cs = cosf(a) * m, x0' = fmaf(x0, cs, -(x1 sn))."""
+    import ctypes
+    import ctypes.util
+
+    g = torch.Generator().manual_seed(3)
+    T, NH, D, R, m = 5, 3, 16, 6, float(np.float32(1.1386294))
+    x = torch.randn(T, NH, D, generator=g)
+    pos = torch.tensor([0, 3, 17, 250, -4])
+    inv = (1.0 / (10000.0 ** (torch.arange(R, dtype=torch.float32) / R))).float()
+    ops = kernels.Backend(backend)
+    got = ops.rope(x, pos, inv, neox, 0.0, m)
+    plain = ops.rope(x, pos, inv, neox, 0.0)
+    rot = torch.cat([torch.arange(R), torch.arange(R) + R]) if neox else torch.arange(2 * R)
+    assert torch.equal(got[..., 2 * R:], x[..., 2 * R:])
+    assert float((got[..., rot] - plain[..., rot] * m).abs().max()) < 1e-5
+    assert float((got[..., rot] - plain[..., rot]).abs().max()) > 1e-2
+    if backend != "cpu" or native_lib() is None:
+        return
+    libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    for f in ("cosf", "sinf"):
+        getattr(libm, f).restype, getattr(libm, f).argtypes = ctypes.c_float, [ctypes.c_float]
+    libm.fmaf.restype, libm.fmaf.argtypes = ctypes.c_float, [ctypes.c_float] * 3
+    f32 = np.float32
+    want = x.numpy().copy()
+    for t in range(T):
+        for i in range(R):
+            a = float(f32(float(pos[t])) * f32(float(inv[i])))
+            cs, sn = f32(libm.cosf(a)) * f32(m), f32(libm.sinf(a)) * f32(m)
+            i0, i1 = (i, i + R) if neox else (2 * i, 2 * i + 1)
+            for h in range(NH):
+                x0, x1 = float(x[t, h, i0]), float(x[t, h, i1])
+                want[t, h, i0] = libm.fmaf(x0, float(cs), -float(f32(x1) * sn))
+                want[t, h, i1] = libm.fmaf(x0, float(sn), float(f32(x1) * cs))
+    assert np.array_equal(got.numpy(), want)
 
 
 @pytest.mark.parametrize("k", [1, 40])

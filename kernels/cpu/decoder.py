@@ -110,10 +110,11 @@ class Decoder:
                     1 if w.rows * w.cols < _BGEMV_MT_MIN_ELEMS else None)
 
         # per layer: (attn_norm, qkv, bias, q_norm, k_norm, inv_freq, R, wo, ffn_norm, gate/up, down,
-        # post_attn_norm, post_ffn_norm, window, rope theta_scale)
+        # post_attn_norm, post_ffn_norm, window, rope theta_scale, rope mscale)
         self._ptrs = [(L.attn_norm.data_ptr(), mm(L.wqkv), _ptr(L.bqkv), _ptr(L.q_norm), _ptr(L.k_norm),
                        L.inv_freq.data_ptr(), L.inv_freq.shape[0], mm(L.wo), L.ffn_norm.data_ptr(), mm(L.w_gate_up),
-                       mm(L.w_down), _ptr(L.post_attn_norm), _ptr(L.post_ffn_norm), L.window, L.rope_theta_scale)
+                       mm(L.w_down), _ptr(L.post_attn_norm), _ptr(L.post_ffn_norm), L.window, L.rope_theta_scale,
+                       L.rope_mscale)
                       for L in layers]
         self._nqkv = (s.n_head + 2 * s.n_head_kv) * s.head_dim
         self._checked, self._ok = None, False
@@ -181,7 +182,7 @@ class Decoder:
         scale = 1.0 if prescale else s.scale
         cur = 0  # index in res of the residual stream (0: the embeddings, before the first layer)
         ph = phb  # the block output added to the residual next: hb, or hn after a post-norm
-        for (pn1, mqkv, pb, pqn, pkn, pf, R, mo, pn2, mgu, md, ppa, ppf, win, ts), (pk, pv, n_slots), w in zip(
+        for (pn1, mqkv, pb, pqn, pkn, pf, R, mo, pn2, mgu, md, ppa, ppf, win, ts, ms), (pk, pv, n_slots), w in zip(
                 self._ptrs, self._kv_ptrs, which):
             pslots, pbt, maxb = pool_args[w]
             nxt = 1 if cur != 1 else 2
@@ -191,7 +192,7 @@ class Decoder:
                 norm(ph, pr[cur], pn1, px, pr[nxt], S, C, eps, nt)
                 cur = nxt
             _matmul(mqkv, px, S, pqkv, nt)
-            bad = qkv_post(pqkv, nqkv, pb, pqn, pkn, eps, ppos, pf, R, neox, ts, S, H, KVH, D, pq, pk, pv, pslots,
+            bad = qkv_post(pqkv, nqkv, pb, pqn, pkn, eps, ppos, pf, R, neox, ts, ms, S, H, KVH, D, pq, pk, pv, pslots,
                            f16, n_slots)
             if bad != -1:  # -2: sizes past the C buffers (fused_decoder refuses such layers)
                 raise (IndexError(f"write_kv: slot {bad} is outside the cache ({n_slots} slots)") if bad >= 0

@@ -60,26 +60,27 @@ void add_rms_norm_f32(const float *x, const float *r, const float *w, float *out
     run_rows(norm_rows, &j, T, nthreads);
 }
 
-/* The RoPE angles of one position: cs[i], sn[i] = cos, sin of the angle of pair i < R. With
+/* The RoPE angles of one position: cs[i], sn[i] = cos, sin of the angle of pair i < R, times mscale
+   (ggml's rope_yarn: cosf(theta) * mscale; YaRN's magnitude factor, 1 otherwise: exact). With
    theta_scale > 0 as ggml's rope computes them (ggml_rope_cache_init): t = (float)pos, then
    t *= theta_scale per pair (rounded each step), angle = inv_freq[0] * t (ggml's freq_scale; 1 for
    unscaled RoPE); else angle = (float)pos * inv_freq[i]. */
-static inline void rope_angles(long pos, const float *restrict inv_freq, int R, float theta_scale, float *restrict cs,
-                               float *restrict sn) {
+static inline void rope_angles(long pos, const float *restrict inv_freq, int R, float theta_scale, float mscale,
+                               float *restrict cs, float *restrict sn) {
     if (theta_scale > 0.0f) {
         float t = (float)pos;
         for (int i = 0; i < R; ++i) {
             const float a = inv_freq[0] * t;
-            cs[i] = cosf(a);
-            sn[i] = sinf(a);
+            cs[i] = cosf(a) * mscale;
+            sn[i] = sinf(a) * mscale;
             t *= theta_scale;
         }
         return;
     }
     for (int i = 0; i < R; ++i) {
         const float a = (float)pos * inv_freq[i];
-        cs[i] = cosf(a);
-        sn[i] = sinf(a);
+        cs[i] = cosf(a) * mscale;
+        sn[i] = sinf(a) * mscale;
     }
 }
 
@@ -99,21 +100,21 @@ static inline void rope_head(const float *restrict xh, float *restrict oh, const
 }
 
 /* x, out: [T, NH, D]; every head rotated by the angles of pos[t] (rope_head). */
-struct rope_job { const float *x; const long *pos; const float *inv_freq; float *out; int NH, D, R, neox; float ts; };
+struct rope_job { const float *x; const long *pos; const float *inv_freq; float *out; int NH, D, R, neox; float ts, ms; };
 static void rope_rows(const void *job, int t0, int t1) {
     const struct rope_job *j = (const struct rope_job *)job;
     float cs[512], sn[512];
     for (int t = t0; t < t1; ++t) {
-        rope_angles(j->pos[t], j->inv_freq, j->R, j->ts, cs, sn);
+        rope_angles(j->pos[t], j->inv_freq, j->R, j->ts, j->ms, cs, sn);
         for (int h = 0; h < j->NH; ++h)
             rope_head(j->x + ((size_t)t * j->NH + h) * j->D, j->out + ((size_t)t * j->NH + h) * j->D, cs, sn, j->D,
                       j->R, j->neox);
     }
 }
 void rope_f32(const float *x, const long *pos, const float *inv_freq, float *out, int T, int NH, int D, int R, int neox,
-              float theta_scale, int nthreads) {
+              float theta_scale, float mscale, int nthreads) {
     if (R > 512) return;  /* pointwise.py checks */
-    const struct rope_job j = {x, pos, inv_freq, out, NH, D, R, neox, theta_scale};
+    const struct rope_job j = {x, pos, inv_freq, out, NH, D, R, neox, theta_scale, mscale};
     run_rows(rope_rows, &j, T, nthreads);
 }
 
@@ -151,7 +152,7 @@ long write_kv_f32(const float *restrict k, const float *restrict v, void *restri
 long qkv_rope_store_f32(const float *restrict qkv, long ldq, const float *restrict bias,
                         const float *restrict qn, const float *restrict kn, float eps,
                         const long *restrict pos, const float *restrict inv_freq, int R, int neox, float theta_scale,
-                        int T, int H, int KVH, int D, float *restrict q_out, void *restrict kc,
+                        float mscale, int T, int H, int KVH, int D, float *restrict q_out, void *restrict kc,
                         void *restrict vc, const long *restrict slot, int f16, long n_slots) {
     float cs[512], sn[512], a[1024], b[1024];
     if (R > 512 || D > 1024 || 2 * R > D) return -2;
@@ -160,7 +161,7 @@ long qkv_rope_store_f32(const float *restrict qkv, long ldq, const float *restri
     const int W = KVH * D;
     for (int t = 0; t < T; ++t) {
         const float *row = qkv + (size_t)t * ldq;
-        rope_angles(pos[t], inv_freq, R, theta_scale, cs, sn);
+        rope_angles(pos[t], inv_freq, R, theta_scale, mscale, cs, sn);
         for (int h = 0; h < H + 2 * KVH; ++h) {
             const float *src = row + (size_t)h * D;
             if (bias) {

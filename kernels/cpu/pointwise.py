@@ -43,17 +43,17 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, neox: bool,
-         theta_scale: float = 0.0) -> torch.Tensor:
+         theta_scale: float = 0.0, mscale: float = 1.0) -> torch.Tensor:
     lib = _lib(x, inv_freq)
     R = inv_freq.shape[0]
     if lib is None or x.dim() != 3 or positions.device.type != "cpu" or R > MAX_ROPE_PAIRS or 2 * R > x.shape[2]:
-        return ref.rope(x, positions, inv_freq, neox, theta_scale)
+        return ref.rope(x, positions, inv_freq, neox, theta_scale, mscale)
     T, NH, D = x.shape
     xc, f = x.contiguous(), inv_freq.contiguous()
     pos = positions.to(torch.int64).contiguous()
     out = torch.empty_like(xc)
     lib.rope_f32(xc.data_ptr(), pos.data_ptr(), f.data_ptr(), out.data_ptr(), T, NH, D, R, int(neox),
-                 float(theta_scale), torch.get_num_threads())
+                 float(theta_scale), float(mscale), torch.get_num_threads())
     return out
 
 

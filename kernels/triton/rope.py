@@ -13,7 +13,7 @@ reference = ref.rope
 
 @triton.jit
 def _rope_kernel(
-    x_ptr, pos_ptr, freq_ptr, out_ptr, D, R,
+    x_ptr, pos_ptr, freq_ptr, out_ptr, D, R, mscale,
     stride_xt, stride_xh, stride_xd, stride_ot, stride_oh,
     NEOX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -28,8 +28,8 @@ def _rope_kernel(
     i = tl.arange(0, BLOCK_R)
     m = i < R
     ang = tl.load(pos_ptr + t).to(tl.float32) * tl.load(freq_ptr + i, mask=m, other=0.0)
-    c = tl.cos(ang)
-    s = tl.sin(ang)
+    c = tl.cos(ang) * mscale  # ggml's rope_yarn: YaRN's magnitude factor on cos and sin (1 otherwise)
+    s = tl.sin(ang) * mscale
     if NEOX:
         i0 = i
         i1 = i + R
@@ -44,7 +44,7 @@ def _rope_kernel(
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, neox: bool,
-         theta_scale: float = 0.0) -> torch.Tensor:
+         theta_scale: float = 0.0, mscale: float = 1.0) -> torch.Tensor:
     """`kernels.rope`; the angles always from inv_freq (theta_scale, ggml's CPU chain, not followed)."""
     T, NH, D = x.shape
     R = inv_freq.shape[0]
@@ -55,7 +55,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, neox:
     pos = positions.to(device=x.device, dtype=torch.int64).contiguous()
     freq = inv_freq.to(device=x.device, dtype=torch.float32).contiguous()
     _rope_kernel[(T, NH)](
-        x, pos, freq, out, D, R,
+        x, pos, freq, out, D, R, float(mscale),
         x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1),
         NEOX=bool(neox), BLOCK_R=triton.next_power_of_2(R), BLOCK_D=triton.next_power_of_2(D),
         num_warps=1 if D <= 128 else 2,

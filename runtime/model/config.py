@@ -30,7 +30,9 @@ class ModelConfig:
     rope_scaling_factor: float = 1.0  # context extension factor (freq_scale = 1 / factor)
     rope_scaling_orig_ctx: int = 0  # original training context for yarn
     yarn_ext_factor: float = -1.0  # -1: llama.cpp derives it (1.0 for yarn)
-    yarn_attn_factor: float = 1.0
+    yarn_attn_factor: float = 1.0  # llama_context's yarn_attn_factor before YaRN replaces it (--yarn-attn-factor)
+    rope_attn_factor: float = 1.0  # `rope.scaling.attn_factor` (llama.cpp's hparams.rope_attn_factor)
+    yarn_log_mul: float = 0.0  # `rope.scaling.yarn_log_multiplier` where the architecture reads it (mistral3)
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
     has_rope_freqs: bool = False  # weights["rope_freqs.weight"] present (llama3 rope)

@@ -35,7 +35,7 @@ from runtime.model.arch.qwenvl import mrope, pair_sections
 from runtime.model import media as mm
 from runtime.model.kv_store import KeyRotation, KVStore
 from runtime.model.lora import RowLora
-from runtime.model.rope import rope_attn_scale, rope_inv_freq, rope_theta_scale  # noqa: F401 (re-exported)
+from runtime.model.rope import rope_inv_freq, rope_mscale, rope_theta_scale  # noqa: F401 (re-exported)
 from runtime.model.step import SeqBatch, StepTensors, build_step, recurrent_cells  # noqa: F401 (re-exported)
 
 
@@ -55,6 +55,7 @@ class Layer:
     window: int = 0  # sliding window of this layer (0: global attention)
     inv_freq: torch.Tensor | None = None  # this layer's RoPE frequencies
     rope_theta_scale: float = 0.0  # ggml's angle chain (`rope_theta_scale`), 0: angles from inv_freq
+    rope_mscale: float = 1.0  # cos and sin times it inside the rope (ggml's YaRN magnitude: `rope.rope_mscale`)
     moe: MoeFFN | SharedExpertMoE | GptOssMoE | None = None  # the FFN is a mixture of experts (qwen3moe, qwen35moe)
     linear: LinearAttention | None = None  # a gated linear-attention layer instead of attention (qwen35)
     # gemma4 (runtime/model/arch/gemma4.py): this layer's head size (0: the model's; smaller ones are
@@ -164,7 +165,8 @@ class Model:
                           post_attn_norm=t(p + "post_attention_norm.weight"), post_ffn_norm=t(p + "post_ffw_norm.weight"),
                           window=spec.window(i), inv_freq=self._layer_inv_freq(cfg, i),
                           sinks=t(p + "attn_sinks.weight"), bo=t(p + "attn_output.bias"),
-                          rope_theta_scale=rope_theta_scale(cfg, spec.rope_bases[i] if spec.rope_bases and spec.window(i) else None))
+                          rope_theta_scale=rope_theta_scale(cfg, spec.rope_bases[i] if spec.rope_bases and spec.window(i) else None),
+                          rope_mscale=self._layer_mscale(cfg, i))
             if spec.v_norm:  # gemma4: q only on KV-shared layers, per-layer head sizes, RoPE, inputs
                 fields.update(gemma4.layer_fields(cfg, w, p, i, dev, fused, q, prep, t))
             elif recurrent[i]:  # gated linear attention: no q/k/v, no KV
@@ -185,7 +187,7 @@ class Model:
         self.n_ff = cfg.n_ff_exp if spec.moe else self.layers[0].w_down.cols
         self.eps = float(cfg.rms_eps)
         self.neox = bool(cfg.rope_neox)
-        self.scale = spec.attn_scale if spec.attn_scale is not None else rope_attn_scale(cfg) / math.sqrt(self.head_dim)
+        self.scale = spec.attn_scale if spec.attn_scale is not None else 1.0 / math.sqrt(self.head_dim)
         # None: full logits only (always with -tp: each rank holds a block of the head)
         self._topk_head = ops.prepare_topk_head(self.output) if tp is None else None
         self.n_vocab = self.output.rows if tp is None else tp.n_vocab
@@ -211,7 +213,7 @@ class Model:
             return None
         layers = [kernels.DecoderLayer(L.attn_norm, L.wqkv[0], L.bqkv, L.q_norm, L.k_norm, L.inv_freq, L.wo,
                                        L.ffn_norm, L.w_gate_up[0], L.w_down, L.post_attn_norm, L.post_ffn_norm,
-                                       L.window, L.rope_theta_scale) for L in self.layers]
+                                       L.window, L.rope_theta_scale, L.rope_mscale) for L in self.layers]
         shape = kernels.DecoderShape(self.n_head, self.n_head_kv, self.head_dim, self.n_embd, self.n_ff, self.eps,
                                      self.neox, float(self.scale), s.act, float(s.attn_softcap), s.prescale_q)
         return self.ops.fused_decoder(layers, shape)
@@ -224,6 +226,11 @@ class Model:
         local = SimpleNamespace(head_dim=cfg.head_dim, rope_freq_base=self.spec.rope_bases[i])
         return rope_inv_freq(local).to(self.device)
 
+    def _layer_mscale(self, cfg, i: int) -> float:
+        """ggml's factor on cos and sin for layer i (`rope.rope_mscale`); local layers with their own
+        base are unscaled (llama.cpp: their freq_scale is rope_freq_scale_train_swa = 1)."""
+        return rope_mscale(cfg, 1.0 if self.spec.rope_bases and self.spec.window(i) else None)
+
     def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.spec.final_softcap
         if cap <= 0.0:
@@ -231,7 +238,8 @@ class Model:
         return torch.where(torch.isinf(logits), logits, cap * torch.tanh(logits / cap))
 
     def key_rotation(self) -> KeyRotation:  # how cached keys are re-rotated when they move (KVStore.move)
-        return KeyRotation(self.rope_inv_freqs, self.neox, tuple(L.rope_theta_scale for L in self.layers), self.ops)
+        return KeyRotation(self.rope_inv_freqs, self.neox, tuple(L.rope_theta_scale for L in self.layers), self.ops,
+                           tuple(L.rope_mscale for L in self.layers))
 
     def new_kv_store(self, n_tokens: int, block_size: int = 16, dtype: torch.dtype = torch.float16,
                      type_k=None, type_v=None) -> KVStore:
@@ -356,19 +364,19 @@ class Model:
         kt, vt = kv.kv_types  # quantized caches (-ctk / -ctv): their ggml types, else None
         slots = swa_slot_t if own else slot_t
         if pos4 is None and not kv.rot_k and not kv.rot_v:  # RoPE of q and k and the KV write: one op
-            q = ops.rope_write_kv(q, k, v, pos_t, L.inv_freq, self.neox, L.rope_theta_scale, 1.0, kv.k[li], kv.v[li],
-                                  slots, kt, vt)
+            q = ops.rope_write_kv(q, k, v, pos_t, L.inv_freq, self.neox, L.rope_theta_scale, L.rope_mscale, kv.k[li],
+                                  kv.v[li], slots, kt, vt)
         else:
             if pos4 is not None:
-                q = mrope(ops, q, pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs)
-                k = mrope(ops, k, pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs)
+                q = mrope(ops, q, pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs, L.rope_mscale)
+                k = mrope(ops, k, pos4, L.inv_freq, L.rope_theta_scale, self.rope_pairs, L.rope_mscale)
             elif L.q_norm is None and not self.spec.q_gate:  # q and k side by side in qkv: one rope call
                 qk = ops.rope(qkv[:, :(H + KVH) * D].reshape(T, H + KVH, D), pos_t, L.inv_freq, self.neox,
-                              L.rope_theta_scale)
+                              L.rope_theta_scale, L.rope_mscale)
                 q, k = qk[:, :H], qk[:, H:]
             else:
-                q = ops.rope(q, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
-                k = ops.rope(k, pos_t, L.inv_freq, self.neox, L.rope_theta_scale)
+                q = ops.rope(q, pos_t, L.inv_freq, self.neox, L.rope_theta_scale, L.rope_mscale)
+                k = ops.rope(k, pos_t, L.inv_freq, self.neox, L.rope_theta_scale, L.rope_mscale)
             if kv.rot_k:  # llama.cpp's Hadamard rotation of a quantized K (q alike, below)
                 k = kernels.hadamard(k, kv.rot_k)
             if kv.rot_v:  # ... of a quantized V (the output rotated back, below)

@@ -78,6 +78,9 @@ class KeyRotation:
     neox: bool
     theta_scales: tuple[float, ...] = ()
     ops: Any = None  # kernels.Backend
+    # per layer: ggml's factor on cos and sin (YaRN's magnitude); llama.cpp's K-shift passes the
+    # model's attn_factor to ggml_rope_ext again, so a moved key is scaled by it once more
+    mscales: tuple[float, ...] = ()
 
 
 @dataclass
@@ -266,8 +269,8 @@ class KVStore:
     def move(self, seq: SeqKV, src: int, dst: int, n: int) -> None:
         """Copy tokens [src, src + n) to [dst, dst + n) within `seq`'s blocks (dst < src), keys
         re-rotated by the position delta (dst - src) as llama.cpp's K-shift does (ggml_rope_ext on
-        the cached keys: read in float32, rotated by the delta with the model's angles, stored back
-        in the cache type). The rotation runs in the rotation's backend: the CPU kernels follow
+        the cached keys: read in float32, rotated by the delta with the model's angles and its YaRN
+        magnitude factor, stored back in the cache type). The rotation runs in the rotation's backend: the CPU kernels follow
         ggml's angle chain (`theta_scales`), Triton's `_rope_kernel` the plain angles (as ggml-cuda)."""
         ks, vs = self.gather(seq, src, src + n)
         kt = self.kv_types[0]
@@ -280,7 +283,8 @@ class KVStore:
         ops = rot.ops if rot.ops is not None else kernels.Backend.for_device(self.device)
         delta = torch.full((n,), dst - src, dtype=torch.int64, device=self.device)
         ks = [ops.rope(k.float(), delta, f.to(self.device), rot.neox,
-                       rot.theta_scales[l] if l < len(rot.theta_scales) else 0.0)
+                       rot.theta_scales[l] if l < len(rot.theta_scales) else 0.0,
+                       rot.mscales[l] if l < len(rot.mscales) else 1.0)
               for l, (k, f) in enumerate(zip(ks, rot.inv_freqs))]
         if any(rk):
             ks = [kernels.hadamard(k, rk[l]) if rk[l] else k for l, k in enumerate(ks)]

@@ -162,7 +162,7 @@ def attention(m, li: int, L, qkv: torch.Tensor, kv, pos_t, slot_t, tables, cu, k
     src = L.kv_src if L.kv_src >= 0 else li
     q = qkv[:, :H * D].reshape(T, H, D)
     q = ops.rms_norm(q.reshape(T * H, D).contiguous(), L.q_norm, m.eps).view(T, H, D)
-    q = ops.rope(q, pos_t, L.inv_freq, m.neox, L.rope_theta_scale)
+    q = ops.rope(q, pos_t, L.inv_freq, m.neox, L.rope_theta_scale, L.rope_mscale)
     own = swa_tables is not None and kv.is_swa[src]
     if src == li:
         k = qkv[:, H * D:(H + KVH) * D]
@@ -170,7 +170,7 @@ def attention(m, li: int, L, qkv: torch.Tensor, kv, pos_t, slot_t, tables, cu, k
         k = ops.rms_norm(k.reshape(T * KVH, D).contiguous(), L.k_norm, m.eps).view(T, KVH, D)
         ones = torch.ones(D, dtype=torch.float32, device=v.device)
         v = ops.rms_norm(v.reshape(T * KVH, D).contiguous(), ones, m.eps).view(T, KVH, D)
-        k = ops.rope(k, pos_t, L.inv_freq, m.neox, L.rope_theta_scale)
+        k = ops.rope(k, pos_t, L.inv_freq, m.neox, L.rope_theta_scale, L.rope_mscale)
         ops.write_kv(pad_heads(k, DS), pad_heads(v, DS), kv.k[li], kv.v[li], swa_slot_t if own else slot_t)
     attn = ops.paged_attention(pad_heads(q, DS).contiguous(), kv.k[src], kv.v[src],
                                swa_tables if own else tables, cu, kv_lens_t, 1.0, 0.0,

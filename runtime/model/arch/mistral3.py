@@ -6,12 +6,11 @@ log(floor(p / n_ctx_orig) + 1) * temperature_scale + 1 (llm_graph_input_attn_tem
 double and stored as float; n_ctx_orig is `rope.scaling.original_context_length`, else the
 training context), so tokens within the original context are untouched. YaRN's magnitude scale
 follows `rope.scaling.yarn_log_multiplier` as llama_context sets yarn_attn_factor:
-get_mscale(f, 1) / get_mscale(f, log_mul) in place of 1 + 0.1 ln f. Not handled (refused): the
+get_mscale(f, 1) / get_mscale(f, log_mul) in place of 1 + 0.1 ln f (`runtime.model.rope.rope_mscale`). Not handled (refused): the
 MoE FFN its loader also accepts, and LongRoPE factors.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -27,13 +26,8 @@ def configure(md: dict[str, Any], cfg) -> None:
     cfg.attn_temp_floor = int(cfg.rope_scaling_orig_ctx or cfg.n_ctx_train)
     if cfg.attn_temp_scale and cfg.attn_temp_floor == 0:
         raise ValueError("invalid n_ctx_orig_yarn for attention temperature scaling")
-    log_mul = float(md.get(f"{a}.rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
-    f = float(cfg.rope_scaling_factor or 0.0)
-    if log_mul and (cfg.rope_scaling_type or "none") == "yarn" and f > 1.0:
-        def mscale(scale: float, m: float) -> float:
-            return 1.0 if scale <= 1.0 else 0.1 * m * math.log(scale) + 1.0
-        # llama.cpp: the magnitude ggml applies, (1 + 0.1 ln f) * yarn_attn_factor, becomes this ratio
-        cfg.yarn_attn_factor *= mscale(f, 1.0) / mscale(f, log_mul) / (1.0 + 0.1 * math.log(f))
+    # llama_context then takes get_mscale(f, 1) / get_mscale(f, log_mul) as YaRN's magnitude (rope.rope_mscale)
+    cfg.yarn_log_mul = float(md.get(f"{a}.rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
 
 
 def temperature(pos: torch.Tensor, scale: float, floor: int) -> torch.Tensor:

@@ -58,7 +58,7 @@ def pair_sections(sections: list[int], n_pairs: int, interleaved: bool) -> torch
 
 
 def mrope(ops, x: torch.Tensor, pos4: torch.Tensor, inv_freq: torch.Tensor, theta_scale: float,
-          pairs: torch.Tensor) -> torch.Tensor:
+          pairs: torch.Tensor, mscale: float = 1.0) -> torch.Tensor:
     """x [T, NH, D] with NEOX pairs (i, i + D/2) turned by the position `pairs[i]` selects among
     pos4 [4, T]: the plain rope of each position used, pair by pair."""
     R = pairs.shape[0]
@@ -67,7 +67,7 @@ def mrope(ops, x: torch.Tensor, pos4: torch.Tensor, inv_freq: torch.Tensor, thet
         sel = (pairs == s).nonzero().flatten()
         if sel.numel() == 0:
             continue
-        r = ops.rope(x, pos4[s], inv_freq, True, theta_scale)
+        r = ops.rope(x, pos4[s], inv_freq, True, theta_scale, mscale)
         if out is None:
             out = r
             continue
