@@ -92,4 +92,22 @@ static inline void mad_acc(void *acc, const void *v, int D, float vs, int f16) {
     }
 }
 
+/* The end of one head's one_chunk pass: ggml's attention sinks after the last key (the output times
+   ms in float32, S = S ms + vs), then the output divided by S. out[D] holds VKQ32; M is the running max. */
+static inline void sinks_and_normalize(float *out, int D, float S, float M, const float *sinks, int h) {
+    if (sinks) {
+        const float sk = sinks[h];
+        float ms = 1.0f, vs = 1.0f;
+        if (sk > M) {
+            ms = expf(M - sk);
+            for (int i = 0; i < D; ++i) out[i] *= ms;
+        } else {
+            vs = expf(sk - M);
+        }
+        S = __builtin_fmaf(S, ms, vs);
+    }
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int i = 0; i < D; ++i) out[i] *= inv;
+}
+
 #endif  /* TRITIUM_FATTN_VEC_H */

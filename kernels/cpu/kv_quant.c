@@ -400,19 +400,7 @@ static void fq_item(void *args, int item) {
         S = __builtin_fmaf(S, ms, vs);
     }
     for (int i = 0; i < D; ++i) out[i] = v16 ? (float)((_Float16 *)acc)[i] : acc[i];  /* VKQ32 */
-    if (A->sinks) {  /* ggml's sinks after the last key: VKQ32 *= ms (float32), S = S ms + vs */
-        const float sk = A->sinks[h];
-        float ms = 1.0f, vs = 1.0f;
-        if (sk > M) {
-            ms = expf(M - sk);
-            for (int i = 0; i < D; ++i) out[i] *= ms;
-        } else {
-            vs = expf(sk - M);
-        }
-        S = __builtin_fmaf(S, ms, vs);
-    }
-    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
-    for (int i = 0; i < D; ++i) out[i] *= inv;
+    sinks_and_normalize(out, D, S, M, A->sinks, h);
 }
 
 /* q: [S, H, D] f32; k/v cache: [NB, BS, KVH, row] of their types (rows of D / 32 blocks, or D
