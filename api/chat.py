@@ -15,7 +15,7 @@ from api.chat_kwargs import request_kwargs, template_variables
 from api.errors import ApiError
 from api.params import CHAT_PARSER_FAILED, Fields, schema_to_grammar_or_400
 from runtime.serving.failures import describe
-from runtime.chat.continuation import Continuation, continuation_tail, resolve_mode, template_markers
+from runtime.chat.continuation import Continuation, continuation_tail, resolve_mode
 from runtime.chat.harmony import HarmonyMismatch, is_harmony_template, template_messages
 from runtime.chat import (
     REASONING_FORMATS,
@@ -230,7 +230,7 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         raise ApiError(f"Failed to apply chat template: {describe(e)}") from e
     reasoning_prefix = ""  # the continued message's reasoning part, before the prefill (the parser reads both)
     if cont_mode is not None and cfg.jinja:
-        tail, own = continuation_tail(tmpl.source, template_markers(tmpl), gen_prompt, prefill, cont_reasoning,
+        tail, own = continuation_tail(tmpl.source, tmpl.reasoning_markers, gen_prompt, prefill, cont_reasoning,
                                       cont_mode, prompt)
         if cont_mode is Continuation.REASONING:
             prefill = ""
@@ -256,7 +256,7 @@ def prepare(server: Any, body: dict[str, Any]) -> ChatPrep:
         think_prefix = ""
     think_space = None  # b1's optspace around the template's own <think> / </think> markers
     if cfg.jinja and not content_only:
-        mk = template_markers(tmpl)
+        mk = tmpl.reasoning_markers
         if mk.start.strip(PEG_SPACE) == "<think>" and mk.end.strip(PEG_SPACE) == "</think>":
             think_space = (mk.start[len(mk.start.rstrip(PEG_SPACE)):], mk.end[len(mk.end.rstrip(PEG_SPACE)):])
     # b1-0c1e570 ignores the tools of a template that cannot render tool calls (its generated

@@ -17,7 +17,6 @@ import httpx
 import pytest
 
 from runtime.chat import ChatTemplate, message_workarounds
-from runtime.chat.continuation import find_markers
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -73,9 +72,5 @@ def test_as_llama_server(case, start_server):
                                        ("shared/templates/Qwen-Qwen2.5-7B-Instruct.jinja", ("", ""))])
 def test_reasoning_markers(name, want):
     """The markers b1's differential analysis finds (what its continuations above show)."""
-    t = ChatTemplate(template_path(name).read_text())
-
-    def render(messages, add_generation_prompt, enable_thinking):
-        return t.render(messages, add_generation_prompt, chat_template_kwargs={"enable_thinking": enable_thinking})
-    m = find_markers(render, t.source)
+    m = ChatTemplate(template_path(name).read_text()).reasoning_markers
     assert (m.start, m.end) == want

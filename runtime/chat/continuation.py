@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable
+from typing import Callable
 
 THINKING = "REASON_PART I am thinking END_R"
 ASSISTANT = "A_ASST_MSG I can help END_A"
@@ -234,17 +234,3 @@ def find_markers(render: Callable[..., str], source: str) -> ReasoningMarkers:
     if "laguna_glm_thinking" in source:
         start, end = _trim(start), _trim(end)
     return ReasoningMarkers(start, end)
-
-
-def template_markers(tmpl: Any) -> ReasoningMarkers:
-    """The markers of a ChatTemplate (computed once, kept on it)."""
-    got = getattr(tmpl, "_reasoning_markers", None)
-    if got is None:
-        def render(messages, add_generation_prompt, enable_thinking):
-            return tmpl.render(messages, add_generation_prompt, chat_template_kwargs={"enable_thinking": enable_thinking})
-        got = find_markers(render, getattr(tmpl, "source", ""))
-        try:
-            tmpl._reasoning_markers = got
-        except AttributeError:
-            pass
-    return got

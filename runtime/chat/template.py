@@ -18,6 +18,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from runtime.chat import caps as _caps
+from runtime.chat.continuation import ReasoningMarkers, find_markers
 from runtime.chat.formats import ChatFormat, Marker, ToolChoice, detect_format
 
 # The template carried by the Qwen2 vocab GGUF (`tokenizer.chat_template` of
@@ -206,6 +207,7 @@ class ChatTemplate:
         self._template = self._env.from_string(source)
         self._caps: dict[str, bool] | None = None
         self._requires_object_arguments: bool | None = None
+        self._reasoning_markers: ReasoningMarkers | None = None
 
     # -- rendering ------------------------------------------------------------------------------
 
@@ -269,6 +271,16 @@ class ChatTemplate:
         if self._caps is None:
             self._caps = _caps.detect_caps(self._template, self._env, self.source)
         return dict(self._caps)
+
+    @property
+    def reasoning_markers(self) -> ReasoningMarkers:
+        """The reasoning start / end markers b1's differential analysis finds in this template
+        (runtime/chat/continuation.py), computed once."""
+        if self._reasoning_markers is None:
+            def render(messages, add_generation_prompt, enable_thinking):
+                return self.render(messages, add_generation_prompt, chat_template_kwargs={"enable_thinking": enable_thinking})
+            self._reasoning_markers = find_markers(render, self.source)
+        return self._reasoning_markers
 
     @property
     def requires_object_arguments(self) -> bool:
